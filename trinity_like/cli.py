@@ -1,0 +1,78 @@
+"""The ``trinity-like`` command line: parse, then call one function per subcommand.
+
+A user mistake (bad config, missing file) prints one line ``error: ...`` and exits with status 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trinity_like.config import ConfigError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from trinity_like.config import load_config
+    from trinity_like.launcher import run
+
+    cfg = load_config(args.config, args.overrides)
+    summary = run(cfg)
+    return 0 if summary["exit_reason"] == "completed" else 1
+
+
+def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    from trinity_like.common.modeling import set_offline_env
+    from trinity_like.common.tiny_model import make_tiny_model
+
+    set_offline_env()
+    path = make_tiny_model(args.out_dir, seed=args.seed, layers=args.layers, hidden=args.hidden)
+    print(f"tiny model written to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trinity-like", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run explorer, buffer, trainer and synchronizer as configured")
+    p.add_argument("config", help="YAML config file, e.g. configs/quickstart.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides in dotted form, e.g. trainer.total_steps=5 mode=sync")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("make-tiny-model", help="build the offline tiny tokenizer + Qwen2 model")
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=128)
+    p.set_defaults(func=_cmd_make_tiny_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    # Flags and key=value overrides may come in any order: overrides that argparse could not place after a
+    # flag come back as extras and join the others.
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        bad = [x for x in extras if "=" not in x or x.startswith("-") or not hasattr(args, "overrides")]
+        if bad:
+            parser.error(f"unrecognized arguments: {' '.join(bad)}")
+        args.overrides = [*args.overrides, *extras]
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        from trinity_like.launcher import RunError
+
+        if isinstance(e, (RunError, FileNotFoundError)):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Shared pieces every part uses: Experience and its schema, files, tokenizer, tiny model, task sets."""

@@ -1,0 +1,68 @@
+"""Model loading and the log-probability rule that explorer and trainer must share.
+
+Both roles compute a token's log-probability as ``log_softmax(logits / temperature)[token]`` in float32.
+The explorer does it step by step with a KV cache while sampling; the trainer does it in one forward pass over
+prompt + response. Keeping this one function the only definition is what makes the behaviour log-probs stored
+with an experience comparable to the trainer's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def load_causal_lm(path: str | Path, train: bool = False):
+    """Load a causal LM from a local folder in float32 on CPU."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model path '{path}' has no config.json; set model.path to a Hugging Face "
+                                "model folder or run `trinity-like make-tiny-model DIR`")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.train(train)
+    return model
+
+
+def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p(token) under softmax(logits / temperature). logits (..., V), tokens (...) -> (...).
+
+    Temperature 0 (greedy) is scored at temperature 1."""
+    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def export_state_dict(model) -> dict[str, torch.Tensor]:
+    """The model's weights with aliases dropped (a tied ``lm_head.weight`` is the embedding), detached and
+    contiguous, ready for safetensors or the object store."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in model.state_dict().items():
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        out[name] = t.detach().contiguous().clone()
+    return out
+
+
+def import_state_dict(model, state_dict: dict[str, torch.Tensor]) -> None:
+    """Load weights made by ``export_state_dict``; every parameter must be given except tied aliases."""
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    given = {t.data_ptr() for k, t in model.state_dict().items() if k in state_dict}
+    full = model.state_dict()
+    truly_missing = [k for k in missing if full[k].data_ptr() not in given]
+    if truly_missing or unexpected:
+        raise ValueError(f"weights do not fit the model: missing {truly_missing[:3]}, unexpected {unexpected[:3]}")
+
+
+def set_offline_env() -> None:
+    """Nothing may download at run time: make Hugging Face libraries fail fast instead of trying."""
+    import os
+
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
+                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
+        os.environ.setdefault(key, value)

@@ -1,0 +1,59 @@
+"""Task sets: Parquet files with columns ``task_id``, ``prompt``, ``answer``; and a generator for one.
+
+The built-in ``arithmetic`` set asks for the sum of two small numbers ("7+12=") and has an exact answer, so
+the reward is checkable and a tiny model can improve on it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from trinity_like.common.fs import atomic_write_with
+
+TASK_COLUMNS = ("task_id", "prompt", "answer")
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    prompt: str
+    answer: str
+
+
+def generate_arithmetic(size: int, max_operand: int, seed: int) -> list[Task]:
+    """``size`` distinct-as-possible addition tasks ``a+b=`` with 0 <= a, b <= max_operand."""
+    rng = random.Random(seed)
+    return [
+        Task(task_id=f"add-{i:06d}", prompt=f"{a}+{b}=", answer=str(a + b))
+        for i, (a, b) in enumerate((rng.randint(0, max_operand), rng.randint(0, max_operand))
+                                   for _ in range(size))
+    ]
+
+
+def write_taskset(path: str | Path, tasks: list[Task]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({c: [getattr(t, c) for t in tasks] for c in TASK_COLUMNS})
+    return atomic_write_with(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def load_taskset(path: str | Path) -> list[Task]:
+    """Read a task file; raise ValueError naming the file and the missing columns if it is wrong."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file '{path}' does not exist; set explorer.taskset.path to a Parquet "
+                                f"file with columns {', '.join(TASK_COLUMNS)}, or leave it empty to generate one")
+    table = pq.read_table(path)
+    missing = [c for c in TASK_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"task file '{path}' lacks column(s) {', '.join(missing)}; it needs "
+                         f"{', '.join(TASK_COLUMNS)}")
+    if table.num_rows == 0:
+        raise ValueError(f"task file '{path}' has no rows")
+    rows = table.select(list(TASK_COLUMNS)).to_pylist()
+    return [Task(str(r["task_id"]), str(r["prompt"]), str(r["answer"])) for r in rows]

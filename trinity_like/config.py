@@ -1,0 +1,350 @@
+"""Configuration: one typed dataclass per part, loaded from YAML with ``key=value`` overrides.
+
+The dataclasses are the single source of truth for every setting: each field carries its description as a
+docstring right under it, and its allowed values in ``field(metadata=...)`` (``choices``, ``min``).
+OmegaConf turns them into structured configs, so an unknown key or a value of the wrong type is caught on
+load; ``validate`` then checks choices, ranges and the rules that tie fields together.
+
+Every problem raises :class:`ConfigError` with one sentence that names the key and says how to fix it; the
+command line prints it and exits with status 2.
+
+Runtime state derived from a config (resolved paths) lives in :class:`RunPaths`, never in user fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODES = ("sync", "async", "offline")
+ENGINES = ("hf", "vllm")
+SYNC_METHODS = ("checkpoint", "nccl", "memory")
+MONITORS = ("jsonl",)
+TASKSET_GENERATORS = ("arithmetic",)
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; the message is one sentence saying what to change."""
+
+
+def _choices(default: str, choices: tuple[str, ...]) -> Any:
+    return field(default=default, metadata={"choices": choices})
+
+
+def _at_least(default: Any, minimum: float) -> Any:
+    return field(default=default, metadata={"min": minimum})
+
+
+@dataclass
+class ModelConfig:
+    path: str = "runs/models/tiny"
+    """Folder of a Hugging Face causal LM and its tokenizer (loaded offline)."""
+    build_tiny_if_missing: bool = False
+    """Build the project's tiny model into `model.path` when that folder does not exist."""
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = _at_least(1.0, 0.0)
+    """Softmax temperature; behaviour log-probs come from this scaled distribution. 0 = greedy."""
+    top_p: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    """Nucleus sampling mass; 1.0 keeps the whole distribution."""
+    top_k: int = _at_least(0, 0)
+    """Keep only the k most likely tokens; 0 disables."""
+    max_new_tokens: int = _at_least(16, 1)
+    """Longest response, in tokens; a response cut here is marked `truncated`."""
+
+
+@dataclass
+class TasksetConfig:
+    path: str = ""
+    """Parquet file of tasks with columns `task_id`, `prompt`, `answer`. Empty: `<run_dir>/tasks.parquet`."""
+    generate: str = _choices("arithmetic", TASKSET_GENERATORS)
+    """Built-in generator that writes the task file when `path` does not exist."""
+    size: int = _at_least(512, 1)
+    """Number of tasks the generator writes."""
+    max_operand: int = _at_least(20, 1)
+    """Largest operand of the generated arithmetic tasks."""
+
+
+@dataclass
+class ExplorerConfig:
+    engine: str = _choices("hf", ENGINES)
+    """Rollout engine: `hf` (transformers, CPU) or `vllm` (GPU)."""
+    num_engines: int = _at_least(1, 1)
+    """Rollout engines in the explorer fleet."""
+    batch_size: int = _at_least(4, 1)
+    """Tasks per explorer step."""
+    repeat_times: int = _at_least(4, 1)
+    """Samples per task; the samples of one task form one group (GRPO/RLOO)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling settings for rollouts."""
+    taskset: TasksetConfig = field(default_factory=TasksetConfig)
+    """Where the training tasks come from."""
+    num_threads: int = _at_least(1, 1)
+    """torch threads per engine, so that engines and trainer share the cores sensibly."""
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = _at_least(1e-4, 0.0)
+    """AdamW learning rate."""
+    weight_decay: float = _at_least(0.0, 0.0)
+    """AdamW decoupled weight decay."""
+    beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
+    """AdamW first-moment decay."""
+    beta2: float = field(default=0.999, metadata={"min": 0.0, "max": 1.0})
+    """AdamW second-moment decay."""
+    eps: float = _at_least(1e-8, 0.0)
+    """AdamW epsilon."""
+    max_grad_norm: float = _at_least(1.0, 0.0)
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = _at_least(3, 1)
+    """Trainer steps to run; each makes one new policy version."""
+    batch_size: int | None = None
+    """Experiences per trainer step (a multiple of `explorer.repeat_times`); empty = one explorer step's
+    output, `explorer.batch_size * explorer.repeat_times`."""
+    micro_batch_size: int = _at_least(8, 1)
+    """Experiences per forward/backward pass; gradients accumulate so the result does not depend on it."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer settings."""
+    save_interval: int = _at_least(0, 0)
+    """Write a full checkpoint (weights + optimizer) every N steps and at the end; 0 = only at the end."""
+    num_threads: int = _at_least(1, 1)
+    """torch threads for the trainer."""
+
+
+@dataclass
+class SynchronizerConfig:
+    method: str = _choices("checkpoint", SYNC_METHODS)
+    """How new weights reach the explorers: `checkpoint` (safetensors files), `nccl` (collective
+    broadcast), `memory` (Ray object store)."""
+    interval: int = _at_least(1, 1)
+    """Publish new weights every N trainer steps."""
+    max_staleness: int = _at_least(1, 0)
+    """Largest allowed `trainer version - model_version` of a trained experience (async mode). The explorer
+    waits rather than produce data that would exceed it; 0 makes async behave exactly like sync."""
+    timeout_s: float = _at_least(600.0, 0.0)
+    """How long a role waits for the other (new weights, new data) before giving up."""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    """Advantage estimator, from the registry in `trinity_like.algorithms`."""
+    policy_loss: str = "ppo"
+    """Policy loss, from the registry in `trinity_like.algorithms`."""
+    clip_ratio_low: float = _at_least(0.2, 0.0)
+    """PPO lower clip range: the ratio is clipped below at 1 - clip_ratio_low."""
+    clip_ratio_high: float = _at_least(0.2, 0.0)
+    """PPO upper clip range: the ratio is clipped above at 1 + clip_ratio_high."""
+    loss_agg_mode: str = "token-mean"
+    """How a (B, L) loss matrix becomes a scalar (see `agg_loss`)."""
+
+
+@dataclass
+class BufferConfig:
+    path: str = ""
+    """Folder of the experience buffer. Empty: `<run_dir>/buffer`."""
+
+
+@dataclass
+class MonitorConfig:
+    type: str = _choices("jsonl", MONITORS)
+    """Metrics sink; `metrics.jsonl` in the run directory is always written."""
+
+
+@dataclass
+class Config:
+    project: str = "trinity_like"
+    """Project name: the first part of the run directory and of the Ray namespace."""
+    name: str = "run"
+    """Run name: the second part of the run directory and of the Ray namespace."""
+    checkpoint_root_dir: str = "runs"
+    """Root of all run directories: `<checkpoint_root_dir>/<project>/<name>/`."""
+    mode: str = _choices("async", MODES)
+    """`sync` (strict on-policy lock-step), `async` (explorer leads by up to `max_staleness` versions) or
+    `offline` (replay a stored buffer)."""
+    seed: int = 42
+    """Seed for task order, sampling and training; the same seed gives the same run."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    explorer: ExplorerConfig = field(default_factory=ExplorerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    synchronizer: SynchronizerConfig = field(default_factory=SynchronizerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+    @property
+    def train_batch_size(self) -> int:
+        """Experiences per trainer step, with the default resolved."""
+        if self.trainer.batch_size is not None:
+            return self.trainer.batch_size
+        return self.explorer.batch_size * self.explorer.repeat_times
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run keeps its files; derived from a config, never set by users."""
+
+    run_dir: Path
+    buffer_dir: Path
+    checkpoint_dir: Path
+    taskset: Path
+    metrics: Path
+    summary: Path
+    config: Path
+
+    @classmethod
+    def of(cls, cfg: Config) -> RunPaths:
+        run_dir = Path(cfg.checkpoint_root_dir).expanduser().absolute() / cfg.project / cfg.name
+        return cls(
+            run_dir=run_dir,
+            buffer_dir=Path(cfg.buffer.path).absolute() if cfg.buffer.path else run_dir / "buffer",
+            checkpoint_dir=run_dir / "checkpoints",
+            taskset=Path(cfg.explorer.taskset.path).absolute() if cfg.explorer.taskset.path
+            else run_dir / "tasks.parquet",
+            metrics=run_dir / "metrics.jsonl",
+            summary=run_dir / "summary.json",
+            config=run_dir / "config.yaml",
+        )
+
+
+def namespace_of(cfg: Config) -> str:
+    """The Ray namespace in which the roles of one run meet."""
+    return f"{cfg.project}/{cfg.name}"
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load ``path`` (YAML; None = defaults), apply ``key=value`` overrides, validate, return a Config."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(Config)
+    layers = []
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML file such as "
+                              "configs/quickstart.yaml")
+        try:
+            layers.append(OmegaConf.load(p))
+        except Exception as e:  # yaml.YAMLError and OmegaConf's own errors share no base class
+            raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (for example trainer.total_steps=5)")
+    try:
+        if overrides:
+            layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(schema, *layers)
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        raise ConfigError(_explain_omegaconf_error(e)) from None
+    validate(cfg)
+    return cfg
+
+
+def _explain_omegaconf_error(e: Exception) -> str:
+    key = getattr(e, "full_key", None) or "?"
+    msg = str(getattr(e, "msg", e)).splitlines()[0]
+    parent, _, leaf = key.rpartition(".")
+    node = _dataclass_at(parent)
+    if type(e).__name__ == "ConfigKeyError" or "not in" in msg:
+        if node is None:
+            return f"unknown config key '{key}'"
+        valid = ", ".join(f.name for f in dataclasses.fields(node))
+        where = f"under '{parent}'" if parent else "at the top level"
+        return f"unknown config key '{key}'; valid keys {where}: {valid}"
+    ftype = _field_type(node, leaf) if node is not None else None
+    expected = f" (expected {ftype})" if ftype else ""
+    return f"bad value for '{key}'{expected}: {msg}"
+
+
+def _dataclass_at(dotted: str) -> type | None:
+    node: type = Config
+    for part in filter(None, dotted.split(".")):
+        sub = {f.name: f for f in dataclasses.fields(node)}.get(part)
+        if sub is None or not dataclasses.is_dataclass(sub.default_factory if sub.default_factory
+                                                       is not dataclasses.MISSING else None):
+            return None
+        node = sub.default_factory  # type: ignore[assignment]
+    return node
+
+
+def _field_type(node: type, name: str) -> str | None:
+    for f in dataclasses.fields(node):
+        if f.name == name:
+            return str(f.type)
+    return None
+
+
+def validate(cfg: Config) -> None:
+    """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem."""
+    _check_fields(cfg, "")
+    from trinity_like.algorithms import ADV_ESTIMATORS, POLICY_LOSSES, LOSS_AGG_MODES
+
+    for key, value, allowed in (
+        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS.names()),
+        ("algorithm.policy_loss", cfg.algorithm.policy_loss, POLICY_LOSSES.names()),
+        ("algorithm.loss_agg_mode", cfg.algorithm.loss_agg_mode, LOSS_AGG_MODES),
+    ):
+        if value not in allowed:
+            raise ConfigError(f"bad value for '{key}': {value!r}; allowed values: {', '.join(allowed)}")
+    if cfg.train_batch_size % cfg.explorer.repeat_times:
+        raise ConfigError(
+            f"trainer.batch_size={cfg.train_batch_size} is not a multiple of explorer.repeat_times="
+            f"{cfg.explorer.repeat_times}; groups are never split across batches, so make it one")
+    if cfg.mode == "async" and cfg.synchronizer.max_staleness < cfg.synchronizer.interval - 1:
+        raise ConfigError(
+            f"synchronizer.max_staleness={cfg.synchronizer.max_staleness} is smaller than "
+            f"synchronizer.interval - 1 = {cfg.synchronizer.interval - 1}: the explorer would wait for weights "
+            "that are never published; raise max_staleness or lower interval")
+    if cfg.mode == "offline":
+        raise ConfigError("mode 'offline' (replaying a stored buffer) is not available yet; use sync or async")
+    if cfg.explorer.engine == "vllm":
+        raise ConfigError("explorer.engine 'vllm' is not available yet; use hf")
+    if cfg.synchronizer.method == "nccl":
+        raise ConfigError("synchronizer.method 'nccl' is not available yet; use checkpoint or memory")
+    for key in ("project", "name"):
+        value = getattr(cfg, key)
+        if not value or "/" in value or value in (".", ".."):
+            raise ConfigError(f"bad value for '{key}': {value!r}; use a non-empty name without '/'")
+
+
+def _check_fields(obj: Any, prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_fields(value, key + ".")
+            continue
+        meta = f.metadata
+        if "choices" in meta and value not in meta["choices"]:
+            raise ConfigError(
+                f"bad value for '{key}': {value!r}; allowed values: {', '.join(meta['choices'])}")
+        if value is None:
+            continue
+        if "min" in meta and value < meta["min"]:
+            raise ConfigError(f"bad value for '{key}': {value!r}; it must be at least {meta['min']}")
+        if "max" in meta and value > meta["max"]:
+            raise ConfigError(f"bad value for '{key}': {value!r}; it must be at most {meta['max']}")
+    if isinstance(obj, TrainerConfig) and obj.batch_size is not None and obj.batch_size < 1:
+        raise ConfigError(f"bad value for 'trainer.batch_size': {obj.batch_size}; it must be at least 1")
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML, the form saved into the run directory."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

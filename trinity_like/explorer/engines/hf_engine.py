@@ -1,0 +1,124 @@
+"""The CPU rollout engine: batched sampling with a transformers causal LM.
+
+Prompts are left-padded into one batch; generation runs step by step with the KV cache under
+``torch.inference_mode``. Each sampled token's behaviour log-prob is taken from the temperature-scaled
+distribution (``logprobs_from_logits``), the same rule the trainer uses.
+
+Departure from "sampled distribution" when ``top_p < 1`` or ``top_k > 0``: tokens are drawn from the
+truncated distribution but scored under the untruncated temperature-scaled one, because that is the
+distribution the trainer can recompute (as in verl); the truncation is a property of the sampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trinity_like.common.modeling import import_state_dict, load_causal_lm, logprobs_from_logits
+from trinity_like.config import SamplingConfig
+
+
+@dataclass
+class Sample:
+    """One generated response."""
+
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    """``stop`` (hit EOS) or ``length`` (hit max_new_tokens)."""
+
+
+def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to -inf. scaled (B, V)."""
+    if top_k > 0 and top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # (B, V)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop_sorted = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return scaled
+
+
+class HFEngine:
+    """A transformers model that samples responses and can load new weights between calls."""
+
+    def __init__(self, model_path: str | Path, engine_id: str = "hf-0", num_threads: int = 1) -> None:
+        torch.set_num_threads(num_threads)
+        self.engine_id = engine_id
+        self.model = load_causal_lm(model_path)
+        self.eos_token_id = int(self.model.config.eos_token_id)
+        pad = self.model.config.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else self.eos_token_id)
+        self.model_version = 0
+        """Version of the weights loaded now; stamped on every sample this engine makes."""
+
+    # ------------------------------------------------------------ weights
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        import_state_dict(self.model, state_dict)
+        self.model_version = version
+
+    def load_weights_file(self, path: str | Path, version: int) -> None:
+        from safetensors.torch import load_file
+
+        self.load_state_dict(load_file(str(path)), version)
+
+    # ------------------------------------------------------------ generation
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> list[Sample]:
+        """Sample one response per prompt. The same prompts, weights and seed give the same samples."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate needs a non-empty list of non-empty prompts")
+        batch = len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)  # (B, P)
+        attention_mask = torch.zeros((batch, width), dtype=torch.long)  # (B, P)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p)
+            attention_mask[i, width - len(p):] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
+        generator = torch.Generator().manual_seed(seed)
+
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[:, -1, :]  # (B, V)
+        next_pos = position_ids[:, -1:] + 1  # (B, 1)
+        tokens: list[torch.Tensor] = []
+        logps: list[torch.Tensor] = []
+        finished = torch.zeros(batch, dtype=torch.bool)
+        lengths = torch.zeros(batch, dtype=torch.long)
+        for _ in range(sampling.max_new_tokens):
+            if sampling.temperature > 0:
+                scaled = _filter_logits(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p)
+                tok = torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator).squeeze(-1)  # (B,)
+            else:
+                tok = logits.argmax(-1)  # (B,)
+            tok = torch.where(finished, torch.full_like(tok, self.pad_token_id), tok)
+            tokens.append(tok)
+            logps.append(logprobs_from_logits(logits, tok, sampling.temperature))
+            lengths += (~finished).long()
+            finished |= tok == self.eos_token_id
+            if bool(finished.all()):
+                break
+            # Finished rows keep decoding pad tokens whose outputs are discarded; their mask value does not matter.
+            attention_mask = torch.cat([attention_mask, torch.ones((batch, 1), dtype=torch.long)], dim=-1)
+            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attention_mask, position_ids=next_pos,
+                             past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[:, -1, :]
+            next_pos = next_pos + 1
+
+        tok_mat = torch.stack(tokens, dim=1)  # (B, T)
+        lp_mat = torch.stack(logps, dim=1)  # (B, T)
+        samples = []
+        for i in range(batch):
+            n = int(lengths[i])
+            ids = tok_mat[i, :n].tolist()
+            reason = "stop" if n and ids[-1] == self.eos_token_id else "length"
+            samples.append(Sample(response_ids=ids, logprobs=lp_mat[i, :n].tolist(), finish_reason=reason))
+        return samples

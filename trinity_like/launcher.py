@@ -1,0 +1,184 @@
+"""Modes and roles: prepare the run directory, start Ray and the parts, drive or wait, shut down cleanly.
+
+- ``sync``: lock-step. Explorer steps run until the buffer holds trainer step k's batch, then trainer step k;
+  with ``synchronizer.interval: 1`` explorer step k uses version k (strict on-policy).
+- ``async``: explorer and trainer loop concurrently in their own actors; the explorer's admission rule keeps
+  every trained row within ``synchronizer.max_staleness`` versions.
+
+While the roles work, the launcher tails ``metrics.jsonl`` and prints one progress line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trinity_like.common.fs import atomic_write_json, atomic_write_text
+from trinity_like.common.metrics import read_metrics
+from trinity_like.common.modeling import set_offline_env
+from trinity_like.config import Config, RunPaths, namespace_of, to_yaml
+
+
+class RunError(RuntimeError):
+    """A run that could not start or finish for a reason the user can fix; the message says which."""
+
+
+def prepare_run_dir(cfg: Config) -> RunPaths:
+    """Create the run directory, save the resolved config, build the tiny model and the task set if asked."""
+    from trinity_like.common.tasks import generate_arithmetic, write_taskset
+    from trinity_like.common.tiny_model import ensure_tiny_model
+
+    paths = RunPaths.of(cfg)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(paths.config, to_yaml(cfg))
+    if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+        if not cfg.model.build_tiny_if_missing:
+            raise RunError(f"model.path '{cfg.model.path}' has no model; point it at a Hugging Face model folder, "
+                           "build one with `trinity-like make-tiny-model DIR`, or set model.build_tiny_if_missing=true")
+        print(f"building the tiny model into {cfg.model.path} ...", flush=True)
+        ensure_tiny_model(cfg.model.path, seed=cfg.seed)
+    if not paths.taskset.is_file():
+        if cfg.explorer.taskset.path:
+            raise RunError(f"explorer.taskset.path '{cfg.explorer.taskset.path}' does not exist")
+        ts = cfg.explorer.taskset
+        write_taskset(paths.taskset, generate_arithmetic(ts.size, ts.max_operand, cfg.seed))
+    return paths
+
+
+def init_ray(cfg: Config) -> None:
+    """Join a running Ray instance (tests share one), or start a local one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray.init(namespace=namespace_of(cfg), include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+
+
+@dataclass
+class _Roles:
+    synchronizer: Any
+    explorer: Any
+    trainer: Any
+
+
+def _start_roles(cfg: Config) -> _Roles:
+    import ray
+
+    from trinity_like.explorer.role import ExplorerRole
+    from trinity_like.synchronizer import get_synchronizer
+    from trinity_like.trainer.role import TrainerRole
+
+    ns = namespace_of(cfg)
+    sync = get_synchronizer(ns)
+    explorer = ray.remote(num_cpus=0, max_concurrency=2)(ExplorerRole).options(
+        name="explorer", namespace=ns).remote(cfg)
+    trainer = ray.remote(num_cpus=0, max_concurrency=2)(TrainerRole).options(
+        name="trainer", namespace=ns).remote(cfg)
+    ray.get([explorer.setup.remote(), trainer.setup.remote()])
+    return _Roles(sync, explorer, trainer)
+
+
+class _Progress:
+    """Prints one line per step record that appears in metrics.jsonl."""
+
+    def __init__(self, paths: RunPaths, total_steps: int, stream=sys.stdout) -> None:
+        self.paths = paths
+        self.total_steps = total_steps
+        self.offset = paths.metrics.stat().st_size if paths.metrics.is_file() else 0
+        self.stream = stream
+        self.records: list[dict[str, Any]] = []
+
+    def poll(self) -> None:
+        new, self.offset = read_metrics(self.paths.metrics, self.offset)
+        for r in new:
+            self.records.append(r)
+            print(self.format(r), file=self.stream, flush=True)
+
+    def format(self, r: dict[str, Any]) -> str:
+        if r["role"] == "trainer":
+            return (f"trainer  step {r['step']:>4}/{self.total_steps}  reward {r['train/reward_mean']:.3f}  "
+                    f"staleness {r['train/staleness_mean']:.2f}  pg_loss {r['actor/pg_loss']:+.4f}  "
+                    f"{r['time/train_step_s']:.2f}s")
+        return (f"explorer step {r['step']:>4}       reward {r['rollout/reward_mean']:.3f}  "
+                f"version {int(r['rollout/model_version'])}  {r['time/explore_step_s']:.2f}s")
+
+
+def _run_sync(cfg: Config, roles: _Roles, progress: _Progress) -> None:
+    import ray
+
+    rows_per_step = cfg.explorer.batch_size * cfg.explorer.repeat_times
+    explored = 0
+    for k in range(cfg.trainer.total_steps):
+        while explored * rows_per_step < (k + 1) * cfg.train_batch_size:
+            ray.get(roles.explorer.step.remote())
+            explored += 1
+            progress.poll()
+        ray.get(roles.trainer.step.remote())
+        progress.poll()
+
+
+def _run_async(roles: _Roles, progress: _Progress) -> None:
+    import ray
+
+    pending = [roles.trainer.run.remote(), roles.explorer.run.remote()]
+    while pending:
+        done, pending = ray.wait(pending, timeout=0.2)
+        for ref in done:
+            ray.get(ref)  # re-raises a role's failure here
+        progress.poll()
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Run a whole job in ``cfg.mode`` on a local (or already joined) Ray instance; return the summary."""
+    import ray
+
+    set_offline_env()
+    paths = prepare_run_dir(cfg)
+    start = time.time()
+    init_ray(cfg)
+    progress = _Progress(paths, cfg.trainer.total_steps)
+    print(f"run directory: {paths.run_dir}  mode: {cfg.mode}", flush=True)
+    roles = None
+    exit_reason = "completed"
+    try:
+        roles = _start_roles(cfg)
+        if cfg.mode == "sync":
+            _run_sync(cfg, roles, progress)
+        else:
+            _run_async(roles, progress)
+    except KeyboardInterrupt:
+        exit_reason = "interrupted"
+        raise
+    except BaseException as e:
+        exit_reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        raise
+    finally:
+        progress.poll()
+        if roles is not None:
+            for actor in (roles.explorer, roles.trainer, roles.synchronizer):
+                ray.kill(actor)
+        summary = _summary(cfg, progress.records, time.time() - start, exit_reason)
+        atomic_write_json(paths.summary, summary)
+    print("summary: " + json.dumps(summary), flush=True)
+    return summary
+
+
+def _summary(cfg: Config, records: list[dict[str, Any]], wall_s: float, exit_reason: str) -> dict[str, Any]:
+    trainer = [r for r in records if r["role"] == "trainer"]
+    explorer = [r for r in records if r["role"] == "explorer"]
+    return {
+        "mode": cfg.mode,
+        "trainer_steps": len(trainer),
+        "explorer_steps": len(explorer),
+        "final_version": int(trainer[-1]["trainer/version"]) if trainer else 0,
+        "reward_first": trainer[0]["train/reward_mean"] if trainer else None,
+        "reward_last": trainer[-1]["train/reward_mean"] if trainer else None,
+        "staleness_max": max((r["train/staleness_max"] for r in trainer), default=None),
+        "wall_time_s": round(wall_s, 2),
+        "exit_reason": exit_reason,
+    }

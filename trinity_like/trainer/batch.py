@@ -1,0 +1,76 @@
+"""Experiences -> one padded training batch (a TensorDict), in verl's layout.
+
+``input_ids`` is the left-padded prompt followed by the right-padded response, so every response starts at
+column P (the prompt width) and ``logits[:, P-1 : P+R-1]`` score the response tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from trinity_like.common.experience import Experience
+from trinity_like.common.modeling import logprobs_from_logits
+
+
+def experiences_to_batch(exps: list[Experience], pad_token_id: int) -> TensorDict:
+    """Build the batch. Keys (B sequences, P prompt width, R response width):
+
+    input_ids, attention_mask, position_ids (B, P+R); responses, response_mask, old_log_probs,
+    token_level_rewards (B, R); rewards, model_version, group_index, has_log_probs (B,)."""
+    if not exps:
+        raise ValueError("cannot build a batch from zero experiences")
+    batch = len(exps)
+    width_p = max(len(e.prompt_ids) for e in exps)
+    width_r = max(max(len(e.response_ids) for e in exps), 1)
+    input_ids = torch.full((batch, width_p + width_r), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, width_p + width_r), dtype=torch.long)
+    response_mask = torch.zeros((batch, width_r), dtype=torch.float32)
+    old_log_probs = torch.zeros((batch, width_r), dtype=torch.float32)
+    token_level_rewards = torch.zeros((batch, width_r), dtype=torch.float32)
+    has_log_probs = torch.zeros(batch, dtype=torch.bool)
+    group_of: dict[str, int] = {}
+    for i, e in enumerate(exps):
+        p, r = len(e.prompt_ids), len(e.response_ids)
+        input_ids[i, width_p - p:width_p] = torch.tensor(e.prompt_ids, dtype=torch.long)
+        input_ids[i, width_p:width_p + r] = torch.tensor(e.response_ids, dtype=torch.long)
+        attention_mask[i, width_p - p:width_p + r] = 1
+        mask = torch.ones(r) if e.action_mask is None else torch.tensor(e.action_mask, dtype=torch.float32)
+        response_mask[i, :r] = mask
+        if e.logprobs is not None:
+            old_log_probs[i, :r] = torch.tensor(e.logprobs, dtype=torch.float32)
+            has_log_probs[i] = True
+        if e.token_rewards is not None:
+            token_level_rewards[i, :r] = torch.tensor(e.token_rewards, dtype=torch.float32)
+        if e.reward is not None and r > 0:
+            token_level_rewards[i, r - 1] += float(e.reward)
+        group_of.setdefault(e.group_id or e.eid, len(group_of))
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return TensorDict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "responses": input_ids[:, width_p:].clone(),
+            "response_mask": response_mask,
+            "old_log_probs": old_log_probs,
+            "token_level_rewards": token_level_rewards,
+            "rewards": torch.tensor([float(e.reward or 0.0) for e in exps]),
+            "model_version": torch.tensor([e.model_version for e in exps], dtype=torch.long),
+            "group_index": torch.tensor([group_of[e.group_id or e.eid] for e in exps], dtype=torch.long),
+            "has_log_probs": has_log_probs,
+        },
+        batch_size=[batch],
+    )
+
+
+def compute_log_probs(model, batch: TensorDict, temperature: float) -> torch.Tensor:
+    """Log-probs (B, R) of the batch's response tokens under ``model`` at ``temperature``."""
+    width_r = batch["responses"].shape[1]
+    width_p = batch["input_ids"].shape[1] - width_r
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
+        use_cache=False,
+    ).logits  # (B, P+R, V)
+    logits = logits[:, width_p - 1:width_p + width_r - 1, :]  # (B, R, V)
+    return logprobs_from_logits(logits, batch["responses"], temperature)

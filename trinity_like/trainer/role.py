@@ -1,0 +1,86 @@
+"""The trainer role: setup -> run -> shutdown. Reads batches from the buffer, trains, publishes weights."""
+
+from __future__ import annotations
+
+import time
+
+from trinity_like.buffer import BufferConsumer
+from trinity_like.common.metrics import MetricsWriter
+from trinity_like.common.modeling import set_offline_env
+from trinity_like.config import Config, RunPaths, namespace_of
+from trinity_like.trainer.ppo import PPOTrainer
+
+CONSUMER_NAME = "trainer"
+
+
+class TrainerRole:
+    """Runs as a Ray actor. In ``sync`` mode the launcher calls ``step()`` in lock-step with the explorer;
+    in ``async`` mode ``run()`` loops on its own, bounded by ``synchronizer.max_staleness``."""
+
+    def __init__(self, cfg: Config) -> None:
+        set_offline_env()
+        self.cfg = cfg
+        self.paths = RunPaths.of(cfg)
+
+    def setup(self) -> None:
+        from trinity_like.synchronizer import get_synchronizer
+
+        self.synchronizer = get_synchronizer(namespace_of(self.cfg))
+        self.engine = PPOTrainer(self.cfg, self.synchronizer)
+        self.engine.prepare()
+        self.consumer = BufferConsumer(self.paths.buffer_dir, CONSUMER_NAME)
+        self.metrics = MetricsWriter(self.paths.metrics, role="trainer")
+        self._last_end_check = 0.0
+
+    def _min_version(self) -> int | None:
+        """Oldest model_version this step may train on. In sync mode the lock-step schedule decides."""
+        if self.cfg.mode == "sync":
+            return None
+        return self.engine.train_step_num - self.cfg.synchronizer.max_staleness
+
+    def step(self) -> dict[str, float]:
+        """Read one batch, train on it, commit its consumption, publish weights when the interval says so."""
+        wait_start = time.perf_counter()
+        exps = self.consumer.read(self.cfg.train_batch_size, self._min_version(),
+                                  timeout_s=self.cfg.synchronizer.timeout_s, should_stop=self._explorer_ended)
+        wait_s = time.perf_counter() - wait_start
+        metrics = self.engine.train_step(exps)
+        step = self.engine.train_step_num
+        self.consumer.commit(step)
+        if step % self.cfg.synchronizer.interval == 0 or step == self.cfg.trainer.total_steps:
+            sync_start = time.perf_counter()
+            self.engine.sync_weight()
+            metrics["time/sync_s"] = time.perf_counter() - sync_start
+        save = self.cfg.trainer.save_interval
+        if step == self.cfg.trainer.total_steps or (save and step % save == 0):
+            self.engine.save_checkpoint(block_until_saved=True)
+        metrics["time/wait_data_s"] = wait_s
+        metrics["trainer/version"] = float(step)
+        self.metrics.write(step, metrics)
+        return metrics
+
+    def _explorer_ended(self) -> bool:
+        """Asked on every buffer poll; asks the synchronizer at most once a second."""
+        import ray
+
+        now = time.monotonic()
+        if now - self._last_end_check < 1.0:
+            return False
+        self._last_end_check = now
+        return "explorer" in ray.get(self.synchronizer.ended.remote())
+
+    def run(self) -> int:
+        """Train until ``trainer.total_steps``; return the final version."""
+        try:
+            while self.engine.train_step_num < self.cfg.trainer.total_steps:
+                self.step()
+        except BaseException as e:
+            self._end(f"failed: {type(e).__name__}: {e}")
+            raise
+        self._end("finished")
+        return self.engine.train_step_num
+
+    def _end(self, reason: str) -> None:
+        import ray
+
+        ray.get(self.synchronizer.mark_ended.remote("trainer", reason))
