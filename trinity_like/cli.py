@@ -12,11 +12,25 @@ import sys
 from trinity_like.config import ConfigError
 
 
+def _split_config_and_overrides(items: list[str]) -> tuple[str, list[str]]:
+    """``run`` takes CONFIG and key=value overrides in any order: the one item without '=' is CONFIG."""
+    paths = [x for x in items if "=" not in x]
+    if len(paths) != 1:
+        raise ConfigError(f"run takes exactly one CONFIG file besides key=value overrides, got {len(paths)}: "
+                          f"{' '.join(paths) or '(none)'}")
+    return paths[0], [x for x in items if "=" in x]
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from trinity_like.config import load_config
+    from trinity_like.config import load_config, to_yaml
+
+    config, overrides = _split_config_and_overrides(args.items)
+    cfg = load_config(config, overrides)
+    if args.print_config:
+        print(to_yaml(cfg), end="")
+        return 0
     from trinity_like.launcher import run
 
-    cfg = load_config(args.config, args.overrides)
     summary = run(cfg)
     return 0 if summary["exit_reason"] == "completed" else 1
 
@@ -36,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run explorer, buffer, trainer and synchronizer as configured")
-    p.add_argument("config", help="YAML config file, e.g. configs/quickstart.yaml")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="config overrides in dotted form, e.g. trainer.total_steps=5 mode=sync")
+    p.add_argument("items", nargs="+", metavar="CONFIG | key=value",
+                   help="a YAML config file (e.g. configs/quickstart.yaml) and dotted overrides such as "
+                        "trainer.total_steps=5 mode=sync, in any order")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("make-tiny-model", help="build the offline tiny tokenizer + Qwen2 model")
@@ -56,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     # flag come back as extras and join the others.
     args, extras = parser.parse_known_args(argv)
     if extras:
-        bad = [x for x in extras if "=" not in x or x.startswith("-") or not hasattr(args, "overrides")]
+        bad = [x for x in extras if x.startswith("-") or not hasattr(args, "items")]
         if bad:
             parser.error(f"unrecognized arguments: {' '.join(bad)}")
-        args.overrides = [*args.overrides, *extras]
+        args.items = [*args.items, *extras]
     try:
         return args.func(args)
     except ConfigError as e:

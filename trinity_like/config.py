@@ -292,7 +292,7 @@ def _field_type(node: type, name: str) -> str | None:
 def validate(cfg: Config) -> None:
     """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem."""
     _check_fields(cfg, "")
-    from trinity_like.algorithms import ADV_ESTIMATORS, POLICY_LOSSES, LOSS_AGG_MODES
+    from trinity_like.algorithms import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 
     for key, value, allowed in (
         ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS.names()),

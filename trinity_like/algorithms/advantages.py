@@ -30,10 +30,12 @@ def compute_grpo_outcome_advantage(
         A_i = (R_i - mean_g(R)) / (std_g(R) + eps)   broadcast over the response tokens of sequence i
 
     ``R_i`` is the sum of the (B, L) token rewards of sequence i; ``mean_g``/``std_g`` are over the sequences
-    sharing i's group id (std unbiased, as torch.std). A group of one sample gets mean 0 and std 1, so its
+    sharing i's group id (std unbiased, as torch.std; statistics in float64). A group of one sample gets mean 0 and std 1, so its
     advantage is its reward (as in verl). ``norm_adv_by_std_in_grpo=False`` gives Dr. GRPO's A = R - mean.
     """
-    scores = (token_level_rewards * response_mask).sum(-1)  # (B,)
+    # Group statistics in float64: in float32 the mean of equal scores can miss them by an ulp, and dividing
+    # that by (std ~ 1e-7) + eps would turn a zero-variance group into advantages of order 0.1.
+    scores = (token_level_rewards.double() * response_mask.double()).sum(-1)  # (B,)
     groups: dict[str, list[int]] = defaultdict(list)
     for i, g in enumerate(index):
         groups[g].append(i)
@@ -48,5 +50,5 @@ def compute_grpo_outcome_advantage(
         adv = (scores - mean) / (std + epsilon)
     else:
         adv = scores - mean
-    advantages = adv.unsqueeze(-1) * response_mask  # (B, L)
+    advantages = adv.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask  # (B, L)
     return advantages, advantages

@@ -84,10 +84,10 @@ def query(buffer_dir: str | Path, sql_where: str = "TRUE", order_by: str = "file
         return EXPERIENCE_SCHEMA.empty_table()
     con = _connect()
     try:
-        return con.execute(
+        return con.sql(
             "SELECT * FROM read_parquet($files, filename = true, file_row_number = true) "
             f"WHERE {sql_where} ORDER BY {order_by}",
-            {"files": files, **({f"p{i}": v for i, v in enumerate(params or [])})},
+            params={"files": files, **({f"p{i}": v for i, v in enumerate(params or [])})},
         ).to_arrow_table()
     finally:
         con.close()

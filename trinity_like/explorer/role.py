@@ -98,23 +98,25 @@ class ExplorerRole:
         sampling, repeat = self.cfg.explorer.sampling, self.cfg.explorer.repeat_times
         tasks = self._tasks_for_step(step)
         requests = [(t, self.tokenizer.encode(t.prompt)) for t in tasks for _ in range(repeat)]
-        chunks = [requests[i::len(self.engines)] for i in range(len(self.engines))]
-        futures = [self.pool.submit(engine.generate, [p for _, p in chunk], sampling,
+        n_engines = len(self.engines)
+        futures = [self.pool.submit(engine.generate, [p for _, p in requests[i::n_engines]], sampling,
                                     self.cfg.seed * 1_000_003 + step * 101 + i)
-                   for i, (engine, chunk) in enumerate(zip(self.engines, chunks, strict=True)) if chunk]
+                   for i, engine in enumerate(self.engines) if requests[i::n_engines]]
+        results = [fut.result() for fut in futures]
         version = self.engines[0].model_version
         exps: list[Experience] = []
-        for (engine, chunk), fut in zip(zip(self.engines, chunks, strict=True), futures, strict=False):
-            for (task, prompt_ids), sample in zip(chunk, fut.result(), strict=True):
-                text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
-                exps.append(Experience(
-                    prompt_ids=prompt_ids, response_ids=sample.response_ids, logprobs=sample.logprobs,
-                    group_id=f"s{step}-{task.task_id}", task_id=task.task_id, source="explorer",
-                    reward=arithmetic_reward(text, task.answer), model_version=version,
-                    engine_id=engine.engine_id, truncated=sample.finish_reason == "length",
-                    prompt_text=task.prompt, response_text=text, info={"answer": task.answer, "explore_step": step},
-                ))
-        exps.sort(key=lambda e: (e.group_id, e.eid))  # groups contiguous, independent of engine split
+        # Request r went to engine r % n as its (r // n)-th prompt; rows keep request order, so a group's
+        # samples are contiguous and the batch order never depends on ids or thread timing.
+        for r, (task, prompt_ids) in enumerate(requests):
+            engine, sample = self.engines[r % n_engines], results[r % n_engines][r // n_engines]
+            text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+            exps.append(Experience(
+                prompt_ids=prompt_ids, response_ids=sample.response_ids, logprobs=sample.logprobs,
+                group_id=f"s{step}-{task.task_id}-{r // repeat}", task_id=task.task_id, source="explorer",
+                reward=arithmetic_reward(text, task.answer), model_version=version,
+                engine_id=engine.engine_id, truncated=sample.finish_reason == "length",
+                prompt_text=task.prompt, response_text=text, info={"answer": task.answer, "explore_step": step},
+            ))
         self.writer.write(exps)
         elapsed = time.perf_counter() - start
         rewards = [e.reward for e in exps]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from trinity_like.algorithms import agg_loss, get_adv_estimator_fn, get_policy_loss_fn, masked_mean
+from trinity_like.algorithms import get_adv_estimator_fn, get_policy_loss_fn, masked_mean
 from trinity_like.common.experience import Experience
 from trinity_like.common.fs import atomic_publish_dir, atomic_write_with
 from trinity_like.common.modeling import export_state_dict, load_causal_lm

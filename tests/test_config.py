@@ -1,0 +1,96 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trinity_like.config import Config, ConfigError, RunPaths, load_config, to_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def test_quickstart_loads_with_overrides():
+    cfg = load_config(QUICKSTART, ["trainer.total_steps=7", "mode=sync", "explorer.sampling.temperature=0.5"])
+    assert isinstance(cfg, Config)
+    assert cfg.trainer.total_steps == 7
+    assert cfg.mode == "sync"
+    assert cfg.explorer.sampling.temperature == 0.5
+    assert cfg.project == "quickstart"  # from the YAML, untouched
+    assert cfg.train_batch_size == cfg.explorer.batch_size * cfg.explorer.repeat_times
+
+
+def test_defaults_without_file_and_yaml_round_trip(tmp_path):
+    cfg = load_config(None, ["trainer.batch_size=8"])
+    assert cfg.train_batch_size == 8
+    saved = tmp_path / "c.yaml"
+    saved.write_text(to_yaml(cfg))
+    assert load_config(saved) == cfg
+
+
+def test_run_paths_follow_project_and_name(tmp_path):
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", "project=p", "name=n"])
+    paths = RunPaths.of(cfg)
+    assert paths.run_dir == tmp_path / "p" / "n"
+    assert paths.buffer_dir == tmp_path / "p" / "n" / "buffer"
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("trainer.total_stepz=3", "unknown config key 'trainer.total_stepz'"),
+        ("bogus=1", "unknown config key 'bogus'"),
+        ("mode=turbo", "allowed values: sync, async, offline"),
+        ("explorer.engine=tpu", "allowed values: hf, vllm"),
+        ("trainer.total_steps=many", "bad value for 'trainer.total_steps'"),
+        ("trainer.total_steps=0", "must be at least 1"),
+        ("explorer.sampling.top_p=1.5", "must be at most 1.0"),
+        ("algorithm.adv_estimator=magic", "allowed values: grpo"),
+        ("trainer.batch_size=6", "not a multiple of explorer.repeat_times"),
+        ("synchronizer.interval=3", "max_staleness"),
+    ],
+)
+def test_bad_config_names_the_key(override, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(QUICKSTART, [override])
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["synchronizer.methd=memory"])
+    assert "valid keys under 'synchronizer': method, interval, max_staleness" in str(err.value)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "trinity_like.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_cli_config_error_is_one_line_exit_2():
+    proc = _cli("run", str(QUICKSTART), "mode=turbo")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["error: bad value for 'mode': 'turbo'; allowed values: sync, async, offline"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_missing_config_file_exit_2(tmp_path):
+    proc = _cli("run", str(tmp_path / "nope.yaml"))
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_config_flags_and_overrides_in_any_order():
+    proc = _cli("run", "mode=sync", "--print-config", str(QUICKSTART), "trainer.total_steps=5")
+    assert proc.returncode == 0, proc.stderr
+    assert "mode: sync" in proc.stdout and "total_steps: 5" in proc.stdout
+    proc = _cli("run", "--print-config", "trainer.total_steps=4", str(QUICKSTART))
+    assert proc.returncode == 0, proc.stderr
+    assert "total_steps: 4" in proc.stdout and "mode: async" in proc.stdout
+
+
+def test_cli_two_config_files_is_an_error():
+    proc = _cli("run", str(QUICKSTART), str(QUICKSTART))
+    assert proc.returncode == 2 and "exactly one CONFIG" in proc.stderr

@@ -1,0 +1,85 @@
+from datetime import UTC, datetime
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trinity_like.common.experience import (
+    EXPERIENCE_SCHEMA,
+    SCHEMA_VERSION,
+    Experience,
+    experiences_to_table,
+    table_to_experiences,
+)
+
+f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+ids = st.lists(st.integers(0, 2**31 - 1), max_size=6)
+
+
+@st.composite
+def experiences(draw):
+    response = draw(ids)
+    n = len(response)
+    maybe = lambda s: draw(st.one_of(st.none(), s))  # noqa: E731
+    return Experience(
+        prompt_ids=draw(ids),
+        response_ids=response,
+        group_id=draw(st.text(max_size=5)),
+        task_id=draw(st.text(max_size=5)),
+        source=draw(st.sampled_from(["explorer", "human", "agent", "import"])),
+        action_mask=maybe(st.lists(st.booleans(), min_size=n, max_size=n)),
+        logprobs=maybe(st.lists(f32, min_size=n, max_size=n)),
+        reward=maybe(f32),
+        token_rewards=maybe(st.lists(f32, min_size=n, max_size=n)),
+        model_version=draw(st.integers(-1, 2**40)),
+        engine_id=maybe(st.text(max_size=4)),
+        truncated=draw(st.booleans()),
+        prompt_text=maybe(st.text(max_size=8)),
+        response_text=maybe(st.text(max_size=8)),
+        messages=maybe(st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]),
+                                                        "content": st.text(max_size=8)}), max_size=3)),
+        info=draw(st.dictionaries(st.text(max_size=4), st.integers() | st.text(max_size=4), max_size=3)),
+        created_at=draw(st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),
+                                     timezones=st.just(UTC))).replace(microsecond=draw(st.integers(0, 999999))),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(experiences(), min_size=1, max_size=4))
+def test_arrow_round_trip(exps):
+    table = experiences_to_table(exps)
+    assert table.schema.equals(EXPERIENCE_SCHEMA)
+    assert table_to_experiences(table) == exps
+
+
+@settings(max_examples=60, deadline=None)
+@given(experiences())
+def test_json_lines_round_trip(exp):
+    assert Experience.from_json(exp.to_json()) == exp
+
+
+def test_float32_storage_rounds_like_numpy():
+    e = Experience(prompt_ids=[1], response_ids=[2], reward=0.1, logprobs=[-0.3])
+    back = table_to_experiences(experiences_to_table([e]))[0]
+    assert back.reward == float(np.float32(0.1))
+    assert back.logprobs == [float(np.float32(-0.3))]
+
+
+def test_schema_carries_version_and_nullability():
+    assert EXPERIENCE_SCHEMA.metadata[b"trinity_like.schema_version"] == str(SCHEMA_VERSION).encode()
+    assert not EXPERIENCE_SCHEMA.field("eid").nullable
+    assert EXPERIENCE_SCHEMA.field("logprobs").nullable
+    assert EXPERIENCE_SCHEMA.field("created_at").type == pa.timestamp("us", tz="UTC")
+
+
+def test_bad_experiences_are_refused():
+    with pytest.raises(ValueError, match="logprobs has 1 entries but response_ids has 2"):
+        Experience(prompt_ids=[1], response_ids=[2, 3], logprobs=[0.0])
+    with pytest.raises(ValueError, match="source must be one of"):
+        Experience(prompt_ids=[1], response_ids=[2], source="robot")
+    with pytest.raises(ValueError, match="unknown Experience field"):
+        Experience.from_json_dict({"prompt_ids": [1], "response_ids": [2], "colour": "red"})
+    with pytest.raises(ValueError, match="lacks Experience column"):
+        table_to_experiences(pa.table({"eid": ["x"]}))
