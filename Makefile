@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[dev]"
 	touch $(STAMP)
 
+# The demo starts from a fresh run directory each time (the tiny model is kept).
 demo: install
+	rm -rf runs/quickstart/arithmetic-async
 	$(BIN)/trinity-like run configs/quickstart.yaml
 
 test: install

@@ -94,3 +94,19 @@ def test_cli_config_flags_and_overrides_in_any_order():
 def test_cli_two_config_files_is_an_error():
     proc = _cli("run", str(QUICKSTART), str(QUICKSTART))
     assert proc.returncode == 2 and "exactly one CONFIG" in proc.stderr
+
+
+def test_cli_bad_task_file_is_one_line_exit_2(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "tasks.parquet"
+    pq.write_table(pa.table({"task_id": ["1"], "question": ["1+1="]}), bad)
+    proc = _cli("run", str(QUICKSTART), f"checkpoint_root_dir={tmp_path}", f"explorer.taskset.path={bad}",
+                f"model.path={tmp_path / 'no-model'}", "model.build_tiny_if_missing=false")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: model.path")
+    proc = _cli("run", str(QUICKSTART), f"checkpoint_root_dir={tmp_path}", f"explorer.taskset.path={bad}",
+                "name=badtasks")
+    assert proc.returncode == 2, proc.stderr
+    assert "lacks column(s) prompt, answer" in proc.stderr and "Traceback" not in proc.stderr

@@ -104,3 +104,14 @@ def test_checkpoint_method_prunes_old_versions(tmp_path, tiny_model_path, ray_se
     run(cfg)
     files = sorted((RunPaths.of(cfg).checkpoint_dir / "state_dict").glob("*.safetensors"))
     assert [f.name for f in files] == ["version-00000002.safetensors", "version-00000003.safetensors"]
+
+
+def test_existing_run_directory_is_refused(tmp_path, tiny_model_path, ray_session):
+    from trinity_like.launcher import RunError
+
+    cfg = _cfg(tmp_path, tiny_model_path, "twice", "mode=sync", "trainer.total_steps=1")
+    run(cfg)
+    before = RunPaths.of(cfg).summary.read_text()
+    with pytest.raises(RunError, match="already holds a run"):
+        run(cfg)
+    assert RunPaths.of(cfg).summary.read_text() == before  # nothing of the first run was touched

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from trinity_like.buffer.store import segment_files
 from trinity_like.common.fs import atomic_write_json, atomic_write_text
 from trinity_like.common.metrics import read_metrics
 from trinity_like.common.modeling import set_offline_env
@@ -29,10 +30,13 @@ class RunError(RuntimeError):
 
 def prepare_run_dir(cfg: Config) -> RunPaths:
     """Create the run directory, save the resolved config, build the tiny model and the task set if asked."""
-    from trinity_like.common.tasks import generate_arithmetic, write_taskset
+    from trinity_like.common.tasks import generate_arithmetic, load_taskset, write_taskset
     from trinity_like.common.tiny_model import ensure_tiny_model
 
     paths = RunPaths.of(cfg)
+    if paths.summary.exists() or segment_files(paths.buffer_dir):
+        raise RunError(f"run directory '{paths.run_dir}' already holds a run; pick another name (name=...) or "
+                       "delete that folder")
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(paths.config, to_yaml(cfg))
     if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
@@ -46,6 +50,10 @@ def prepare_run_dir(cfg: Config) -> RunPaths:
             raise RunError(f"explorer.taskset.path '{cfg.explorer.taskset.path}' does not exist")
         ts = cfg.explorer.taskset
         write_taskset(paths.taskset, generate_arithmetic(ts.size, ts.max_operand, cfg.seed))
+    try:
+        load_taskset(paths.taskset)  # fail here, in one line, rather than inside an explorer actor
+    except (OSError, ValueError) as e:
+        raise RunError(str(e)) from None
     return paths
 
 
@@ -178,7 +186,14 @@ def _summary(cfg: Config, records: list[dict[str, Any]], wall_s: float, exit_rea
         "final_version": int(trainer[-1]["trainer/version"]) if trainer else 0,
         "reward_first": trainer[0]["train/reward_mean"] if trainer else None,
         "reward_last": trainer[-1]["train/reward_mean"] if trainer else None,
+        "reward_mean_first_10": _mean(r["train/reward_mean"] for r in trainer[:10]),
+        "reward_mean_last_10": _mean(r["train/reward_mean"] for r in trainer[-10:]),
         "staleness_max": max((r["train/staleness_max"] for r in trainer), default=None),
         "wall_time_s": round(wall_s, 2),
         "exit_reason": exit_reason,
     }
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return round(sum(values) / len(values), 4) if values else None
