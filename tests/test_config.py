@@ -110,3 +110,21 @@ def test_cli_bad_task_file_is_one_line_exit_2(tmp_path):
                 "name=badtasks")
     assert proc.returncode == 2, proc.stderr
     assert "lacks column(s) prompt, answer" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_scalar_where_a_section_belongs():
+    with pytest.raises(ConfigError, match="'explorer.sampling' is a section, not a value; set its keys instead"):
+        load_config(QUICKSTART, ["explorer.sampling=3"])
+
+
+def test_yaml_errors_are_reported(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: [unclosed\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("trainer:\n  totl_steps: 3\n")
+    with pytest.raises(ConfigError, match="unknown config key 'trainer.totl_steps'"):
+        load_config(typo)
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        load_config(None, ["mode"])

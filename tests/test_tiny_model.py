@@ -62,3 +62,17 @@ def test_hf_tokenizer_sets_missing_pad_token(tmp_path, tiny_model_path):
     with pytest.warns(UserWarning, match="no pad token"):
         fixed = hf_tokenizer(str(tmp_path))
     assert fixed.pad_token == fixed.eos_token
+
+
+def test_make_tiny_model_command(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "m"
+    proc = subprocess.run([sys.executable, "-m", "trinity_like.cli", "make-tiny-model", str(out), "--layers", "1",
+                           "--hidden", "64", "--seed", "3"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["hidden_size"] == 64
+    assert config["architectures"] == ["Qwen2ForCausalLM"]

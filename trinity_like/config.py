@@ -108,7 +108,7 @@ class OptimizerConfig:
 class TrainerConfig:
     total_steps: int = _at_least(3, 1)
     """Trainer steps to run; each makes one new policy version."""
-    batch_size: int | None = None
+    batch_size: int | None = field(default=None, metadata={"min": 1})
     """Experiences per trainer step (a multiple of `explorer.repeat_times`); empty = one explorer step's
     output, `explorer.batch_size * explorer.repeat_times`."""
     micro_batch_size: int = _at_least(8, 1)
@@ -250,14 +250,21 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
         merged = OmegaConf.merge(schema, *layers)
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
-        raise ConfigError(_explain_omegaconf_error(e)) from None
+        raise ConfigError(_explain_omegaconf_error(e, schema, layers)) from None
     validate(cfg)
     return cfg
 
 
-def _explain_omegaconf_error(e: Exception) -> str:
-    key = getattr(e, "full_key", None) or "?"
-    msg = str(getattr(e, "msg", e)).splitlines()[0]
+def _explain_omegaconf_error(e: Exception, schema: Any, layers: list[Any]) -> str:
+    key = getattr(e, "full_key", None)
+    msg = str(getattr(e, "msg", None) or e).splitlines()[0]
+    if not key:
+        # Some merge errors (a scalar where a section belongs) carry no key: find it by trying each leaf.
+        key = _locate_bad_key(schema, layers) or "?"
+        section = _dataclass_at(key) if key != "?" else None
+        if section is not None:
+            keys = ", ".join(f.name for f in dataclasses.fields(section))
+            return f"'{key}' is a section, not a value; set its keys instead ({keys})"
     parent, _, leaf = key.rpartition(".")
     node = _dataclass_at(parent)
     if type(e).__name__ == "ConfigKeyError" or "not in" in msg:
@@ -271,14 +278,36 @@ def _explain_omegaconf_error(e: Exception) -> str:
     return f"bad value for '{key}'{expected}: {msg}"
 
 
+def _leaves(node: Any, prefix: str = ""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
+def _locate_bad_key(schema: Any, layers: list[Any]) -> str | None:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for layer in layers:
+        for key, value in _leaves(OmegaConf.to_container(layer)):
+            try:
+                OmegaConf.update(schema.copy(), key, value, merge=True)
+            except OmegaConfBaseException:
+                return key
+    return None
+
+
 def _dataclass_at(dotted: str) -> type | None:
+    """The config dataclass of section ``dotted`` ("" = the top level), or None if it names no section."""
     node: type = Config
     for part in filter(None, dotted.split(".")):
         sub = {f.name: f for f in dataclasses.fields(node)}.get(part)
-        if sub is None or not dataclasses.is_dataclass(sub.default_factory if sub.default_factory
-                                                       is not dataclasses.MISSING else None):
+        factory = sub.default_factory if sub is not None else None
+        if not (isinstance(factory, type) and dataclasses.is_dataclass(factory)):
             return None
-        node = sub.default_factory  # type: ignore[assignment]
+        node = factory
     return node
 
 
@@ -339,8 +368,6 @@ def _check_fields(obj: Any, prefix: str) -> None:
             raise ConfigError(f"bad value for '{key}': {value!r}; it must be at least {meta['min']}")
         if "max" in meta and value > meta["max"]:
             raise ConfigError(f"bad value for '{key}': {value!r}; it must be at most {meta['max']}")
-    if isinstance(obj, TrainerConfig) and obj.batch_size is not None and obj.batch_size < 1:
-        raise ConfigError(f"bad value for 'trainer.batch_size': {obj.batch_size}; it must be at least 1")
 
 
 def to_yaml(cfg: Config) -> str:

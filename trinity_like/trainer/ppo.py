@@ -103,6 +103,7 @@ class PPOTrainer(TrainEngineWrapper):
         batch["advantages"] = advantages
 
         total_tokens = mask.sum().clamp(min=1.0)
+        total_seqs = (mask.sum(-1) > 0).sum().clamp(min=1)
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"pg_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
         micro = self.cfg.trainer.micro_batch_size
@@ -114,10 +115,10 @@ class PPOTrainer(TrainEngineWrapper):
                 response_mask=mb["response_mask"], cliprange_low=algo.clip_ratio_low,
                 cliprange_high=algo.clip_ratio_high, loss_agg_mode=algo.loss_agg_mode)
             # Weight each micro-batch so the accumulated gradient equals the one of the whole batch.
-            weight = self._micro_weight(mb["response_mask"], total_tokens, batch.batch_size[0])
+            weight = self._micro_weight(mb["response_mask"], total_tokens, total_seqs)
             (pg_loss * weight).backward()
             for key, value in zip(sums, (pg_loss, clipfrac, ppo_kl, clipfrac_lower), strict=True):
-                sums[key] += float(value) * weight
+                sums[key] += float(value.detach()) * weight
         max_norm = self.cfg.trainer.optimizer.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                    max_norm if max_norm > 0 else float("inf"))
@@ -141,11 +142,12 @@ class PPOTrainer(TrainEngineWrapper):
             "time/train_step_s": elapsed,
         }
 
-    def _micro_weight(self, micro_mask: torch.Tensor, total_tokens: torch.Tensor, batch_size: int) -> float:
+    def _micro_weight(self, micro_mask: torch.Tensor, total_tokens: torch.Tensor, total_seqs: torch.Tensor) -> float:
+        """The micro-batch's share of the batch normaliser of ``agg_loss``: its valid tokens (token-mean) or
+        its valid sequences (seq-* modes)."""
         if self.cfg.algorithm.loss_agg_mode == "token-mean":
             return float(micro_mask.sum() / total_tokens)
-        valid = float((micro_mask.sum(-1) > 0).sum())
-        return valid / max(batch_size, 1)
+        return float((micro_mask.sum(-1) > 0).sum() / total_seqs)
 
     # ------------------------------------------------------------ weights out
     def save_state_dict(self) -> Path:

@@ -1,0 +1,97 @@
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trinity_like.algorithms import compute_grpo_outcome_advantage, compute_policy_loss
+from trinity_like.common.experience import Experience
+from trinity_like.common.modeling import export_state_dict
+from trinity_like.common.tokenizer import hf_tokenizer
+from trinity_like.config import SamplingConfig, load_config
+from trinity_like.explorer.engines.hf_engine import HFEngine
+from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
+from trinity_like.trainer.ppo import PPOTrainer
+
+
+@pytest.fixture(scope="module")
+def batch_exps(tiny_model_path):
+    tok = hf_tokenizer(tiny_model_path)
+    engine = HFEngine(tiny_model_path)
+    prompts = [tok.encode(p) for p in ["1+2=", "3+4=", "5+1=", "2+2="] for _ in range(3)]
+    samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=5), seed=0)
+    return [Experience(prompt_ids=p, response_ids=s.response_ids, logprobs=s.logprobs, group_id=f"g{i // 3}",
+                       reward=float(i % 3 == 0), model_version=0)
+            for i, (p, s) in enumerate(zip(prompts, samples, strict=True))]
+
+
+def _trainer(tmp_path, model_path, *overrides):
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}",
+                             "explorer.repeat_times=3", "trainer.optimizer.lr=0.01", *overrides])
+    trainer = PPOTrainer(cfg)
+    trainer.prepare()
+    return trainer
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_result_does_not_depend_on_micro_batch_size(tmp_path, tiny_model_path, batch_exps, mode):
+    # one sequence whose tokens are all masked out (e.g. only tool output) must not count as a sequence
+    batch_exps = list(batch_exps)
+    e = batch_exps[4]
+    batch_exps[4] = Experience(**{**e.__dict__, "action_mask": [False] * len(e.response_ids)})
+    # SGD isolates the gradient: AdamW's first step is sign-like and would hide a mis-scaled gradient.
+    weights = []
+    for micro in (1, 5, 12):
+        t = _trainer(tmp_path, tiny_model_path, f"trainer.micro_batch_size={micro}", f"algorithm.loss_agg_mode={mode}",
+                     "trainer.optimizer.max_grad_norm=0")
+        t.optimizer = torch.optim.SGD(t.model.parameters(), lr=1.0)
+        metrics = t.train_step(batch_exps)
+        weights.append(export_state_dict(t.model))
+        assert metrics["actor/grad_norm"] > 0
+    # reference: one loss over the whole batch, written out directly
+    ref = _trainer(tmp_path, tiny_model_path)
+    batch = experiences_to_batch(batch_exps, ref.pad_token_id)
+    adv, _ = compute_grpo_outcome_advantage(batch["token_level_rewards"], batch["response_mask"],
+                                            index=batch["group_index"].tolist())
+    log_prob = compute_log_probs(ref.model, batch, 1.0)
+    loss, *_ = compute_policy_loss(batch["old_log_probs"], log_prob, adv, batch["response_mask"], cliprange=0.2,
+                                   loss_agg_mode=mode)
+    loss.backward()
+    with torch.no_grad():
+        for p in ref.model.parameters():
+            p -= p.grad
+    expected = export_state_dict(ref.model)
+    for got in weights:
+        for k in expected:
+            torch.testing.assert_close(got[k], expected[k], rtol=1e-4, atol=1e-6)
+
+
+def test_first_step_on_fresh_data_is_on_policy(tmp_path, tiny_model_path, batch_exps):
+    t = _trainer(tmp_path, tiny_model_path)
+    metrics = t.train_step(batch_exps)
+    # behaviour log-probs came from the same weights: ratio 1, nothing clipped, no KL between them
+    assert abs(metrics["actor/ppo_kl"]) < 1e-5
+    assert metrics["actor/pg_clipfrac"] == 0.0
+    assert metrics["train/staleness_max"] == 0.0 and t.train_step_num == 1
+    assert metrics["train/reward_mean"] == pytest.approx(4 / 12)
+
+
+def test_missing_behaviour_logprobs_are_recomputed(tmp_path, tiny_model_path, batch_exps):
+    t = _trainer(tmp_path, tiny_model_path)
+    stripped = [Experience(**{**e.__dict__, "logprobs": None}) for e in batch_exps]
+    metrics = t.train_step(stripped)
+    assert abs(metrics["actor/ppo_kl"]) < 1e-5
+
+
+def test_state_dict_and_checkpoint_files(tmp_path, tiny_model_path, batch_exps):
+    t = _trainer(tmp_path, tiny_model_path)
+    t.train_step(batch_exps)
+    path = t.save_state_dict()
+    assert path.name == "version-00000001.safetensors"
+    engine = HFEngine(tiny_model_path)
+    engine.load_weights_file(path, version=1)
+    trained = export_state_dict(t.model)
+    for k, v in export_state_dict(engine.model).items():
+        assert torch.equal(v, trained[k])
+    ckpt = t.save_checkpoint(save_as_hf=True)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["hf", "model.safetensors", "optimizer.pt", "trainer_state.json"]
+    assert load_file(str(ckpt / "model.safetensors")).keys() == trained.keys()
+    assert not [p for p in ckpt.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
