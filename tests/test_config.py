@@ -45,7 +45,7 @@ def test_run_paths_follow_project_and_name(tmp_path):
         ("trainer.total_steps=many", "bad value for 'trainer.total_steps'"),
         ("trainer.total_steps=0", "must be at least 1"),
         ("explorer.sampling.top_p=1.5", "must be at most 1.0"),
-        ("algorithm.adv_estimator=magic", "allowed values: grpo"),
+        ("algorithm.adv_estimator=magic", "allowed values: gae, grpo, opmd"),
         ("trainer.batch_size=6", "not a multiple of explorer.repeat_times"),
         ("synchronizer.interval=3", "max_staleness"),
     ],

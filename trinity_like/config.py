@@ -136,17 +136,77 @@ class SynchronizerConfig:
 
 
 @dataclass
+class OffPolicyConfig:
+    correction: str = "none"
+    """Importance correction for stale data (`trinity_like.algorithms.off_policy`): none, tis, seq_tis,
+    icepop, seq_mis, geo_mask, decoupled. Anything but `none` recomputes the proximal log-probs."""
+    cap: float = _at_least(2.0, 0.0)
+    """C: truncation bound (tis, seq_tis), sequence-ratio bound (seq_mis), token drop bound (decoupled)."""
+    low: float = _at_least(0.5, 0.0)
+    """Lower bound of the kept ratio range (icepop, geo_mask)."""
+    high: float = _at_least(2.0, 0.0)
+    """Upper bound of the kept ratio range (icepop, geo_mask)."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Advantage estimator, from the registry in `trinity_like.algorithms`."""
-    policy_loss: str = "ppo"
+    policy_loss: str = "vanilla"
     """Policy loss, from the registry in `trinity_like.algorithms`."""
     clip_ratio_low: float = _at_least(0.2, 0.0)
     """PPO lower clip range: the ratio is clipped below at 1 - clip_ratio_low."""
     clip_ratio_high: float = _at_least(0.2, 0.0)
     """PPO upper clip range: the ratio is clipped above at 1 + clip_ratio_high."""
+    clip_ratio_c: float = field(default=3.0, metadata={"min": 1.000001})
+    """Dual-clip bound for negative advantages (> 1)."""
     loss_agg_mode: str = "token-mean"
     """How a (B, L) loss matrix becomes a scalar (see `agg_loss`)."""
+    gamma: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    """Discount factor (gae, reinforce_plus_plus)."""
+    lam: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    """GAE lambda."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO divides by the group's std; false gives Dr. GRPO."""
+    opmd_baseline: str = _choices("mean", ("mean", "logavgexp"))
+    """Group baseline of the opmd estimator."""
+    tau: float = field(default=1.0, metadata={"min": 1e-6})
+    """Temperature of the opmd `logavgexp` baseline."""
+    dpo_beta: float = _at_least(0.1, 0.0)
+    """DPO inverse temperature."""
+    dpo_label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "max": 0.5})
+    """Conservative DPO label smoothing."""
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    """Staleness-aware importance correction."""
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    """Apply DAPO's linear penalty to responses longer than `max_resp_len - len` (manager dapo)."""
+    len: int = _at_least(0, 0)
+    """Tokens before `max_resp_len` where the penalty starts."""
+    penalty_factor: float = _at_least(1.0, 0.0)
+    """Penalty at `max_resp_len`."""
+
+
+@dataclass
+class RewardConfig:
+    manager: str = _choices("naive", ("naive", "dapo"))
+    """Reward manager: `naive` (score only) or `dapo` (score plus overlong penalty)."""
+    function_path: str = ""
+    """Python file with a custom reward function `fn(responses, ground_truths, **kwargs) -> list[float]`;
+    empty = the built-in scorers, chosen by each task's data source."""
+    function_name: str = "compute_score"
+    """Name of the function in `function_path`."""
+    reward_fn_key: str = "data_source"
+    """Key of the experience info that names the data source."""
+    failure_value: float = 0.0
+    """Score given to a sample whose reward function raised or returned NaN."""
+    max_resp_len: int | None = None
+    """Longest response for the overlong penalty; empty = `explorer.sampling.max_new_tokens`."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's soft overlong punishment."""
 
 
 @dataclass
@@ -179,6 +239,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     synchronizer: SynchronizerConfig = field(default_factory=SynchronizerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 

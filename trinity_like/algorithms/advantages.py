@@ -1,8 +1,19 @@
-"""Advantage estimators. Every entry takes the same keyword arguments and returns (advantages, returns),
-both (B, L), zero outside ``response_mask``.
+"""Advantage estimators. Each returns ``(advantages, returns)``, both (B, L).
 
-``token_level_rewards`` is (B, L) with the outcome reward on the last valid token; ``index`` holds one group
-id per sequence (samples of the same task in one explorer step).
+All are registered in ``ADV_ESTIMATORS`` and called by keyword with the same set of inputs; each takes what
+it needs and ignores the rest (``**kwargs``), so the trainer's call site is one line for every estimator:
+
+    token_level_rewards (B, L)   rewards per response token; an outcome reward sits on the last token
+    response_mask (B, L)         1 = a token the policy produced
+    index (list, B)              group id per row (samples of one task in one explorer step)
+    values (B, L)                critic values (gae)
+    reward_baselines (B,)        reward of the greedy response (remax)
+    gamma, lam, epsilon, norm_adv_by_std_in_grpo, opmd_baseline, tau
+
+Conventions, those of verl so numbers match: the outcome score of a row is the sum of its token-level rewards
+(over every position: rewards are zero outside the mask by construction); group statistics use torch.mean
+and torch.std (unbiased); a group of one gets mean 0 and std 1; GRPO divides by (std + epsilon); whitening is
+``masked_whiten``. Group statistics are computed in float64 (see ``_group_stats``).
 """
 
 from __future__ import annotations
@@ -11,44 +22,177 @@ from collections import defaultdict
 
 import torch
 
+from trinity_like.algorithms.functional import masked_whiten
 from trinity_like.algorithms.registry import Registry
 
 ADV_ESTIMATORS: Registry = Registry("advantage estimator")
 
 
-@ADV_ESTIMATORS.register("grpo")
-def compute_grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: list[str],
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    **_: object,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO outcome advantage (Shao et al. 2024, arXiv:2402.03300):
-
-        A_i = (R_i - mean_g(R)) / (std_g(R) + eps)   broadcast over the response tokens of sequence i
-
-    ``R_i`` is the sum of the (B, L) token rewards of sequence i; ``mean_g``/``std_g`` are over the sequences
-    sharing i's group id (std unbiased, as torch.std; statistics in float64). A group of one sample gets mean 0 and std 1, so its
-    advantage is its reward (as in verl). ``norm_adv_by_std_in_grpo=False`` gives Dr. GRPO's A = R - mean.
-    """
-    # Group statistics in float64: in float32 the mean of equal scores can miss them by an ulp, and dividing
-    # that by (std ~ 1e-7) + eps would turn a zero-variance group into advantages of order 0.1.
-    scores = (token_level_rewards.double() * response_mask.double()).sum(-1)  # (B,)
-    groups: dict[str, list[int]] = defaultdict(list)
+def _group_rows(index) -> dict:
+    rows: dict = defaultdict(list)
     for i, g in enumerate(index):
-        groups[g].append(i)
+        rows[g].append(i)
+    return rows
+
+
+def _check_index(index, batch: int, name: str) -> None:
+    if index is None or len(index) != batch:
+        raise ValueError(f"{name} needs `index`, one group id per row ({batch} rows), got "
+                         f"{None if index is None else len(index)}")
+
+
+def _group_stats(scores: torch.Tensor, index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row group mean, std and size, in float64. In float32 the mean of equal scores can miss them by
+    an ulp, and dividing that by (std ~ 1e-7) + eps turns a zero-variance group into advantages ~0.1."""
+    scores = scores.double()
     mean = torch.zeros_like(scores)
     std = torch.ones_like(scores)
-    for rows in groups.values():
+    size = torch.ones_like(scores)
+    for rows in _group_rows(index).values():
+        size[rows] = float(len(rows))
         if len(rows) > 1:
-            group_scores = scores[rows]  # (G,)
-            mean[rows] = group_scores.mean()
-            std[rows] = group_scores.std()
+            group = scores[rows]  # (G,)
+            mean[rows] = group.mean()
+            std[rows] = group.std()
+    return mean, std, size
+
+
+@ADV_ESTIMATORS.register("gae")
+def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor,
+                                 response_mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0,
+                                 **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016, arXiv:1506.02438):
+
+        delta_t = r_t + gamma * V_{t+1} - V_t;     A_t = delta_t + gamma * lam * A_{t+1}
+        returns = A + V;   advantages = whiten(A) over the mask
+
+    Masked positions (tool output inside a multi-turn response) are skipped: the recursion carries V_{t+1}
+    and A_{t+1} from the next unmasked token, so values and rewards there never change a result.
+    """
+    if values is None:
+        raise ValueError("gae needs `values` from a critic")
+    mask = response_mask.to(values.dtype)
+    with torch.no_grad():
+        next_values = torch.zeros_like(values[:, 0])  # (B,)
+        last_gae = torch.zeros_like(values[:, 0])  # (B,)
+        reversed_adv = []
+        for t in reversed(range(token_level_rewards.shape[-1])):
+            delta = token_level_rewards[:, t] + gamma * next_values - values[:, t]
+            gae = delta + gamma * lam * last_gae
+            next_values = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_values
+            last_gae = gae * mask[:, t] + (1 - mask[:, t]) * last_gae
+            reversed_adv.append(last_gae)
+        advantages = torch.stack(reversed_adv[::-1], dim=1)  # (B, L)
+        returns = advantages + values
+        advantages = masked_whiten(advantages, mask)
+    return advantages, returns
+
+
+@ADV_ESTIMATORS.register("grpo")
+def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                   epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
+                                   **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantage (Shao et al. 2024, arXiv:2402.03300), broadcast over the response tokens:
+
+        A_i = (R_i - mean_g(R)) / (std_g(R) + epsilon)
+
+    ``norm_adv_by_std_in_grpo=False`` gives Dr. GRPO's A_i = R_i - mean_g(R) (arXiv:2503.20783)."""
+    _check_index(index, token_level_rewards.shape[0], "grpo")
+    scores = token_level_rewards.sum(-1)  # (B,)
+    mean, std, _ = _group_stats(scores, index)
+    adv = scores.double() - mean
     if norm_adv_by_std_in_grpo:
-        adv = (scores - mean) / (std + epsilon)
-    else:
-        adv = scores - mean
-    advantages = adv.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask  # (B, L)
+        adv = adv / (std + epsilon)
+    advantages = adv.to(scores.dtype).unsqueeze(-1) * response_mask  # (B, L)
+    return advantages, advantages
+
+
+@ADV_ESTIMATORS.register("rloo")
+def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                   **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740): the baseline of a sample is the mean
+    of the other samples of its group,
+
+        A_i = R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean_g(R));   a group of one keeps R_i."""
+    _check_index(index, token_level_rewards.shape[0], "rloo")
+    scores = token_level_rewards.sum(-1)  # (B,)
+    mean, _, size = _group_stats(scores, index)
+    factor = torch.where(size > 1, size / (size - 1).clamp(min=1.0), torch.ones_like(size))
+    adv = torch.where(size > 1, (scores.double() - mean) * factor, scores.double())
+    advantages = adv.to(scores.dtype).unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@ADV_ESTIMATORS.register("reinforce_plus_plus")
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Tensor,
+                                                  response_mask: torch.Tensor, gamma: float = 1.0,
+                                                  **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted returns G_t = r_t + gamma * G_{t+1}, reset after
+    the last valid token; advantages are the returns whitened over the whole batch's mask."""
+    mask = response_mask.to(token_level_rewards.dtype)
+    with torch.no_grad():
+        returns = torch.zeros_like(token_level_rewards)
+        running = torch.zeros_like(token_level_rewards[:, 0])
+        for t in reversed(range(token_level_rewards.shape[-1])):
+            running = token_level_rewards[:, t] + gamma * running
+            returns[:, t] = running
+            running = running * mask[:, t]
+        advantages = masked_whiten(returns, mask) * mask
+    return advantages, returns
+
+
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
+def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards: torch.Tensor,
+                                                           response_mask: torch.Tensor, index,
+                                                           **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group-mean baseline: A_i = R_i - mean_g(R) on every valid token, then whitened over
+    the batch's mask (a group of one has baseline 0)."""
+    _check_index(index, token_level_rewards.shape[0], "reinforce_plus_plus_baseline")
+    scores = token_level_rewards.sum(-1)
+    mean, _, _ = _group_stats(scores, index)
+    mask = response_mask.to(token_level_rewards.dtype)
+    centred = (scores.double() - mean).to(scores.dtype).unsqueeze(-1) * mask  # (B, L)
+    advantages = masked_whiten(centred, mask) * mask
+    return advantages, advantages
+
+
+@ADV_ESTIMATORS.register("remax")
+def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor,
+                                    response_mask: torch.Tensor, **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023, arXiv:2310.10505): the baseline is the reward of the greedy response,
+
+        G_t = sum_{s >= t} m_s r_s;     A_t = G_t - b * m_t"""
+    if reward_baselines is None:
+        raise ValueError("remax needs `reward_baselines`, the reward of each prompt's greedy response")
+    mask = response_mask.to(token_level_rewards.dtype)
+    returns = (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])  # (B, L)
+    advantages = returns - reward_baselines.unsqueeze(-1) * mask
+    return advantages, returns
+
+
+@ADV_ESTIMATORS.register("opmd")
+def compute_opmd_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                   opmd_baseline: str = "mean", tau: float = 1.0,
+                                   **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online policy mirror descent (Trinity-RFT, arXiv:2505.17826): A_i = R_i - b_g with the group baseline
+
+        b_g = mean_g(R)                                          (opmd_baseline="mean")
+        b_g = tau * (logsumexp_g(R / tau) - log G)               (opmd_baseline="logavgexp")
+
+    A group of one has baseline 0."""
+    _check_index(index, token_level_rewards.shape[0], "opmd")
+    if opmd_baseline not in ("mean", "logavgexp"):
+        raise ValueError(f"opmd_baseline must be 'mean' or 'logavgexp', got {opmd_baseline!r}")
+    scores = token_level_rewards.sum(-1)  # (B,)
+    baseline = torch.zeros(scores.shape, dtype=torch.float64)
+    s64 = scores.double()
+    for rows in _group_rows(index).values():
+        if len(rows) > 1:
+            group = s64[rows]
+            if opmd_baseline == "mean":
+                baseline[rows] = group.mean()
+            else:
+                baseline[rows] = tau * (torch.logsumexp(group / tau, dim=-1) - torch.log(torch.tensor(len(rows),
+                                                                                                       dtype=torch.float64)))
+    advantages = (s64 - baseline).to(scores.dtype).unsqueeze(-1) * response_mask
     return advantages, advantages

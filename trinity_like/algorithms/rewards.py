@@ -1,18 +1,344 @@
-"""Rule-based rewards: pure functions of a response string and a reference answer."""
+"""Rewards: rule-based scorers, custom reward functions loaded from a file, and reward managers.
+
+A reward function has the seeds' batched signature::
+
+    compute_score(responses: list[str], ground_truths: list, **kwargs) -> list[float]
+
+``kwargs`` carries ``data_sources`` (one per response) and anything else the caller has. The built-in
+:func:`compute_score` dispatches each sample by its data source to a scorer below.
+
+A reward function that raises, returns the wrong number of scores, or returns NaN/inf or a non-number for a
+sample scores that sample with ``failure_value`` and logs it; the rest of the batch is scored normally (the
+batch is re-scored one sample at a time to find which sample failed).
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import logging
+import math
+import operator
 import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[..., list[float]]
+
+# ---------------------------------------------------------------- scorers
 
 _LEADING_INT = re.compile(r"\s*(-?\d+)")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
 def arithmetic_reward(response: str, answer: str, format_reward: float = 0.1) -> float:
     """1.0 when the response starts with the answer's number; ``format_reward`` when it starts with some
-    other number (right format, wrong value); 0.0 otherwise.
-
-    Leading whitespace is ignored; anything after the number (for example an end token) is ignored too."""
+    other number (right format, wrong value); 0.0 otherwise. Leading whitespace and anything after the
+    number are ignored."""
     m = _LEADING_INT.match(response)
     if m is None:
         return 0.0
-    return 1.0 if m.group(1) == answer.strip() else format_reward
+    return 1.0 if m.group(1) == str(answer).strip() else format_reward
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), with nested braces; None if there is none."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0:
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1:j]
+    return None
+
+
+def normalize_answer(answer: str) -> str:
+    """Canonical form of a math answer: no spaces, ``$``, ``\\left``/``\\right``, ``\\text{}`` wrappers,
+    trailing period or thousands separators; ``\\frac{a}{b}`` / ``\\dfrac`` -> ``a/b``; ``+`` sign dropped."""
+    s = str(answer).strip()
+    s = re.sub(r"\\text\{([^}]*)\}", r"\1", s)
+    s = re.sub(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}", r"(\1)/(\2)", s)
+    for token in ("\\left", "\\right", "$", "\\!", "\\,", "\\;", " "):
+        s = s.replace(token, "")
+    s = s.rstrip(".")
+    if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    s = re.sub(r"^\((-?\d+)\)/\((\d+)\)$", r"\1/\2", s)
+    return s.lstrip("+")
+
+
+def _as_number(s: str) -> float | None:
+    try:
+        if "/" in s:
+            num, den = s.split("/", 1)
+            return float(num) / float(den)
+        return float(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def extract_math_answer(solution: str) -> str | None:
+    """The answer a solution gives: its last ``\\boxed{}``, else its last number."""
+    boxed = last_boxed(solution)
+    if boxed is not None:
+        return boxed
+    numbers = _NUMBER.findall(solution)
+    return numbers[-1] if numbers else None
+
+
+def math_score(solution: str, ground_truth: str) -> float:
+    """1.0 if the solution's answer equals the ground truth after normalisation (numerically within 1e-6
+    relative when both are numbers), else 0.0."""
+    found = extract_math_answer(solution)
+    if found is None:
+        return 0.0
+    a, b = normalize_answer(found), normalize_answer(str(ground_truth))
+    if a == b:
+        return 1.0
+    x, y = _as_number(a), _as_number(b)
+    if x is not None and y is not None:
+        return 1.0 if math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) else 0.0
+    return 0.0
+
+
+THINK_ANSWER_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
+
+
+def format_score(solution: str, pattern: re.Pattern | str = THINK_ANSWER_FORMAT) -> float:
+    """1.0 if the whole solution matches ``pattern`` (by default ``<think>...</think><answer>...</answer>``)."""
+    return 1.0 if re.match(pattern, solution) else 0.0
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _safe_eval(expr: str) -> float:
+    """Evaluate + - * / and parentheses over integers, nothing else."""
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        raise ValueError("only + - * / and parentheses over integers are allowed")
+
+    return ev(ast.parse(expr, mode="eval"))
+
+
+def countdown_score(solution: str, ground_truth: dict[str, Any], format_reward: float = 0.1) -> float:
+    """Countdown (TinyZero): ``ground_truth = {"target": int, "numbers": [int, ...]}``. The equation is the
+    content of the last ``<answer>...</answer>`` (else the last line). 1.0 if it uses every number exactly
+    once and equals the target; ``format_reward`` if an equation was given but is wrong; 0.0 if none."""
+    found = re.findall(r"<answer>(.*?)</answer>", solution, re.DOTALL)
+    equation = (found[-1] if found else (solution.strip().splitlines() or [""])[-1]).split("=")[0].strip()
+    if not equation or not re.fullmatch(r"[\d+\-*/() ]+", equation):
+        return 0.0
+    used = sorted(int(n) for n in re.findall(r"\d+", equation))
+    if used != sorted(int(n) for n in ground_truth["numbers"]):
+        return format_reward
+    try:
+        value = _safe_eval(equation)
+    except (ValueError, ZeroDivisionError, SyntaxError):
+        return format_reward
+    return 1.0 if abs(value - float(ground_truth["target"])) < 1e-5 else format_reward
+
+
+SCORERS: dict[str, Callable[[str, Any], float]] = {
+    "arithmetic": arithmetic_reward,
+    "math": math_score,
+    "countdown": countdown_score,
+    "format": lambda solution, _ground_truth: format_score(solution),
+}
+"""Built-in scorers by data source: ``scorer(solution, ground_truth) -> float``."""
+
+
+def compute_score(responses: Sequence[str], ground_truths: Sequence[Any], data_sources: Sequence[str] | None = None,
+                  **_: Any) -> list[float]:
+    """The default reward function: each sample scored by the scorer of its data source (``math`` when the
+    data source is missing)."""
+    sources = data_sources if data_sources is not None else ["math"] * len(responses)
+    out = []
+    for response, truth, source in zip(responses, ground_truths, sources, strict=True):
+        scorer = SCORERS.get(source or "math")
+        if scorer is None:
+            raise KeyError(f"no built-in scorer for data source {source!r}; built-in: {', '.join(SCORERS)}")
+        out.append(scorer(response, truth))
+    return out
+
+
+DEFAULT_REWARD_FN: RewardFn = compute_score
+
+
+# ---------------------------------------------------------------- custom functions
+
+
+def load_reward_function(path: str | Path, name: str = "compute_score") -> RewardFn:
+    """Import ``name`` from the Python file at ``path``; a clear error if either is missing."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"reward function file '{path}' does not exist")
+    spec = importlib.util.spec_from_file_location(f"trinity_like_reward_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import reward function file '{path}'")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AttributeError(f"reward function file '{path}' has no function {name!r}")
+    return fn
+
+
+def _valid_score(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def score_batch(fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[Any], failure_value: float = 0.0,
+                **kwargs: Any) -> tuple[list[float], list[int]]:
+    """Scores of a batch and the indices of samples that failed (scored ``failure_value``).
+
+    Per-sample ``kwargs`` (sequences as long as ``responses``) are sliced when samples are re-scored alone."""
+    n = len(responses)
+    try:
+        scores = list(fn(list(responses), list(ground_truths), **kwargs))
+        if len(scores) != n:
+            raise ValueError(f"reward function returned {len(scores)} scores for {n} responses")
+    except Exception as e:  # any failure of user code: isolate the sample(s) below
+        logger.warning("reward function failed on a batch of %d (%s); scoring samples one by one", n, e)
+        scores = []
+        for i in range(n):
+            one = {k: ([v[i]] if isinstance(v, (list, tuple)) and len(v) == n else v) for k, v in kwargs.items()}
+            try:
+                result = list(fn([responses[i]], [ground_truths[i]], **one))
+                scores.append(result[0] if len(result) == 1 else None)
+            except Exception as sample_error:
+                logger.warning("reward function failed on sample %d: %s", i, sample_error)
+                scores.append(None)
+    failures = [i for i, s in enumerate(scores) if not _valid_score(s)]
+    for i in failures:
+        if scores[i] is not None:
+            logger.warning("reward function returned %r for sample %d; using %s", scores[i], i, failure_value)
+        scores[i] = failure_value
+    return [float(s) for s in scores], failures
+
+
+# ---------------------------------------------------------------- managers
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    len: int = 0
+    """Tokens before ``max_resp_len`` where the linear penalty starts."""
+    penalty_factor: float = 1.0
+    """Penalty at ``max_resp_len``."""
+
+
+class NaiveRewardManager:
+    """Scores decoded responses with a reward function; the score sits on the last response token."""
+
+    def __init__(self, tokenizer, num_examine: int = 0, compute_score: RewardFn | None = None,
+                 reward_fn_key: str = "data_source", failure_value: float = 0.0) -> None:
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine
+        self.compute_score = compute_score or DEFAULT_REWARD_FN
+        self.reward_fn_key = reward_fn_key
+        self.failure_value = failure_value
+        self._examined: dict[str, int] = {}
+
+    def score(self, responses: Sequence[str], ground_truths: Sequence[Any], data_sources: Sequence[str],
+              response_lengths: Sequence[int] | None = None) -> tuple[list[float], dict[str, list]]:
+        """Scores per response and extra per-sample info (``reward_failed``)."""
+        scores, failures = score_batch(self.compute_score, responses, ground_truths, self.failure_value,
+                                       data_sources=list(data_sources))
+        self._print_examples(responses, ground_truths, data_sources, scores)
+        failed = set(failures)
+        return scores, {"reward_failed": [i in failed for i in range(len(scores))]}
+
+    def _print_examples(self, responses, ground_truths, data_sources, scores) -> None:
+        for response, truth, source, s in zip(responses, ground_truths, data_sources, scores, strict=True):
+            if self._examined.get(source, 0) < self.num_examine:
+                self._examined[source] = self._examined.get(source, 0) + 1
+                print(f"[{source}] response: {response!r}  ground truth: {truth!r}  score: {s}")
+
+    def __call__(self, exps, return_dict: bool = False):
+        """Token-level rewards (B, R) for a list of Experiences (R = longest response), the score on each
+        response's last token. Ground truth from ``info["ground_truth"]`` (or ``info["answer"]``), data source
+        from ``info[reward_fn_key]``."""
+        import torch
+
+        responses = [e.response_text if e.response_text is not None
+                     else self.tokenizer.decode(e.response_ids, skip_special_tokens=True) for e in exps]
+        truths = [e.info.get("ground_truth", e.info.get("answer")) for e in exps]
+        sources = [e.info.get(self.reward_fn_key, "math") for e in exps]
+        lengths = [len(e.response_ids) for e in exps]
+        scores, extra = self.score(responses, truths, sources, lengths)
+        reward = torch.zeros(len(exps), max(max(lengths, default=1), 1))
+        for i, (s, n) in enumerate(zip(scores, lengths, strict=True)):
+            if n:
+                reward[i, n - 1] = s
+        return {"reward_tensor": reward, "reward_extra_info": extra} if return_dict else reward
+
+
+class DAPORewardManager(NaiveRewardManager):
+    """NaiveRewardManager plus DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476): with
+    expected = max_resp_len - buffer_len, a response of n tokens gets min(-(n - expected) / buffer_len *
+    penalty_factor, 0) added to its score."""
+
+    def __init__(self, tokenizer, num_examine: int = 0, compute_score: RewardFn | None = None,
+                 reward_fn_key: str = "data_source", max_resp_len: int | None = None,
+                 overlong_buffer_cfg: OverlongBufferConfig | Any = None, failure_value: float = 0.0) -> None:
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, failure_value)
+        self.overlong = overlong_buffer_cfg or OverlongBufferConfig()
+        self.max_resp_len = max_resp_len
+        if self.overlong.enable:
+            if max_resp_len is None:
+                raise ValueError("DAPORewardManager with an overlong buffer needs max_resp_len")
+            if not 0 < self.overlong.len <= max_resp_len:
+                raise ValueError(f"overlong buffer len must be in (0, max_resp_len={max_resp_len}], "
+                                 f"got {self.overlong.len}")
+
+    def score(self, responses, ground_truths, data_sources, response_lengths=None):
+        scores, extra = super().score(responses, ground_truths, data_sources, response_lengths)
+        if self.overlong.enable:
+            if response_lengths is None:
+                raise ValueError("the overlong penalty needs response_lengths")
+            expected = self.max_resp_len - self.overlong.len
+            penalties = [min(-(n - expected) / self.overlong.len * self.overlong.penalty_factor, 0.0)
+                         for n in response_lengths]
+            scores = [s + p for s, p in zip(scores, penalties, strict=True)]
+            extra["overlong_reward"] = penalties
+        return scores, extra
+
+
+REWARD_MANAGERS = {"naive": NaiveRewardManager, "dapo": DAPORewardManager}
+
+
+def load_reward_manager(config, tokenizer, num_examine: int = 0, **kwargs: Any):
+    """Build the reward manager that ``config.reward`` (or ``config`` itself, a RewardConfig) describes:
+    ``manager`` (naive | dapo), ``function_path`` / ``function_name`` (a custom reward function; empty = the
+    built-in ``compute_score``), ``reward_fn_key``, ``failure_value``, and for dapo ``max_resp_len`` and
+    ``overlong_buffer``. ``kwargs`` go to the manager's constructor."""
+    rc = getattr(config, "reward", config)
+    if rc.manager not in REWARD_MANAGERS:
+        raise KeyError(f"unknown reward manager {rc.manager!r}; valid names: {', '.join(REWARD_MANAGERS)}")
+    fn = load_reward_function(rc.function_path, rc.function_name) if rc.function_path else None
+    common = dict(compute_score=fn, reward_fn_key=rc.reward_fn_key, failure_value=rc.failure_value)
+    if rc.manager == "dapo":
+        common.update(max_resp_len=rc.max_resp_len, overlong_buffer_cfg=rc.overlong_buffer)
+    return REWARD_MANAGERS[rc.manager](tokenizer, num_examine, **{**common, **kwargs})

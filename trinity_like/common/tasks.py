@@ -1,4 +1,5 @@
-"""Task sets: Parquet files with columns ``task_id``, ``prompt``, ``answer``; and a generator for one.
+"""Task sets: Parquet files with columns ``task_id``, ``prompt``, ``answer`` (and optionally ``data_source``,
+which picks the reward scorer); and a generator for one.
 
 The built-in ``arithmetic`` set asks for the sum of two small numbers ("7+12=") and has an exact answer, so
 the reward is checkable and a tiny model can improve on it.
@@ -20,13 +21,15 @@ class Task:
     task_id: str
     prompt: str
     answer: str
+    data_source: str = ""
+    """Which scorer judges the answer (e.g. ``arithmetic``, ``math``); empty = the reward config decides."""
 
 
 def generate_arithmetic(size: int, max_operand: int, seed: int) -> list[Task]:
     """``size`` distinct-as-possible addition tasks ``a+b=`` with 0 <= a, b <= max_operand."""
     rng = random.Random(seed)
     return [
-        Task(task_id=f"add-{i:06d}", prompt=f"{a}+{b}=", answer=str(a + b))
+        Task(task_id=f"add-{i:06d}", prompt=f"{a}+{b}=", answer=str(a + b), data_source="arithmetic")
         for i, (a, b) in enumerate((rng.randint(0, max_operand), rng.randint(0, max_operand))
                                    for _ in range(size))
     ]
@@ -36,7 +39,7 @@ def write_taskset(path: str | Path, tasks: list[Task]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({c: [getattr(t, c) for t in tasks] for c in TASK_COLUMNS})
+    table = pa.table({c: [getattr(t, c) for t in tasks] for c in (*TASK_COLUMNS, "data_source")})
     return atomic_write_with(path, lambda tmp: pq.write_table(table, tmp))
 
 
@@ -55,5 +58,6 @@ def load_taskset(path: str | Path) -> list[Task]:
                          f"{', '.join(TASK_COLUMNS)}")
     if table.num_rows == 0:
         raise ValueError(f"task file '{path}' has no rows")
-    rows = table.select(list(TASK_COLUMNS)).to_pylist()
-    return [Task(str(r["task_id"]), str(r["prompt"]), str(r["answer"])) for r in rows]
+    rows = table.to_pylist()
+    return [Task(str(r["task_id"]), str(r["prompt"]), str(r["answer"]), str(r.get("data_source") or ""))
+            for r in rows]

@@ -14,13 +14,14 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from trinity_like.algorithms.rewards import arithmetic_reward
+from trinity_like.algorithms.rewards import load_reward_manager
 from trinity_like.buffer import BufferWriter
 from trinity_like.common.experience import Experience
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config, RunPaths, namespace_of
+from trinity_like.explorer.engines.hf_engine import Sample
 
 
 def explore_steps_needed(cfg: Config) -> int:
@@ -49,6 +50,7 @@ class ExplorerRole:
                         for i in range(self.cfg.explorer.num_engines)]
         self.pool = ThreadPoolExecutor(max_workers=len(self.engines), thread_name_prefix="engine")
         self.tasks = load_taskset(self.paths.taskset)
+        self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
         self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer")
         self.metrics = MetricsWriter(self.paths.metrics, role="explorer")
         self._order: list[int] = []
@@ -91,31 +93,38 @@ class ExplorerRole:
         return out
 
     # ------------------------------------------------------------ the step
+    def _generate(self, prompts: list[list[int]], step: int) -> list[tuple[object, Sample]]:
+        """(engine, sample) per prompt, in prompt order. Prompt r goes to engine r % n, each engine on its own
+        thread with its own seed, so the result never depends on thread timing."""
+        n = len(self.engines)
+        futures = [self.pool.submit(engine.generate, prompts[i::n], self.cfg.explorer.sampling,
+                                    self.cfg.seed * 1_000_003 + step * 101 + i)
+                   for i, engine in enumerate(self.engines) if prompts[i::n]]
+        results = [fut.result() for fut in futures]
+        return [(self.engines[r % n], results[r % n][r // n]) for r in range(len(prompts))]
+
     def step(self) -> dict[str, float]:
         step = self.explore_step_num
         wait_s = self._admit_and_sync(step)
         start = time.perf_counter()
-        sampling, repeat = self.cfg.explorer.sampling, self.cfg.explorer.repeat_times
+        repeat = self.cfg.explorer.repeat_times
         tasks = self._tasks_for_step(step)
         requests = [(t, self.tokenizer.encode(t.prompt)) for t in tasks for _ in range(repeat)]
-        n_engines = len(self.engines)
-        futures = [self.pool.submit(engine.generate, [p for _, p in requests[i::n_engines]], sampling,
-                                    self.cfg.seed * 1_000_003 + step * 101 + i)
-                   for i, engine in enumerate(self.engines) if requests[i::n_engines]]
-        results = [fut.result() for fut in futures]
         version = self.engines[0].model_version
+        samples = self._generate([p for _, p in requests], step)
+        texts = [self.tokenizer.decode(s.response_ids, skip_special_tokens=True) for _, s in samples]
+        rewards, reward_info = self.reward_manager.score(
+            texts, [t.answer for t, _ in requests], [t.data_source or "math" for t, _ in requests],
+            [len(s.response_ids) for _, s in samples])
         exps: list[Experience] = []
-        # Request r went to engine r % n as its (r // n)-th prompt; rows keep request order, so a group's
-        # samples are contiguous and the batch order never depends on ids or thread timing.
-        for r, (task, prompt_ids) in enumerate(requests):
-            engine, sample = self.engines[r % n_engines], results[r % n_engines][r // n_engines]
-            text = self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+        for r, ((task, prompt_ids), (engine, sample)) in enumerate(zip(requests, samples, strict=True)):
             exps.append(Experience(
                 prompt_ids=prompt_ids, response_ids=sample.response_ids, logprobs=sample.logprobs,
                 group_id=f"s{step}-{task.task_id}-{r // repeat}", task_id=task.task_id, source="explorer",
-                reward=arithmetic_reward(text, task.answer), model_version=version,
-                engine_id=engine.engine_id, truncated=sample.finish_reason == "length",
-                prompt_text=task.prompt, response_text=text, info={"answer": task.answer, "explore_step": step},
+                reward=rewards[r], model_version=version, engine_id=engine.engine_id,
+                truncated=sample.finish_reason == "length", prompt_text=task.prompt, response_text=texts[r],
+                info={"ground_truth": task.answer, "data_source": task.data_source, "explore_step": step,
+                      **({"reward_failed": True} if reward_info["reward_failed"][r] else {})},
             ))
         self.writer.write(exps)
         elapsed = time.perf_counter() - start
@@ -125,6 +134,7 @@ class ExplorerRole:
             "rollout/accuracy": sum(r == 1.0 for r in rewards) / len(rewards),
             "rollout/response_length_mean": sum(len(e.response_ids) for e in exps) / len(exps),
             "rollout/truncated_frac": sum(e.truncated for e in exps) / len(exps),
+            "rollout/reward_failed": float(sum(reward_info["reward_failed"])),
             "rollout/model_version": float(version),
             "rollout/experiences": float(len(exps)),
             "time/explore_step_s": elapsed,

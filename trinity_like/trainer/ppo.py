@@ -1,12 +1,11 @@
 """The trainer engine: TrainEngineWrapper and the PPO-family trainer behind it.
 
-A training step, in verl's order: experiences -> padded batch; advantages from the registry; one PPO epoch of
-micro-batches with gradient accumulation; gradient clipping; AdamW step. The new weights are version k+1.
+A training step, in verl's order: experiences -> padded batch; old (proximal) log-probs and off-policy
+weights (``_prepare_old_log_probs``); advantages, policy loss and correction from the registries of
+``trinity_like.algorithms``; one epoch of micro-batches with gradient accumulation; gradient clipping;
+AdamW step. The new weights are version k+1.
 
-Departures, for now (parts E and B deepen them): ``old_log_prob`` is the behaviour log-prob stored with each
-experience (recomputed with the current weights only when an experience carries none), so the PPO ratio is
-the importance ratio against the policy that generated the data; one epoch, one mini-batch; no KL, critic or
-entropy terms.
+Still minimal (the trainer part deepens it): one epoch, one mini-batch; no KL, critic or entropy terms.
 """
 
 from __future__ import annotations
@@ -18,7 +17,12 @@ from pathlib import Path
 
 import torch
 
-from trinity_like.algorithms import get_adv_estimator_fn, get_policy_loss_fn, masked_mean
+from trinity_like.algorithms import (
+    get_adv_estimator_fn,
+    get_off_policy_correction_fn,
+    get_policy_loss_fn,
+    masked_mean,
+)
 from trinity_like.common.experience import Experience
 from trinity_like.common.fs import atomic_publish_dir, atomic_write_with
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
@@ -82,6 +86,7 @@ class PPOTrainer(TrainEngineWrapper):
                                            eps=opt.eps, weight_decay=opt.weight_decay)
         self.adv_fn = get_adv_estimator_fn(self.cfg.algorithm.adv_estimator)
         self.policy_loss_fn = get_policy_loss_fn(self.cfg.algorithm.policy_loss)
+        self.correction_fn = get_off_policy_correction_fn(self.cfg.algorithm.off_policy.correction)
 
     @property
     def train_step_num(self) -> int:
@@ -93,43 +98,44 @@ class PPOTrainer(TrainEngineWrapper):
         algo, temperature = self.cfg.algorithm, self.cfg.explorer.sampling.temperature
         batch = experiences_to_batch(batch_exps, self.pad_token_id)
         mask = batch["response_mask"]  # (B, R)
-        if not bool(batch["has_log_probs"].all()):
-            with torch.no_grad():
-                recomputed = compute_log_probs(self.model, batch, temperature)  # (B, R)
-            keep = batch["has_log_probs"].unsqueeze(-1)
-            batch["old_log_probs"] = torch.where(keep, batch["old_log_probs"], recomputed)
-        advantages, _ = self.adv_fn(token_level_rewards=batch["token_level_rewards"], response_mask=mask,
-                                    index=batch["group_index"].tolist())
+        staleness = (self._step - batch["model_version"]).float()  # (B,) trained by the weights of version step
+        metrics = self._prepare_old_log_probs(batch, staleness, temperature)
+        advantages, _ = self.adv_fn(
+            token_level_rewards=batch["token_level_rewards"], response_mask=mask,
+            index=batch["group_index"].tolist(), values=None, reward_baselines=None, gamma=algo.gamma,
+            lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            opmd_baseline=algo.opmd_baseline, tau=algo.tau)
         batch["advantages"] = advantages
 
         total_tokens = mask.sum().clamp(min=1.0)
         total_seqs = (mask.sum(-1) > 0).sum().clamp(min=1)
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"pg_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
+        loss_sum = 0.0
         micro = self.cfg.trainer.micro_batch_size
         for lo in range(0, batch.batch_size[0], micro):
             mb = batch[lo:lo + micro]
             log_prob = compute_log_probs(self.model, mb, temperature)  # (b, R)
-            pg_loss, clipfrac, ppo_kl, clipfrac_lower = self.policy_loss_fn(
+            pg_loss, loss_metrics = self.policy_loss_fn(
                 old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
-                response_mask=mb["response_mask"], cliprange_low=algo.clip_ratio_low,
-                cliprange_high=algo.clip_ratio_high, loss_agg_mode=algo.loss_agg_mode)
+                response_mask=mb["response_mask"], loss_agg_mode=algo.loss_agg_mode, config=algo,
+                rollout_is_weights=mb.get("rollout_is_weights", None))
             # Weight each micro-batch so the accumulated gradient equals the one of the whole batch.
             weight = self._micro_weight(mb["response_mask"], total_tokens, total_seqs)
             (pg_loss * weight).backward()
-            for key, value in zip(sums, (pg_loss, clipfrac, ppo_kl, clipfrac_lower), strict=True):
-                sums[key] += float(value.detach()) * weight
+            loss_sum += float(pg_loss.detach()) * weight
+            for key, value in loss_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value * weight
+        metrics["actor/pg_loss"] = loss_sum
         max_norm = self.cfg.trainer.optimizer.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                    max_norm if max_norm > 0 else float("inf"))
         self.optimizer.step()
         self._step += 1
 
-        staleness = (self._step - 1 - batch["model_version"]).float()  # (B,)
         elapsed = time.perf_counter() - start
         response_tokens = float(mask.sum())
         return {
-            **{f"actor/{k}": v for k, v in sums.items()},
+            **metrics,
             "actor/grad_norm": float(grad_norm),
             "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
             "actor/advantages_mean": float(masked_mean(advantages, mask)),
@@ -141,6 +147,30 @@ class PPOTrainer(TrainEngineWrapper):
             "train/tokens_per_s": response_tokens / elapsed,
             "time/train_step_s": elapsed,
         }
+
+    def _prepare_old_log_probs(self, batch, staleness: torch.Tensor, temperature: float) -> dict[str, float]:
+        """Set ``old_log_probs`` (the PPO ratio's denominator) and, with an off-policy correction, the
+        ``rollout_is_weights``; return the correction's metrics.
+
+        Without a correction the behaviour log-probs stored with each experience are the old policy, so the
+        PPO ratio is the importance ratio against the policy that generated the data (rows that carry none
+        are recomputed). With a correction, the proximal policy (the current weights, before this update) is
+        recomputed and the correction weighs pi_prox / pi_behav per token."""
+        correction = self.cfg.algorithm.off_policy.correction
+        known = batch["has_log_probs"]  # (B,)
+        if correction == "none" and bool(known.all()):
+            return {}
+        with torch.no_grad():
+            proximal = compute_log_probs(self.model, batch, temperature)  # (B, R)
+        behaviour = torch.where(known.unsqueeze(-1), batch["old_log_probs"], proximal)
+        if correction == "none":
+            batch["old_log_probs"] = behaviour
+            return {}
+        weights, metrics = self.correction_fn(behaviour, proximal, batch["response_mask"], staleness,
+                                              self.cfg.algorithm.off_policy, behaviour_known=known)
+        batch["old_log_probs"] = proximal
+        batch["rollout_is_weights"] = weights
+        return metrics
 
     def _micro_weight(self, micro_mask: torch.Tensor, total_tokens: torch.Tensor, total_seqs: torch.Tensor) -> float:
         """The micro-batch's share of the batch normaliser of ``agg_loss``: its valid tokens (token-mean) or
