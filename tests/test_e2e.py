@@ -115,3 +115,28 @@ def test_existing_run_directory_is_refused(tmp_path, tiny_model_path, ray_sessio
     with pytest.raises(RunError, match="already holds a run"):
         run(cfg)
     assert RunPaths.of(cfg).summary.read_text() == before  # nothing of the first run was touched
+
+
+def test_async_with_correction_and_custom_reward(tmp_path, tiny_model_path, ray_session):
+    reward_file = tmp_path / "my_reward.py"
+    reward_file.write_text(
+        "def compute_score(responses, ground_truths, **kwargs):\n"
+        "    # reward short responses; fail loudly on an empty one to exercise the failure path\n"
+        "    out = []\n"
+        "    for r in responses:\n"
+        "        if r == '':\n"
+        "            raise ValueError('empty response')\n"
+        "        out.append(1.0 / len(r))\n"
+        "    return out\n")
+    cfg = _cfg(tmp_path, tiny_model_path, "corrected", "mode=async", "synchronizer.max_staleness=2",
+               "algorithm.off_policy.correction=decoupled", f"reward.function_path={reward_file}",
+               "reward.failure_value=-1")
+    summary = run(cfg)
+    _check_run(cfg, summary)
+    trainer = [r for r in _records(cfg) if r["role"] == "trainer"]
+    assert all(0 < r["off_policy/ess"] <= 1 for r in trainer)
+    rows = query(RunPaths.of(cfg).buffer_dir).to_pylist()
+    for row in rows:
+        text = row["response_text"]
+        expected = -1.0 if text == "" else 1.0 / len(text)
+        assert row["reward"] == pytest.approx(expected, rel=1e-6)  # float32 storage
