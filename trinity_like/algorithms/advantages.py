@@ -127,16 +127,20 @@ def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor, response_m
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Tensor,
                                                   response_mask: torch.Tensor, gamma: float = 1.0,
                                                   **_: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted returns G_t = r_t + gamma * G_{t+1}, reset after
-    the last valid token; advantages are the returns whitened over the whole batch's mask."""
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted returns over the valid tokens,
+    G_t = r_t + gamma * G_next where G_next is the return of the next valid token; advantages are the returns
+    whitened over the whole batch's mask.
+
+    Masked positions (tool output between turns) are skipped, as in ``gae``: they carry the return of the next
+    valid token and their rewards are ignored, so a first turn still sees the outcome reward. On right-padded
+    responses this equals verl's reset-after-EOS recursion."""
     mask = response_mask.to(token_level_rewards.dtype)
     with torch.no_grad():
         returns = torch.zeros_like(token_level_rewards)
-        running = torch.zeros_like(token_level_rewards[:, 0])
+        running = torch.zeros_like(token_level_rewards[:, 0])  # (B,)
         for t in reversed(range(token_level_rewards.shape[-1])):
-            running = token_level_rewards[:, t] + gamma * running
+            running = mask[:, t] * (token_level_rewards[:, t] + gamma * running) + (1 - mask[:, t]) * running
             returns[:, t] = running
-            running = running * mask[:, t]
         advantages = masked_whiten(returns, mask) * mask
     return advantages, returns
 

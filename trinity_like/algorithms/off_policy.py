@@ -94,6 +94,8 @@ def _metrics(weights: torch.Tensor, mask: torch.Tensor, staleness: torch.Tensor 
 
 
 def _finish(weights, mask, staleness, behaviour_known):
+    if behaviour_known is not None:  # unknown behaviour: weight 1, whatever the method's bounds
+        weights = torch.where(behaviour_known.bool().unsqueeze(-1), weights, torch.ones_like(weights))
     weights = (weights * mask).detach()
     return weights, _metrics(weights, mask, staleness, behaviour_known)
 

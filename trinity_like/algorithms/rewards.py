@@ -32,7 +32,8 @@ RewardFn = Callable[..., list[float]]
 # ---------------------------------------------------------------- scorers
 
 _LEADING_INT = re.compile(r"\s*(-?\d+)")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+# thousands separators only in groups of three, so "3, then" is 3 and "5,000" is 5000
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
 def arithmetic_reward(response: str, answer: str, format_reward: float = 0.1) -> float:
@@ -340,5 +341,8 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, **kwargs: Any):
     fn = load_reward_function(rc.function_path, rc.function_name) if rc.function_path else None
     common = dict(compute_score=fn, reward_fn_key=rc.reward_fn_key, failure_value=rc.failure_value)
     if rc.manager == "dapo":
-        common.update(max_resp_len=rc.max_resp_len, overlong_buffer_cfg=rc.overlong_buffer)
+        max_resp_len = rc.max_resp_len
+        if max_resp_len is None and hasattr(config, "explorer"):
+            max_resp_len = config.explorer.sampling.max_new_tokens
+        common.update(max_resp_len=max_resp_len, overlong_buffer_cfg=rc.overlong_buffer)
     return REWARD_MANAGERS[rc.manager](tokenizer, num_examine, **{**common, **kwargs})
