@@ -2,12 +2,12 @@
 
 import json
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from trinity_like.buffer import query
+from trinity_like.buffer.sql import consumption_table
 from trinity_like.config import RunPaths, load_config
 from trinity_like.launcher import run
 
@@ -43,7 +43,8 @@ def _check_run(cfg, summary):
     assert [r["step"] for r in trainer] == [1, 2, 3]
     assert all(r["train/batch_size"] == 8 for r in trainer)
     # every explorer row was trained exactly once, in exactly one committed step
-    ledger = pq.read_table(paths.buffer_dir / "consumers" / "trainer").to_pylist()
+    ledger = consumption_table(paths.buffer_dir).to_pylist()
+    assert all(r["committed"] and r["consumer"] == "trainer" for r in ledger)
     eids = [r["eid"] for r in ledger]
     assert len(eids) == len(set(eids)) == 24
     assert sorted({r["step"] for r in ledger}) == [1, 2, 3]

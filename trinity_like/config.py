@@ -213,6 +213,20 @@ class RewardConfig:
 class BufferConfig:
     path: str = ""
     """Folder of the experience buffer. Empty: `<run_dir>/buffer`."""
+    capacity: int = _at_least(0, 0)
+    """Most unconsumed rows before explorers wait (back-pressure); 0 = unbounded."""
+    read_policy: str = _choices("fifo", ("fifo", "newest", "priority", "replay"))
+    """Order in which the trainer takes rows: oldest first, newest first, by `priority`, or `replay`
+    (rows reused up to `replay_max_uses` times)."""
+    priority: str = ""
+    """SQL expression over the Experience columns, highest first (read_policy priority), e.g. `created_at`
+    or `var_samp(reward) OVER (PARTITION BY _seg, group_id)`."""
+    where: str = ""
+    """SQL filter over the Experience columns that the trainer's reads apply, e.g. `reward IS NOT NULL`."""
+    replay_max_uses: int = _at_least(1, 1)
+    """How often a row may be trained on (read_policy replay)."""
+    replay_cooldown_steps: int = _at_least(0, 0)
+    """Trainer steps between two uses of the same row (read_policy replay)."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from trinity_like.buffer.store import segment_files
+from trinity_like.buffer.segments import list_segments
 from trinity_like.common.fs import atomic_write_json, atomic_write_text
 from trinity_like.common.metrics import read_metrics
 from trinity_like.common.modeling import set_offline_env
@@ -34,7 +34,7 @@ def prepare_run_dir(cfg: Config) -> RunPaths:
     from trinity_like.common.tiny_model import ensure_tiny_model
 
     paths = RunPaths.of(cfg)
-    if paths.summary.exists() or segment_files(paths.buffer_dir):
+    if paths.summary.exists() or list_segments(paths.buffer_dir):
         raise RunError(f"run directory '{paths.run_dir}' already holds a run; pick another name (name=...) or "
                        "delete that folder")
     paths.run_dir.mkdir(parents=True, exist_ok=True)

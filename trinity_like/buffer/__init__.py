@@ -1,5 +1,9 @@
-"""The persistent experience buffer: segment files, DuckDB queries, exactly-once consumers."""
+"""The persistent experience buffer: Arrow segment files, DuckDB queries, exactly-once consumers."""
 
-from trinity_like.buffer.store import BufferConsumer, BufferWriter, count_rows, query, segment_files
+from trinity_like.buffer.reader import POLICIES, BufferConsumer
+from trinity_like.buffer.segments import SegmentError, SegmentInfo, list_segments
+from trinity_like.buffer.sql import count_rows, query, read_only_sql
+from trinity_like.buffer.writer import BufferWriter
 
-__all__ = ["BufferConsumer", "BufferWriter", "count_rows", "query", "segment_files"]
+__all__ = ["POLICIES", "BufferConsumer", "BufferWriter", "SegmentError", "SegmentInfo", "count_rows",
+           "list_segments", "query", "read_only_sql"]

@@ -26,19 +26,28 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)`` to fill a temporary file, then publish it at ``path`` atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    return atomic_write_named(path.parent, write, lambda _tmp: path.name, tmp_prefix=path.name)
+
+
+def atomic_write_named(folder: str | os.PathLike, write: Callable[[Path], None], name_of: Callable[[Path], str],
+                       tmp_prefix: str = "write") -> Path:
+    """Like ``atomic_write_with``, for a file whose name depends on its content (a checksum in the name):
+    ``name_of(tmp_path)`` is asked for the final name after the data is written and synced."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{tmp_prefix}.tmp-", dir=folder)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         write(tmp)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
+        path = folder / name_of(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_dir(folder)
     return path
 
 

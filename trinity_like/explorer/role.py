@@ -51,7 +51,7 @@ class ExplorerRole:
         self.pool = ThreadPoolExecutor(max_workers=len(self.engines), thread_name_prefix="engine")
         self.tasks = load_taskset(self.paths.taskset)
         self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
-        self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer")
+        self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer", capacity=self.cfg.buffer.capacity)
         self.metrics = MetricsWriter(self.paths.metrics, role="explorer")
         self._order: list[int] = []
         self._epoch = -1
@@ -126,8 +126,9 @@ class ExplorerRole:
                 info={"ground_truth": task.answer, "data_source": task.data_source, "explore_step": step,
                       **({"reward_failed": True} if reward_info["reward_failed"][r] else {})},
             ))
+        buffer_wait_s = self.writer.wait_for_room(self.cfg.synchronizer.timeout_s)
         self.writer.write(exps)
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start - buffer_wait_s
         rewards = [e.reward for e in exps]
         metrics = {
             "rollout/reward_mean": sum(rewards) / len(rewards),
@@ -139,6 +140,7 @@ class ExplorerRole:
             "rollout/experiences": float(len(exps)),
             "time/explore_step_s": elapsed,
             "time/wait_weights_s": wait_s,
+            "time/wait_buffer_s": buffer_wait_s,
         }
         self.explore_step_num += 1
         self.metrics.write(self.explore_step_num, metrics)

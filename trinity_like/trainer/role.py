@@ -28,7 +28,10 @@ class TrainerRole:
         self.synchronizer = get_synchronizer(namespace_of(self.cfg))
         self.engine = PPOTrainer(self.cfg, self.synchronizer)
         self.engine.prepare()
-        self.consumer = BufferConsumer(self.paths.buffer_dir, CONSUMER_NAME)
+        b = self.cfg.buffer
+        self.consumer = BufferConsumer(self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy,
+                                       priority=b.priority or None, where=b.where or None,
+                                       max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps)
         self.metrics = MetricsWriter(self.paths.metrics, role="trainer")
         self._last_end_check = 0.0
 
@@ -42,20 +45,24 @@ class TrainerRole:
         """Read one batch, train on it, commit its consumption, publish weights when the interval says so."""
         wait_start = time.perf_counter()
         exps = self.consumer.read(self.cfg.train_batch_size, self._min_version(),
-                                  timeout_s=self.cfg.synchronizer.timeout_s, should_stop=self._explorer_ended)
+                                  timeout_s=self.cfg.synchronizer.timeout_s, step=self.engine.train_step_num + 1,
+                                  should_stop=self._explorer_ended)
         wait_s = time.perf_counter() - wait_start
         metrics = self.engine.train_step(exps)
         step = self.engine.train_step_num
-        self.consumer.commit(step)
         if step % self.cfg.synchronizer.interval == 0 or step == self.cfg.trainer.total_steps:
             sync_start = time.perf_counter()
             self.engine.sync_weight()
             metrics["time/sync_s"] = time.perf_counter() - sync_start
         save = self.cfg.trainer.save_interval
         if step == self.cfg.trainer.total_steps or (save and step % save == 0):
+            # Ledger first, then checkpoint: a crash between the two resumes from the previous checkpoint,
+            # whose resume discards this commit, so the rows are trained again rather than lost.
+            self.consumer.commit(step)
             self.engine.save_checkpoint(block_until_saved=True)
         metrics["time/wait_data_s"] = wait_s
         metrics["trainer/version"] = float(step)
+        metrics.update(self.consumer.stats())
         self.metrics.write(step, metrics)
         return metrics
 

@@ -1,0 +1,293 @@
+"""Reading the buffer: named consumers with exactly-once delivery, read policies and group-atomic batches.
+
+A :class:`BufferConsumer` keeps, per segment, how often each row was handed out and at which step
+(``uses``/``last_step``), rebuilt on start from the committed ledger (see ``ledger.py``). It never hands a row
+out more often than the policy allows while it runs; ``commit(step)`` makes the hand-outs durable.
+
+Policies:
+- ``fifo``: oldest rows first (write order);
+- ``newest``: newest rows first;
+- ``priority``: highest value of a SQL expression first, over the view ``rows`` with every Experience column
+  (e.g. ``created_at``, or ``var_samp(reward) OVER (PARTITION BY _seg, group_id)`` for group reward variance);
+- ``replay``: like fifo, but a row may be handed out up to ``max_uses`` times, each reuse at least
+  ``cooldown_steps`` after the previous one; unused rows go first.
+
+Filters: ``min_version`` (staleness; rows below it are skipped and counted in ``buffer/skipped_stale``, never
+dropped silently) and any SQL ``where`` over the Experience columns.
+
+Groups: the rows of one write that share a ``group_id`` form a group, and a batch holds whole groups only.
+A read returns exactly ``n`` rows when whole groups add up to ``n``; when the next group in policy order would
+overflow, it returns the whole groups it has (never a split group).
+
+Corrupt or truncated segments are skipped with a logged error (``buffer verify`` quarantines them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from trinity_like.buffer.ledger import Ledger
+from trinity_like.buffer.segments import SegmentError, SegmentInfo, list_segments, read_segment
+from trinity_like.common.experience import Experience, table_to_experiences
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("fifo", "newest", "priority", "replay")
+POLL_INTERVAL_S = 0.02
+NEVER = np.iinfo(np.int64).min // 2
+
+
+@dataclass
+class _Segment:
+    """A consumer's view of one segment: metadata arrays and per-row use counts."""
+
+    info: SegmentInfo
+    version: np.ndarray  # (rows,) model_version
+    group: np.ndarray  # (rows,) group index within the segment, in order of first appearance
+    eids: list[str]
+    uses: np.ndarray = field(init=False)  # (rows,) times handed out (committed or this run)
+    last_step: np.ndarray = field(init=False)  # (rows,) step of the last hand-out
+    stale_counted: np.ndarray = field(init=False)  # (rows,) already counted as skipped for staleness
+
+    def __post_init__(self) -> None:
+        n = len(self.eids)
+        self.uses = np.zeros(n, np.int32)
+        self.last_step = np.full(n, NEVER, np.int64)
+        self.stale_counted = np.zeros(n, bool)
+        self.max_version = int(self.version.max()) if n else -1
+
+
+def _group_index(group_ids: list[str]) -> np.ndarray:
+    first: dict[str, int] = {}
+    return np.fromiter((first.setdefault(g, len(first)) for g in group_ids), np.int32, len(group_ids))
+
+
+class BufferConsumer:
+    """A named reader of one buffer folder. One process per consumer name."""
+
+    def __init__(self, buffer_dir: str | Path, name: str = "trainer", policy: str = "fifo",
+                 priority: str | None = None, where: str | None = None, max_uses: int = 1,
+                 cooldown_steps: int = 0, resume_step: int | None = None) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown read policy {policy!r}; valid: {', '.join(POLICIES)}")
+        if policy == "priority" and not priority:
+            raise ValueError("the priority policy needs a SQL expression (buffer.priority)")
+        if max_uses < 1 or (policy != "replay" and max_uses != 1):
+            raise ValueError("max_uses must be 1, or >= 1 with the replay policy")
+        self.buffer_dir = Path(buffer_dir)
+        self.name = name
+        self.policy, self.priority, self.where = policy, priority, where
+        self.max_uses, self.cooldown_steps = max_uses, cooldown_steps
+        self.ledger = Ledger(self.buffer_dir, name)
+        self.ledger.resume(resume_step)
+        self._segments: list[_Segment] = []
+        """Opened segments in write order; a segment is appended once, the first time it is listed."""
+        self._known: set[str] = set()
+        self._bad: set[str] = set()
+        self._exhausted_prefix = 0
+        """Every segment before this index has each row used ``max_uses`` times: reads skip them."""
+        self._skipped_stale = 0
+        self._delivered = 0
+        self._con = None
+        self._prior = self._committed_uses()
+
+    # ------------------------------------------------------------ state
+    def _committed_uses(self) -> dict[str, list[tuple[int, int]]]:
+        prior: dict[str, list[tuple[int, int]]] = {}
+        table = self.ledger.committed()
+        for seg, row, step in zip(table.column("segment").to_pylist(), table.column("row").to_pylist(),
+                                  table.column("step").to_pylist(), strict=True):
+            prior.setdefault(seg, []).append((row, step))
+        return prior
+
+    def _refresh(self) -> None:
+        for info in list_segments(self.buffer_dir):
+            if info.name in self._known:
+                continue
+            self._known.add(info.name)
+            try:
+                table = read_segment(info)
+            except SegmentError as e:
+                self._bad.add(info.name)
+                logger.error("skipping a buffer segment: %s", e)
+                continue
+            seg = _Segment(info, table.column("model_version").to_numpy(),
+                           _group_index(table.column("group_id").to_pylist()), table.column("eid").to_pylist())
+            for row, step in self._prior.pop(info.name, ()):
+                seg.uses[row] += 1
+                seg.last_step[row] = max(seg.last_step[row], step)
+            self._segments.append(seg)
+
+    def _eligible(self, seg: _Segment, min_version: int | None, step: int) -> np.ndarray:
+        ok = seg.uses < self.max_uses
+        if self.cooldown_steps:
+            ok &= (seg.uses == 0) | (step - seg.last_step >= self.cooldown_steps)
+        if min_version is not None:
+            stale = ok & (seg.version < min_version)
+            new_stale = stale & ~seg.stale_counted & (seg.uses == 0)
+            self._skipped_stale += int(new_stale.sum())
+            seg.stale_counted |= new_stale
+            ok &= ~stale
+        return ok
+
+    def _live(self) -> list[int]:
+        while (self._exhausted_prefix < len(self._segments)
+               and bool((self._segments[self._exhausted_prefix].uses >= self.max_uses).all())):
+            self._exhausted_prefix += 1
+        return list(range(self._exhausted_prefix, len(self._segments)))
+
+    # ------------------------------------------------------------ candidate groups, in policy order
+    def _groups_in_order(self, min_version, where, step) -> Iterator[list[tuple[int, int]]]:
+        if self.policy == "priority" or where:
+            yield from self._groups_by_sql(min_version, where, step)
+            return
+        live = self._live()
+        if self.policy == "newest":
+            live = live[::-1]
+        passes = (lambda s: s.uses == 0, lambda s: s.uses > 0) if self.policy == "replay" else (None,)
+        for want in passes:
+            for i in live:
+                seg = self._segments[i]
+                if min_version is not None and seg.max_version < min_version:
+                    self._eligible(seg, min_version, step)  # count its stale rows once
+                    continue
+                ok = self._eligible(seg, min_version, step)
+                if want is not None:
+                    ok &= want(seg)
+                rows = np.flatnonzero(ok)
+                if rows.size == 0:
+                    continue
+                groups = seg.group[rows]
+                order = np.unique(groups, return_index=True)[1]
+                firsts = sorted(order, reverse=self.policy == "newest")
+                for first in firsts:
+                    g = groups[first]
+                    yield [(i, int(r)) for r in rows[groups == g]]
+
+    def _groups_by_sql(self, min_version, where, step) -> Iterator[list[tuple[int, int]]]:
+        import duckdb
+
+        live = self._live()
+        parts = []
+        for i in live:
+            seg = self._segments[i]
+            ok = self._eligible(seg, min_version, step)
+            if not ok.any():
+                continue
+            table = read_segment(seg.info, verify=False)
+            parts.append(table.append_column("_seg", pa.array(np.full(len(seg.eids), i, np.int32)))
+                         .append_column("_row", pa.array(np.arange(len(seg.eids), dtype=np.int32)))
+                         .append_column("_ok", pa.array(ok)))
+        if not parts:
+            return
+        if self._con is None:
+            self._con = duckdb.connect(":memory:")
+            self._con.execute("SET threads TO 1")
+        self._con.register("rows", pa.concat_tables(parts))
+        filt = f"({where})" if where else "TRUE"
+        score = f"({self.priority})" if self.policy == "priority" else "0"
+        order = "_priority DESC, _seg, _row" if self.policy != "newest" else "_priority DESC, _seg DESC, _row DESC"
+        try:
+            result = self._con.sql(
+                f"SELECT _seg, _row, group_id FROM (SELECT *, {score} AS _priority FROM rows) "
+                f"WHERE _ok AND {filt} ORDER BY {order}").fetchall()
+        except duckdb.Error as e:
+            raise ValueError(f"buffer filter/priority SQL failed: {str(e).splitlines()[0]}") from None
+        finally:
+            self._con.unregister("rows")
+        groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for seg_i, row, _ in result:
+            key = (seg_i, int(self._segments[seg_i].group[row]))
+            groups.setdefault(key, []).append((seg_i, row))
+        yield from groups.values()
+
+    # ------------------------------------------------------------ reading
+    def try_read(self, n: int, min_version: int | None = None, where: str | None = None,
+                 step: int = 0) -> list[Experience] | None:
+        """Up to ``n`` rows in whole groups by the policy, or None when not even one batch is ready.
+
+        A batch is ready when whole groups add up to exactly ``n``, or when the next group would overflow
+        ``n`` (then fewer rows come back). ``step`` is the train step the rows are for (ledger, cooldown)."""
+        if n < 1:
+            raise ValueError(f"read needs n >= 1, got {n}")
+        self._refresh()
+        chosen: list[tuple[int, int]] = []
+        full = False
+        for group in self._groups_in_order(min_version, where or self.where, step):
+            if len(chosen) + len(group) > n:
+                full = bool(chosen) or self._take_oversized(chosen, group)
+                break
+            chosen.extend(group)
+            if len(chosen) == n:
+                full = True
+                break
+        if not full:
+            return None
+        return self._hand_out(chosen, step)
+
+    @staticmethod
+    def _take_oversized(chosen: list, group: list) -> bool:
+        """A single group larger than ``n`` is handed out whole rather than never."""
+        chosen.extend(group)
+        return True
+
+    def _hand_out(self, chosen: list[tuple[int, int]], step: int) -> list[Experience]:
+        by_segment: dict[int, list[int]] = {}
+        for seg_i, row in chosen:
+            by_segment.setdefault(seg_i, []).append(row)
+        records, tables = [], []
+        for seg_i, rows in by_segment.items():
+            seg = self._segments[seg_i]
+            idx = np.asarray(rows)
+            seg.uses[idx] += 1
+            seg.last_step[idx] = step
+            tables.append(read_segment(seg.info, verify=False).take(pa.array(idx)))
+            records.extend((seg.eids[r], step, seg.info.name, r) for r in rows)
+        self.ledger.add_pending(step, records)
+        self._delivered += len(records)
+        exps = table_to_experiences(pa.concat_tables(tables))
+        position = {(s, r): k for k, (s, r) in enumerate((s, r) for s, rows in by_segment.items() for r in rows)}
+        return [exps[position[c]] for c in chosen]
+
+    def read(self, n: int, min_version: int | None = None, timeout_s: float = 600.0, where: str | None = None,
+             step: int = 0, should_stop: Callable[[], bool] | None = None) -> list[Experience]:
+        """Block until ``try_read`` succeeds; TimeoutError after ``timeout_s``; InterruptedError when
+        ``should_stop()`` says no producer is left."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self.try_read(n, min_version, where, step)
+            if got is not None:
+                return got
+            if should_stop is not None and should_stop():
+                raise InterruptedError("buffer read stopped: no producer left")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"buffer '{self.buffer_dir}' had fewer than {n} unconsumed experiences with "
+                                   f"model_version >= {min_version} after {timeout_s:.0f}s")
+            time.sleep(POLL_INTERVAL_S)
+
+    async def aread(self, n: int, min_version: int | None = None, timeout_s: float = 600.0,
+                    where: str | None = None, step: int = 0) -> list[Experience]:
+        return await asyncio.to_thread(self.read, n, min_version, timeout_s, where, step)
+
+    def commit(self, step: int) -> int:
+        """Make every hand-out for steps <= ``step`` durable; call it right before checkpointing ``step``."""
+        return self.ledger.commit(step)
+
+    def committed_steps(self) -> list[int]:
+        return sorted({s for s, _, _ in self.ledger.files()[0]})
+
+    def stats(self) -> dict[str, float]:
+        self._refresh()
+        total = sum(len(s.eids) for s in self._segments)
+        unused = sum(int((s.uses == 0).sum()) for s in self._segments)
+        return {"buffer/rows": float(total), "buffer/unconsumed": float(unused),
+                "buffer/delivered": float(self._delivered), "buffer/skipped_stale": float(self._skipped_stale),
+                "buffer/bad_segments": float(len(self._bad)), "buffer/segments": float(len(self._segments))}

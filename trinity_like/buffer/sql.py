@@ -1,0 +1,97 @@
+"""SQL over a buffer folder with an in-process DuckDB: the views ``experiences`` and ``consumption``.
+
+Segments are memory-mapped Arrow tables registered with DuckDB (no copy, no ``.duckdb`` file, so any
+number of processes can query while writers write). Corrupt segments are left out with a logged error.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+
+from trinity_like.buffer.ledger import Ledger, consumer_names
+from trinity_like.buffer.segments import SegmentError, list_segments, read_segment
+from trinity_like.common.experience import EXPERIENCE_SCHEMA
+
+logger = logging.getLogger(__name__)
+
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+def experiences_table(buffer_dir: str | Path, verify: bool = True) -> pa.Table:
+    """Every row of every readable segment, with ``_segment`` and ``_row`` columns, as one Arrow table."""
+    parts = []
+    for info in list_segments(buffer_dir):
+        try:
+            t = read_segment(info, verify=verify)
+        except SegmentError as e:
+            logger.error("leaving a segment out of the query: %s", e)
+            continue
+        parts.append(t.append_column("_segment", pa.array([info.name] * t.num_rows, pa.string()))
+                     .append_column("_row", pa.array(range(t.num_rows), pa.int64())))
+    if not parts:
+        empty = EXPERIENCE_SCHEMA.empty_table()
+        return empty.append_column("_segment", pa.array([], pa.string())).append_column("_row", pa.array([], pa.int64()))
+    return pa.concat_tables(parts)
+
+
+def consumption_table(buffer_dir: str | Path) -> pa.Table:
+    """``(consumer, eid, step, committed)`` for every consumer's ledger."""
+    parts = []
+    for name in consumer_names(buffer_dir):
+        ledger = Ledger(buffer_dir, name)
+        for table, committed in ((ledger.committed(), True), (ledger.pending(), False)):
+            n = table.num_rows
+            parts.append(pa.table({"consumer": [name] * n, "eid": table.column("eid"),
+                                   "step": table.column("step"), "committed": [committed] * n}))
+    schema = pa.schema([("consumer", pa.string()), ("eid", pa.string()), ("step", pa.int64()),
+                        ("committed", pa.bool_())])
+    return pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
+
+
+def connect(buffer_dir: str | Path):
+    """An in-memory DuckDB connection with the views ``experiences`` and ``consumption``."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    con.execute("SET threads TO 1")
+    con.register("experiences", experiences_table(buffer_dir))
+    con.register("consumption", consumption_table(buffer_dir))
+    return con
+
+
+def query(buffer_dir: str | Path, where: str = "TRUE", order_by: str = "_segment, _row") -> pa.Table:
+    """Rows of ``experiences`` matching ``where``."""
+    con = connect(buffer_dir)
+    try:
+        return con.sql(f"SELECT * FROM experiences WHERE {where} ORDER BY {order_by}").to_arrow_table()
+    finally:
+        con.close()
+
+
+def read_only_sql(buffer_dir: str | Path, sql: str) -> pa.Table:
+    """Run one read-only statement (SELECT/EXPLAIN, also WITH ... SELECT); refuse anything that writes."""
+    import duckdb
+
+    con = connect(buffer_dir)
+    try:
+        statements = con.extract_statements(sql)
+        if len(statements) != 1:
+            raise ValueError(f"give exactly one SQL statement, got {len(statements)}")
+        kind = statements[0].type.name
+        if kind not in READ_ONLY_STATEMENTS:
+            raise ValueError(f"refusing a {kind} statement: buffer query is read-only (SELECT only)")
+        try:
+            return con.sql(sql).to_arrow_table()
+        except duckdb.Error as e:
+            raise ValueError(f"SQL error: {str(e).splitlines()[0]}") from None
+    finally:
+        con.close()
+
+
+def count_rows(buffer_dir: str | Path) -> int:
+    return sum(s.num_rows for s in list_segments(buffer_dir))
+
+
