@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from trinity_like.common.errors import UserError
 from trinity_like.config import ConfigError
 
 
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
     p.set_defaults(func=_cmd_make_tiny_model)
+
+    from trinity_like.buffer.cli import add_buffer_commands
+
+    add_buffer_commands(sub)
     return parser
 
 
@@ -77,16 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         args.items = [*args.items, *extras]
     try:
         return args.func(args)
-    except ConfigError as e:
+    except (UserError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:
-        from trinity_like.launcher import RunError
-
-        if isinstance(e, (RunError, FileNotFoundError)):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trinity_like.common.errors import UserError
+
 MODES = ("sync", "async", "offline")
 ENGINES = ("hf", "vllm")
 SYNC_METHODS = ("checkpoint", "nccl", "memory")
@@ -26,7 +28,7 @@ MONITORS = ("jsonl",)
 TASKSET_GENERATORS = ("arithmetic",)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user mistake in the configuration; the message is one sentence saying what to change."""
 
 

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from trinity_like.buffer.segments import list_segments
+from trinity_like.common.errors import UserError
 from trinity_like.common.fs import atomic_write_json, atomic_write_text
 from trinity_like.common.metrics import read_metrics
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.config import Config, RunPaths, namespace_of, to_yaml
 
 
-class RunError(RuntimeError):
+class RunError(UserError):
     """A run that could not start or finish for a reason the user can fix; the message says which."""
 
 

@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from trinity_like.buffer.ledger import Ledger
 from trinity_like.buffer.segments import SegmentError, SegmentInfo, list_segments, read_segment
+from trinity_like.common.errors import UserError
 from trinity_like.common.experience import Experience, table_to_experiences
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ class BufferConsumer:
                 f"SELECT _seg, _row, group_id FROM (SELECT *, {score} AS _priority FROM rows) "
                 f"WHERE _ok AND {filt} ORDER BY {order}").fetchall()
         except duckdb.Error as e:
-            raise ValueError(f"buffer filter/priority SQL failed: {str(e).splitlines()[0]}") from None
+            raise UserError(f"buffer filter/priority SQL failed: {str(e).splitlines()[0]}") from None
         finally:
             self._con.unregister("rows")
         groups: dict[tuple[int, int], list[tuple[int, int]]] = {}

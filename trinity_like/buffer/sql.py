@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from trinity_like.buffer.ledger import Ledger, consumer_names
 from trinity_like.buffer.segments import SegmentError, list_segments, read_segment
+from trinity_like.common.errors import UserError
 from trinity_like.common.experience import EXPERIENCE_SCHEMA
 
 logger = logging.getLogger(__name__)
@@ -79,14 +80,14 @@ def read_only_sql(buffer_dir: str | Path, sql: str) -> pa.Table:
     try:
         statements = con.extract_statements(sql)
         if len(statements) != 1:
-            raise ValueError(f"give exactly one SQL statement, got {len(statements)}")
+            raise UserError(f"give exactly one SQL statement, got {len(statements)}")
         kind = statements[0].type.name
         if kind not in READ_ONLY_STATEMENTS:
-            raise ValueError(f"refusing a {kind} statement: buffer query is read-only (SELECT only)")
+            raise UserError(f"refusing a {kind} statement: buffer query is read-only (SELECT only)")
         try:
             return con.sql(sql).to_arrow_table()
         except duckdb.Error as e:
-            raise ValueError(f"SQL error: {str(e).splitlines()[0]}") from None
+            raise UserError(f"SQL error: {str(e).splitlines()[0]}") from None
     finally:
         con.close()
 

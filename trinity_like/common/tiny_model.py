@@ -68,6 +68,9 @@ def make_tiny_model(
     """Build the tokenizer and model into ``out_dir`` (published atomically) and return the path."""
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     if hidden % heads or heads % kv_heads:
         raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads}), and heads by kv_heads "

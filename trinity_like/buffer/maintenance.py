@@ -1,0 +1,72 @@
+"""Buffer upkeep: statistics and verification (with quarantine of bad segments)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from trinity_like.buffer.ledger import Ledger, consumer_names
+from trinity_like.buffer.segments import (
+    QUARANTINE,
+    SegmentError,
+    list_segments,
+    quarantine,
+    read_segment,
+    segment_dir,
+)
+
+
+def buffer_stats(buffer_dir: Path) -> dict[str, Any]:
+    """Rows by source and model_version, consumption per consumer, segments, bytes, quarantined files."""
+    by_source: Counter = Counter()
+    by_version: Counter = Counter()
+    segments = list_segments(buffer_dir)
+    unreadable = 0
+    for info in segments:
+        try:
+            table = read_segment(info, verify=False)
+        except SegmentError:
+            unreadable += 1
+            continue
+        by_source.update(table.column("source").to_pylist())
+        by_version.update(table.column("model_version").to_pylist())
+    rows = sum(s.num_rows for s in segments)
+    consumers = {}
+    for name in consumer_names(buffer_dir):
+        commits, pending = Ledger(buffer_dir, name).files()
+        committed = sum(r for _, r, _ in commits)
+        in_flight = sum(r for _, r, _ in pending)
+        consumers[name] = {"committed": committed, "pending": in_flight,
+                           "unconsumed": rows - committed - in_flight,
+                           "last_committed_step": max((s for s, _, _ in commits), default=None)}
+    q = Path(buffer_dir) / QUARANTINE
+    return {
+        "rows": rows,
+        "segments": len(segments),
+        "bytes": sum(s.path.stat().st_size for s in segments),
+        "by_source": dict(sorted(by_source.items())),
+        "by_model_version": {str(k): v for k, v in sorted(by_version.items())},
+        "consumers": consumers,
+        "unreadable_segments": unreadable,
+        "quarantined": len(os.listdir(q)) if q.is_dir() else 0,
+    }
+
+
+def verify_buffer(buffer_dir: Path, move: bool = True) -> dict[str, Any]:
+    """Check every segment's checksum and schema; move bad ones to ``quarantine/`` (unless ``move`` is
+    False); list leftover temporary files of interrupted writes."""
+    good, bad = 0, []
+    for info in list_segments(buffer_dir):
+        try:
+            read_segment(info, verify=True)
+            good += 1
+        except SegmentError as e:
+            entry = {"segment": info.name, "problem": str(e)}
+            if move:
+                entry["moved_to"] = str(quarantine(buffer_dir, info))
+            bad.append(entry)
+    d = segment_dir(buffer_dir)
+    leftovers = sorted(n for n in os.listdir(d) if n.startswith(".")) if d.is_dir() else []
+    return {"ok": good, "bad": bad, "temporary_files": leftovers}

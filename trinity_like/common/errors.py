@@ -1,0 +1,6 @@
+"""The one exception type for mistakes a user can fix: the command line prints its message in one line
+and exits with status 2, never with a traceback."""
+
+
+class UserError(ValueError):
+    """Bad input, named with what is wrong and how to fix it."""
