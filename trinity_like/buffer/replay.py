@@ -16,7 +16,12 @@ import pyarrow as pa
 from trinity_like.buffer.segments import SegmentInfo, read_segment
 from trinity_like.buffer.sql import experiences_table
 from trinity_like.common.errors import UserError
-from trinity_like.common.experience import EXPERIENCE_SCHEMA, Experience, experiences_to_table, table_to_experiences
+from trinity_like.common.experience import (
+    EXPERIENCE_SCHEMA,
+    Experience,
+    experiences_to_table,
+    table_to_experiences,
+)
 
 
 def _load_source(path: Path) -> pa.Table:
