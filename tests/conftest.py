@@ -28,3 +28,60 @@ def ray_session():
              configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port (never 6379, Ray's default), with an append-only file
+    fsynced on every write, so that a restart (even after SIGKILL) keeps every acknowledged entry."""
+
+    def __init__(self, workdir) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.workdir = workdir
+        self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import subprocess
+        import time
+
+        import redis
+
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        for _ in range(100):
+            try:
+                if client.ping():
+                    return
+            except redis.exceptions.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def kill(self, sig=9) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        reason = "redis-server is not installed (apt-get install redis-server); .ci/run installs it"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()

@@ -141,3 +141,12 @@ def test_async_with_correction_and_custom_reward(tmp_path, tiny_model_path, ray_
         text = row["response_text"]
         expected = -1.0 if text == "" else 1.0 / len(text)
         assert row["reward"] == pytest.approx(expected, rel=1e-6)  # float32 storage
+
+
+def test_async_over_the_redis_transport(tmp_path, tiny_model_path, ray_session, redis_server):
+    cfg = _cfg(tmp_path, tiny_model_path, "redis", "mode=async", "buffer.transport=redis",
+               f"buffer.redis_url={redis_server.url}")
+    summary = run(cfg)
+    _check_run(cfg, summary)
+    segments = [p.name for p in (RunPaths.of(cfg).buffer_dir / "segments").iterdir()]
+    assert segments and all("-redis-" in name for name in segments)  # written by the ingester only

@@ -229,6 +229,13 @@ class BufferConfig:
     """How often a row may be trained on (read_policy replay)."""
     replay_cooldown_steps: int = _at_least(0, 0)
     """Trainer steps between two uses of the same row (read_policy replay)."""
+    transport: str = _choices("file", ("file", "redis"))
+    """How explorers hand experiences over: `file` (write segments into the buffer folder) or `redis` (a
+    Redis Stream, for explorers on hosts that share no filesystem with the trainer)."""
+    redis_url: str = "redis://127.0.0.1:6380/0"
+    """Redis server of the `redis` transport (run it with `appendonly yes` to survive its restarts)."""
+    redis_stream: str = ""
+    """Stream name of the `redis` transport; empty = `<project>/<name>/experiences`."""
 
 
 @dataclass
@@ -297,6 +304,11 @@ class RunPaths:
 def namespace_of(cfg: Config) -> str:
     """The Ray namespace in which the roles of one run meet."""
     return f"{cfg.project}/{cfg.name}"
+
+
+def redis_stream(cfg: Config) -> str:
+    """The Redis Stream that carries this run's experiences (transport ``redis``)."""
+    return cfg.buffer.redis_stream or f"{namespace_of(cfg)}/experiences"
 
 
 # ---------------------------------------------------------------- loading

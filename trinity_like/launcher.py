@@ -169,6 +169,10 @@ def run(cfg: Config) -> dict[str, Any]:
     finally:
         progress.poll()
         if roles is not None:
+            try:
+                ray.get([roles.explorer.shutdown.remote(), roles.trainer.shutdown.remote()], timeout=60)
+            except Exception as e:  # a role that died cannot shut down; killing it below is all there is
+                print(f"warning: a role did not shut down cleanly: {type(e).__name__}", file=sys.stderr)
             for actor in (roles.explorer, roles.trainer, roles.synchronizer):
                 ray.kill(actor)
         summary = _summary(cfg, progress.records, time.time() - start, exit_reason)

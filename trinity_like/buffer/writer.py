@@ -7,6 +7,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pyarrow as pa
+
 from trinity_like.buffer.ledger import Ledger
 from trinity_like.buffer.segments import SegmentInfo, list_segments, write_segment
 from trinity_like.common.experience import Experience, experiences_to_table
@@ -32,7 +34,11 @@ class BufferWriter:
         """Write ``exps`` as one new segment. The rows of one call that share a group_id form one group."""
         if not exps:
             raise ValueError("BufferWriter.write needs at least one experience")
-        return write_segment(self.buffer_dir, experiences_to_table(exps), self.writer_id, next(self._seq))
+        return self.write_table(experiences_to_table(exps))
+
+    def write_table(self, table: pa.Table) -> SegmentInfo:
+        """Write an Arrow table of Experience rows (EXPERIENCE_SCHEMA) as one new segment."""
+        return write_segment(self.buffer_dir, table, self.writer_id, next(self._seq))
 
     def unconsumed(self) -> int:
         written = sum(s.num_rows for s in list_segments(self.buffer_dir))

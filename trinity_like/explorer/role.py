@@ -20,7 +20,7 @@ from trinity_like.common.experience import Experience
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
-from trinity_like.config import Config, RunPaths, namespace_of
+from trinity_like.config import Config, RunPaths, namespace_of, redis_stream
 from trinity_like.explorer.engines.hf_engine import Sample
 
 
@@ -52,6 +52,12 @@ class ExplorerRole:
         self.tasks = load_taskset(self.paths.taskset)
         self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
         self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer", capacity=self.cfg.buffer.capacity)
+        self.sender = None
+        if self.cfg.buffer.transport == "redis":
+            from trinity_like.buffer.redis_transport import RedisSender
+
+            self.sender = RedisSender(self.cfg.buffer.redis_url, redis_stream(self.cfg),
+                                      timeout_s=self.cfg.synchronizer.timeout_s)
         self.metrics = MetricsWriter(self.paths.metrics, role="explorer")
         self._order: list[int] = []
         self._epoch = -1
@@ -126,8 +132,12 @@ class ExplorerRole:
                 info={"ground_truth": task.answer, "data_source": task.data_source, "explore_step": step,
                       **({"reward_failed": True} if reward_info["reward_failed"][r] else {})},
             ))
-        buffer_wait_s = self.writer.wait_for_room(self.cfg.synchronizer.timeout_s)
-        self.writer.write(exps)
+        if self.sender is not None:
+            buffer_wait_s = 0.0
+            self.sender.send_sync(exps)
+        else:
+            buffer_wait_s = self.writer.wait_for_room(self.cfg.synchronizer.timeout_s)
+            self.writer.write(exps)
         elapsed = time.perf_counter() - start - buffer_wait_s
         rewards = [e.reward for e in exps]
         metrics = {

@@ -7,7 +7,7 @@ import time
 from trinity_like.buffer import BufferConsumer
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
-from trinity_like.config import Config, RunPaths, namespace_of
+from trinity_like.config import Config, RunPaths, namespace_of, redis_stream
 from trinity_like.trainer.ppo import PPOTrainer
 
 CONSUMER_NAME = "trainer"
@@ -34,6 +34,13 @@ class TrainerRole:
                                        max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps)
         self.metrics = MetricsWriter(self.paths.metrics, role="trainer")
         self._last_end_check = 0.0
+        self.ingester = None
+        if b.transport == "redis":
+            from trinity_like.buffer.redis_transport import IngesterThread, RedisIngester
+
+            self.ingester = IngesterThread(RedisIngester(
+                b.redis_url, redis_stream(self.cfg), self.paths.buffer_dir,
+                timeout_s=self.cfg.synchronizer.timeout_s)).start()
 
     def _min_version(self) -> int | None:
         """Oldest model_version this step may train on. In sync mode the lock-step schedule decides."""
@@ -70,6 +77,8 @@ class TrainerRole:
         """Asked on every buffer poll; asks the synchronizer at most once a second."""
         import ray
 
+        if self.ingester is not None and self.ingester.error is not None:
+            raise RuntimeError(f"the redis ingester stopped: {self.ingester.error}")
         now = time.monotonic()
         if now - self._last_end_check < 1.0:
             return False
@@ -87,7 +96,13 @@ class TrainerRole:
         self._end("finished")
         return self.engine.train_step_num
 
+    def shutdown(self) -> None:
+        """Stop the helpers this role started (the Redis ingester); safe to call twice."""
+        if self.ingester is not None:
+            self.ingester.stop()
+
     def _end(self, reason: str) -> None:
         import ray
 
+        self.shutdown()
         ray.get(self.synchronizer.mark_ended.remote("trainer", reason))
