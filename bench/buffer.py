@@ -1,6 +1,6 @@
 """Benchmark of the experience buffer: write throughput, read latency, and two reference designs.
 
-Run (full: 100k experiences of 256 response tokens, then latency with 1M rows stored; several minutes):
+Run (full: 100k experiences of 256 response tokens, then latency with 1M rows stored; a few minutes):
 
     cd /work/main && .venv/bin/python bench/buffer.py
     cd /work/main && .venv/bin/python bench/buffer.py --quick        # smoke run: 10k rows, 100k stored
@@ -19,16 +19,19 @@ What is measured (everything lives in one temporary folder under /tmp, deleted a
    ``pickle.dumps(exp)`` plus indexed eid and model_version columns, 256 rows per transaction, WAL journal,
    synchronous=NORMAL (which does not fsync on commit; the segments do, twice per write).
    ``write_vs_raw_arrow = write_eps / raw_arrow_eps``, ``write_vs_sqlite_blobs = write_eps / sqlite_eps``.
+   Each of the three is run ``--repeats`` times (order rotated) and the median is reported, because small
+   shared VMs are noisy; a split of the buffer write (conversion / IPC write / CRC / fsync) follows.
 3. ``read_eps`` and ``read_p99_ms``: ``BufferConsumer.read(256, min_version=m_k, step=k)`` until the buffer is
-   drained, with min_version rising a little faster than the data's versions so that about a sixth of the
-   rows are skipped as stale. The consumer is opened and refreshed once before timing (its cold-open time,
-   which CRC-checks every segment, is printed separately); commits (every 10 steps) are not timed.
+   drained, with min_version rising 1.2x faster than fifo consumption so that about a sixth of the rows are
+   skipped as stale. The consumer is opened and refreshed once before timing (its cold-open time, which
+   CRC-checks every segment, is printed separately); commits (every 10 steps) are not timed.
 4. ``read_p99_ms_1m``: writing continues with SHORT rows (8 response tokens; 1M rows of 256 tokens would
    need ~2.5 GB of disk and a long time on a small machine) until ``--total-rows`` (1M) rows are stored.
    A new consumer is opened (cold open timed separately), then each step the writer adds one fresh segment
    of 256 full-size rows (256 tokens) at a new model_version and the consumer reads 256 rows with
-   min_version = that version: every older row (>= 1M of them) is a stale-skipped row, the read comes from
-   the last segments and includes the refresh that picks up the new segment. Only the read is timed.
+   min_version = that version: every older row (all >= 1M of them) is stale and skipped, the read comes
+   from the newest segment and includes the refresh that picks it up. Only the read is timed. A split of
+   one read (listing, scan of the stale segments, table_to_experiences, ledger write) follows.
 
 Targets (issue): write >= 0.5x raw Arrow, write >= 10x SQLite blobs, p99 of a 256-row read < 50 ms with 1M
 rows stored. Progress and the PASS/FAIL table go to stderr; stdout gets one line:
@@ -48,19 +51,29 @@ import pickle
 import pstats
 import shutil
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from trinity_like.buffer.ledger import Ledger
 from trinity_like.buffer.reader import BufferConsumer
+from trinity_like.buffer.segments import file_crc32, list_segments, read_segment
 from trinity_like.buffer.writer import BufferWriter
-from trinity_like.common.experience import EXPERIENCE_SCHEMA, Experience, experiences_to_table
+from trinity_like.common.experience import (
+    EXPERIENCE_SCHEMA,
+    Experience,
+    experiences_to_table,
+    table_to_experiences,
+)
+from trinity_like.common.fs import fsync_dir
 
 BATCH = 256
 """Rows per write (= one segment) and per read."""
@@ -72,13 +85,13 @@ GROUP_SIZE = 8
 WRITES_PER_VERSION = 4
 """model_version rises by one every 4 writes (1,024 rows)."""
 READ_VERSION_RATE = 1.2 / WRITES_PER_VERSION
-READ_VERSION_LAG = 2
-"""Read step k asks for min_version = int(k * READ_VERSION_RATE) - READ_VERSION_LAG: the required version
-rises 1.2x faster than fifo consumption, so roughly 1/6 of the rows end up skipped as stale."""
+"""Read step k asks for min_version = int(k * READ_VERSION_RATE): the required version rises 1.2x faster
+than fifo consumption (one segment per read), so roughly 1/6 of the rows end up skipped as stale."""
 COMMIT_EVERY = 10
 VOCAB = 32_000
 BYTES_PER_FULL_ROW = 2_600
 BYTES_PER_SHORT_ROW = 450
+SPLIT_REPEATS = 20
 
 P99_TARGET_MS = 50.0
 RAW_ARROW_TARGET = 0.5
@@ -122,6 +135,24 @@ def fmt_ms(latencies_s: list[float]) -> str:
             f"p99={pct(ms, 99):.2f} max={max(ms):.2f} ms")
 
 
+def timed_median(fn: Callable[[], object], repeats: int = SPLIT_REPEATS) -> float:
+    """Median seconds of ``repeats`` calls of ``fn``."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Profiler:
     """cProfile around selected blocks when --profile is given; prints the top functions to stderr."""
 
@@ -135,14 +166,14 @@ class Profiler:
         result = prof.runcall(fn)
         buf = io.StringIO()
         stats = pstats.Stats(prof, stream=buf)
-        stats.sort_stats("cumulative").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(30)
         stats.sort_stats("tottime").print_stats(15)
-        log(f"profile of {label} (timings of this phase include profiler overhead):\n{buf.getvalue()}")
+        log(f"profile of {label} (the timings of a profiled phase include profiler overhead):\n{buf.getvalue()}")
         return result
 
 
 # ------------------------------------------------------------------ writes
-def write_buffer(buffer_dir: Path, batches: list[list[Experience]], writer: BufferWriter) -> tuple[float, list[float]]:
+def write_buffer(writer: BufferWriter, batches: list[list[Experience]]) -> tuple[float, list[float]]:
     per_write = []
     start = time.perf_counter()
     for batch in batches:
@@ -158,11 +189,7 @@ def write_raw_arrow(path: Path, exps: list[Experience]) -> float:
     table = experiences_to_table(exps)
     with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, EXPERIENCE_SCHEMA) as writer:
         writer.write_table(table)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_file(path)
     return time.perf_counter() - start
 
 
@@ -189,18 +216,96 @@ def write_sqlite(con: sqlite3.Connection, batches: list[list[Experience]]) -> fl
     return time.perf_counter() - start
 
 
+def measure_writes(tmp: Path, buffer_dir: Path, batches: list[list[Experience]], flat: list[Experience],
+                   repeats: int, prof: Profiler) -> dict[str, float]:
+    """Median rows/s of the buffer, raw Arrow and SQLite writes over ``repeats`` rounds, order rotated.
+
+    The buffer of the first round is kept (at ``buffer_dir``) for the read phases."""
+    rows = len(flat)
+    seconds: dict[str, list[float]] = {"buffer": [], "raw_arrow": [], "sqlite": []}
+    order = list(seconds)
+    for rep in range(repeats):
+        for name in order[rep % 3:] + order[:rep % 3]:
+            if name == "buffer":
+                target = buffer_dir if rep == 0 else tmp / f"buffer-rep{rep}"
+                run = partial(write_buffer, BufferWriter(target, writer_id="explorer"), batches)
+                secs, per_write = prof.run("BufferWriter.write loop", run) if rep == 0 else run()
+                size = sum(p.stat().st_size for p in (target / "segments").iterdir())
+                detail = f"{size / 2**20:.0f} MiB in {len(batches)} segments; per write {fmt_ms(per_write)}"
+                if rep:
+                    shutil.rmtree(target)
+            elif name == "raw_arrow":
+                path = tmp / "raw.arrow"
+                secs = write_raw_arrow(path, flat)
+                detail = f"one file of {path.stat().st_size / 2**20:.0f} MiB, one fsync"
+                path.unlink()
+            else:
+                con = open_sqlite(tmp / "sql.sqlite")
+                secs = write_sqlite(con, batches)
+                con.close()
+                files = list(tmp.glob("sql.sqlite*"))
+                detail = (f"{sum(p.stat().st_size for p in files) / 2**20:.0f} MiB; WAL, synchronous=NORMAL, "
+                          f"{BATCH} rows/transaction")
+                for p in files:
+                    p.unlink()
+            seconds[name].append(secs)
+            log(f"write round {rep + 1}/{repeats} {name:<9}: {rows:,} rows in {secs:.2f}s = "
+                f"{rows / secs:,.0f} rows/s ({detail})")
+    eps = {name: rows / statistics.median(s) for name, s in seconds.items()}
+    log("write medians: " + ", ".join(f"{name} {v:,.0f} rows/s" for name, v in eps.items()))
+    return eps
+
+
+def write_split(tmp: Path, batches: list[list[Experience]]) -> None:
+    """Where a segment write's time goes: the steps of write_segment, replayed one step at a time."""
+    rows = sum(len(b) for b in batches)
+    scratch = tmp / "split"
+    scratch.mkdir()
+    paths = [scratch / f"{i:06d}.arrow" for i in range(len(batches))]
+    steps = {}
+    t0 = time.perf_counter()
+    tables = [experiences_to_table(b) for b in batches]
+    steps["experiences_to_table"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for path, table in zip(paths, tables, strict=True):
+        with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, EXPERIENCE_SCHEMA) as writer:
+            writer.write_table(table.cast(EXPERIENCE_SCHEMA))
+    steps["cast + IPC write"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for path in paths:
+        fsync_file(path)
+        fsync_dir(scratch)
+    steps["fsync file + folder"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for path in paths:
+        file_crc32(path)
+    steps["crc32 (re-read)"] = time.perf_counter() - t0
+    shutil.rmtree(scratch)
+    total = sum(steps.values())
+    log(f"write split ({rows:,} rows, {len(batches)} segments, steps replayed outside the library; "
+        f"renames not included): " + "; ".join(
+            f"{name} {s:.2f}s = {s / total:.0%} ({s / len(batches) * 1e3:.2f} ms/segment, {rows / s:,.0f} rows/s)"
+            for name, s in steps.items()))
+    del tables
+    sample = [e for b in batches[:8] for e in b]
+    conv = timed_median(lambda: experiences_to_table(sample), 5)
+    pick = timed_median(lambda: [pickle.dumps(e) for e in sample], 5)
+    log(f"per-row Python work on {len(sample):,} rows: experiences_to_table {len(sample) / conv:,.0f} rows/s, "
+        f"pickle.dumps {len(sample) / pick:,.0f} rows/s (both walk every token's Python int/float)")
+
+
 # ------------------------------------------------------------------ reads
 def drain_with_staleness(buffer_dir: Path, total_rows: int) -> dict[str, float]:
     consumer = BufferConsumer(buffer_dir, name="trainer")
     t0 = time.perf_counter()
     consumer.stats()  # opens (CRC-checks) every segment once, as a long-running consumer already has
-    cold_open = time.perf_counter() - t0
-    log(f"read: consumer cold open (refresh of {total_rows:,} rows) {cold_open:.2f}s, not in the read timings")
+    log(f"read: consumer cold open (refresh of {total_rows:,} rows) {time.perf_counter() - t0:.2f}s, "
+        "not in the read timings")
     latencies, commit_s, seen = [], [], set()
     delivered, step = 0, 0
     while True:
         step += 1
-        min_version = max(0, int(step * READ_VERSION_RATE) - READ_VERSION_LAG)
+        min_version = int(step * READ_VERSION_RATE)
         t0 = time.perf_counter()
         try:
             got = consumer.read(BATCH, min_version=min_version, timeout_s=0, step=step)
@@ -220,13 +325,13 @@ def drain_with_staleness(buffer_dir: Path, total_rows: int) -> dict[str, float]:
     stats = consumer.stats()
     skipped = int(stats["buffer/skipped_stale"])
     left = int(stats["buffer/unconsumed"]) - skipped
-    assert delivered + skipped + left == total_rows, (delivered, skipped, left, total_rows)
+    assert delivered == len(seen) and left < BATCH, (delivered, skipped, left, total_rows)
     read_time = sum(latencies)
     log(f"read: {len(latencies)} reads, {delivered:,} rows delivered, {skipped:,} skipped as stale "
-        f"({skipped / total_rows:.1%}), {left:,} left (< one batch) in {read_time:.2f}s of reads")
+        f"({skipped / total_rows:.1%}), {left:,} left (< one batch); {read_time:.2f}s in reads")
     log(f"read: latency {fmt_ms(latencies)}")
     if commit_s:
-        log(f"read: commit every {COMMIT_EVERY} steps (not timed in the reads) {fmt_ms(commit_s)}")
+        log(f"read: commit every {COMMIT_EVERY} steps (not in the read timings) {fmt_ms(commit_s)}")
     return {"read_eps": delivered / read_time, "read_p99_ms": pct(latencies, 99) * 1e3}
 
 
@@ -238,7 +343,7 @@ def latency_at_scale(buffer_dir: Path, writer: BufferWriter, rng: np.random.Gene
     log(f"scale: consumer cold open (refresh of {stored:,} rows) {time.perf_counter() - t0:.2f}s, not timed")
     latencies, write_s = [], []
     for step in range(1, reads + 1):
-        batch = make_batch(rng, 10**6 + step, BATCH, RESPONSE_TOKENS, version=version)
+        batch = make_batch(rng, 10**7 + step, BATCH, RESPONSE_TOKENS, version=version)
         t0 = time.perf_counter()
         writer.write(batch)
         write_s.append(time.perf_counter() - t0)
@@ -247,10 +352,32 @@ def latency_at_scale(buffer_dir: Path, writer: BufferWriter, rng: np.random.Gene
         latencies.append(time.perf_counter() - t0)
         assert len(got) == BATCH and all(e.model_version == version for e in got)
     skipped = int(consumer.stats()["buffer/skipped_stale"])
-    log(f"scale: {reads} reads of {BATCH} fresh rows with {stored:,}+ rows stored, {skipped:,} rows "
-        f"stale-skipped; read latency {fmt_ms(latencies)}")
+    log(f"scale: {reads} reads of {BATCH} fresh rows with {stored:,}+ rows stored ({skipped:,} stale-skipped); "
+        f"read latency {fmt_ms(latencies)}")
     log(f"scale: the interleaved segment writes (not in the read timings): {fmt_ms(write_s)}")
+    read_split(buffer_dir, consumer, version, stored)
     return pct(latencies, 99) * 1e3
+
+
+def read_split(buffer_dir: Path, consumer: BufferConsumer, version: int, stored: int) -> None:
+    """Where a read's time goes at scale, each part timed on its own (medians of SPLIT_REPEATS calls)."""
+    n_segments = len(list_segments(buffer_dir))
+    listing = timed_median(lambda: list_segments(buffer_dir))
+    # Nothing is eligible at this min_version: the call lists, then walks every (stale) segment, and gives up.
+    scan = timed_median(lambda: consumer.try_read(BATCH, min_version=version + 1))
+    newest = list_segments(buffer_dir)[-1]
+    table = read_segment(newest, verify=False).slice(0, BATCH)
+    open_take = timed_median(lambda: read_segment(newest, verify=False).take(pa.array(np.arange(BATCH))))
+    verify = timed_median(lambda: read_segment(newest, verify=True))
+    to_exps = timed_median(lambda: table_to_experiences(table))
+    ledger = Ledger(buffer_dir, "split-probe")
+    records = [(f"{i:032x}", 1, newest.name, i) for i in range(BATCH)]
+    pending = timed_median(lambda: ledger.add_pending(1, records))
+    log(f"read split with {stored:,}+ rows in {n_segments:,} segments (medians of {SPLIT_REPEATS} calls): "
+        f"list_segments {listing * 1e3:.2f} ms; try_read with nothing eligible (listing + walk of every stale "
+        f"segment) {scan * 1e3:.2f} ms; open+take of one segment {open_take * 1e3:.2f} ms; open with CRC check "
+        f"(first sight of a new segment) {verify * 1e3:.2f} ms; table_to_experiences of {BATCH} rows "
+        f"{to_exps * 1e3:.2f} ms; ledger add_pending (write + 2 fsyncs) {pending * 1e3:.2f} ms")
 
 
 # ------------------------------------------------------------------ main
@@ -260,6 +387,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, help="experiences of 256 response tokens (default 100k; quick 10k)")
     parser.add_argument("--total-rows", type=int, help="rows stored for read_p99_ms_1m (default 1M; quick 100k)")
     parser.add_argument("--scale-reads", type=int, help="timed reads at scale (default 200; quick 40)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the three write measurements (median)")
     parser.add_argument("--tmp", default="/tmp", help="where the temporary folder goes (default /tmp)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="cProfile the buffer write and read loops")
@@ -270,17 +398,16 @@ def main() -> None:
     prof = Profiler(args.profile)
 
     filler = total_rows - rows
-    need = (rows * BYTES_PER_FULL_ROW * 2.5 + filler * BYTES_PER_SHORT_ROW
-            + scale_reads * BATCH * BYTES_PER_FULL_ROW)
+    need = (rows * BYTES_PER_FULL_ROW * 3 + filler * BYTES_PER_SHORT_ROW + scale_reads * BATCH * BYTES_PER_FULL_ROW)
     usage = shutil.disk_usage(args.tmp)
     log(f"disk {args.tmp}: {usage.free / 2**30:.1f} GiB free of {usage.total / 2**30:.1f} GiB; "
-        f"this run needs about {need / 2**30:.2f} GiB")
+        f"this run needs about {need / 2**30:.2f} GiB at its peak")
     if usage.free < 1.5 * need:
         sys.exit(f"not enough free disk under {args.tmp}: {usage.free / 2**30:.1f} GiB free, need "
                  f"~{1.5 * need / 2**30:.1f} GiB (try --quick, --rows or --tmp)")
-    log(f"rows={rows:,} x {RESPONSE_TOKENS} response tokens, total stored for the latency part={total_rows:,} "
-        f"({filler:,} short rows of {SHORT_RESPONSE_TOKENS} tokens), {os.cpu_count()} CPUs, "
-        f"pyarrow {pa.__version__}, sqlite {sqlite3.sqlite_version}")
+    log(f"rows={rows:,} x {RESPONSE_TOKENS} response tokens; stored for the latency part={total_rows:,} "
+        f"({filler:,} of them short filler rows of {SHORT_RESPONSE_TOKENS} tokens); {os.cpu_count()} CPUs, "
+        f"Python {sys.version.split()[0]}, pyarrow {pa.__version__}, sqlite {sqlite3.sqlite_version}")
     started = time.perf_counter()
     rng = np.random.default_rng(args.seed)
 
@@ -292,47 +419,31 @@ def main() -> None:
         batches = make_batches(rng, 0, rows, RESPONSE_TOKENS)
         flat = [e for batch in batches for e in batch]
         gc.collect()
-        gc.freeze()  # the pre-generated objects are not part of what is measured: keep GC passes off them
+        gc.freeze()  # the pre-generated objects are not what is measured: keep the GC's passes off them
         log(f"generated {len(flat):,} Experience objects in {len(batches)} batches ({time.perf_counter() - t0:.1f}s)")
 
-        # Warm-up of every code path on a scratch folder (imports, first-call costs), not timed.
+        # Warm-up of every code path on a scratch folder (imports, first calls), not timed.
         BufferWriter(tmp / "warmup", writer_id="warm").write(batches[0])
         write_raw_arrow(tmp / "warmup.arrow", batches[0])
         warm_con = open_sqlite(tmp / "warmup.sqlite")
         write_sqlite(warm_con, batches[:1])
         warm_con.close()
         shutil.rmtree(tmp / "warmup")
-
-        writer = BufferWriter(buffer_dir, writer_id="explorer")
-        write_s, per_write = prof.run("BufferWriter.write loop", lambda: write_buffer(buffer_dir, batches, writer))
-        write_eps = rows / write_s
-        seg_bytes = sum(p.stat().st_size for p in (buffer_dir / "segments").iterdir())
-        log(f"buffer write: {rows:,} rows in {write_s:.2f}s = {write_eps:,.0f} rows/s "
-            f"({seg_bytes / 2**20:.0f} MiB in {len(batches)} segments); per write {fmt_ms(per_write)}")
-
-        raw_s = write_raw_arrow(tmp / "raw.arrow", flat)
-        raw_arrow_eps = rows / raw_s
-        log(f"raw Arrow IPC (one file, one fsync): {raw_s:.2f}s = {raw_arrow_eps:,.0f} rows/s "
-            f"({(tmp / 'raw.arrow').stat().st_size / 2**20:.0f} MiB)")
-        (tmp / "raw.arrow").unlink()
-
-        con = open_sqlite(tmp / "sql.sqlite")
-        sqlite_s = write_sqlite(con, batches)
-        con.close()
-        sqlite_eps = rows / sqlite_s
-        sql_bytes = sum(p.stat().st_size for p in tmp.glob("sql.sqlite*"))
-        log(f"SQLite pickled blobs (WAL, synchronous=NORMAL, 256 rows/transaction): {sqlite_s:.2f}s = "
-            f"{sqlite_eps:,.0f} rows/s ({sql_bytes / 2**20:.0f} MiB)")
-        for p in tmp.glob("sql.sqlite*"):
+        for p in tmp.glob("warmup.*"):
             p.unlink()
+
+        eps = measure_writes(tmp, buffer_dir, batches, flat, args.repeats, prof)
+        write_eps, raw_arrow_eps, sqlite_eps = eps["buffer"], eps["raw_arrow"], eps["sqlite"]
+        write_split(tmp, batches)
 
         del batches, flat
         gc.unfreeze()
         gc.collect()
 
-        reads = prof.run("reads with a staleness filter", lambda: drain_with_staleness(buffer_dir, rows))
+        reads = prof.run("reads with a staleness filter", partial(drain_with_staleness, buffer_dir, rows))
 
         # Fill up to total_rows with short rows, then time reads of fresh full-size rows at scale.
+        writer = BufferWriter(buffer_dir, writer_id="explorer")
         t0 = time.perf_counter()
         write_index, done, filler_write_s = len(range(0, rows, BATCH)), 0, 0.0
         while done < filler:
@@ -342,18 +453,18 @@ def main() -> None:
             filler_write_s += time.perf_counter() - t1
             done += len(batch)
             write_index += 1
-            if write_index % 500 == 0:
+            if write_index % 1000 == 0:
                 log(f"filler: {rows + done:,}/{total_rows:,} rows stored")
         stored = rows + done
-        segments = len(list((buffer_dir / "segments").iterdir()))
-        log(f"filler: {done:,} short rows ({SHORT_RESPONSE_TOKENS} response tokens) written in "
-            f"{time.perf_counter() - t0:.1f}s ({done / max(filler_write_s, 1e-9):,.0f} rows/s in write calls); "
-            f"{stored:,} rows in {segments:,} segments stored")
+        if done:
+            log(f"filler: {done:,} short rows ({SHORT_RESPONSE_TOKENS} response tokens) written in "
+                f"{time.perf_counter() - t0:.1f}s ({done / filler_write_s:,.0f} rows/s in the write calls); "
+                f"{stored:,} rows in {len(list_segments(buffer_dir)):,} segments stored")
         fresh_version = write_index // WRITES_PER_VERSION + 1
-        read_p99_ms_1m = prof.run("reads at scale", lambda: latency_at_scale(
-            buffer_dir, writer, rng, scale_reads, fresh_version, stored))
-        log(f"temporary folder {tmp} holds "
-            f"{sum(p.stat().st_size for p in tmp.rglob('*') if p.is_file()) / 2**20:.0f} MiB; deleting it")
+        read_p99_ms_1m = prof.run("reads at scale", partial(
+            latency_at_scale, buffer_dir, writer, rng, scale_reads, fresh_version, stored))
+        size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        log(f"temporary folder {tmp} holds {size / 2**20:.0f} MiB; deleting it")
 
     write_vs_raw_arrow = write_eps / raw_arrow_eps
     write_vs_sqlite_blobs = write_eps / sqlite_eps
@@ -372,6 +483,8 @@ def main() -> None:
         lines.append(f"(the p99 target is for 1M rows stored; this run stored {stored:,})")
     lines.append(f"({filler:,} of the stored rows are short filler rows of {SHORT_RESPONSE_TOKENS} response tokens; "
                  f"the rows read at scale have {RESPONSE_TOKENS})")
+    if args.profile:
+        lines.append("(--profile: the profiled phases are slowed down by the profiler)")
     log(f"done in {time.perf_counter() - started:.0f}s\n" + "\n".join(lines))
     print(f"RESULT buffer write_eps={write_eps:.0f} read_eps={reads['read_eps']:.0f} "
           f"read_p99_ms={reads['read_p99_ms']:.2f} read_p99_ms_1m={read_p99_ms_1m:.2f} "
