@@ -153,6 +153,36 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
+class GcWatch:
+    """Counts the full (generation 2) garbage collections, and their time, inside ``with`` blocks."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._start = 0.0
+        self._active = False
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if self._active and info.get("generation") == 2:
+            if phase == "start":
+                self._start = time.perf_counter()
+            else:
+                self.times.append(time.perf_counter() - self._start)
+
+    def __enter__(self) -> GcWatch:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._active = False
+
+    def summary(self) -> str:
+        total = sum(self.times)
+        mean = total / len(self.times) * 1e3 if self.times else 0.0
+        return f"{len(self.times)} full GC collections (mean {mean:.1f} ms, {total:.2f}s in all)"
+
+
 class Profiler:
     """cProfile around selected blocks when --profile is given; prints the top functions to stderr."""
 
@@ -301,17 +331,18 @@ def drain_with_staleness(buffer_dir: Path, total_rows: int) -> dict[str, float]:
     consumer.stats()  # opens (CRC-checks) every segment once, as a long-running consumer already has
     log(f"read: consumer cold open (refresh of {total_rows:,} rows) {time.perf_counter() - t0:.2f}s, "
         "not in the read timings")
-    latencies, commit_s, seen = [], [], set()
+    latencies, commit_s, seen, full_gc = [], [], set(), GcWatch()
     delivered, step = 0, 0
     while True:
         step += 1
         min_version = int(step * READ_VERSION_RATE)
-        t0 = time.perf_counter()
-        try:
-            got = consumer.read(BATCH, min_version=min_version, timeout_s=0, step=step)
-        except TimeoutError:
-            break  # fewer than a batch of fresh-enough rows left: drained
-        latencies.append(time.perf_counter() - t0)
+        with full_gc:
+            t0 = time.perf_counter()
+            try:
+                got = consumer.read(BATCH, min_version=min_version, timeout_s=0, step=step)
+            except TimeoutError:
+                break  # fewer than a batch of fresh-enough rows left: drained
+            latencies.append(time.perf_counter() - t0)
         assert all(e.model_version >= min_version for e in got), "read returned a stale row"
         eids = {e.eid for e in got}
         assert len(eids) == len(got) and not eids & seen, "read returned a row twice"
@@ -329,7 +360,7 @@ def drain_with_staleness(buffer_dir: Path, total_rows: int) -> dict[str, float]:
     read_time = sum(latencies)
     log(f"read: {len(latencies)} reads, {delivered:,} rows delivered, {skipped:,} skipped as stale "
         f"({skipped / total_rows:.1%}), {left:,} left (< one batch); {read_time:.2f}s in reads")
-    log(f"read: latency {fmt_ms(latencies)}")
+    log(f"read: latency {fmt_ms(latencies)}; {full_gc.summary()} ran inside the reads")
     if commit_s:
         log(f"read: commit every {COMMIT_EVERY} steps (not in the read timings) {fmt_ms(commit_s)}")
     return {"read_eps": delivered / read_time, "read_p99_ms": pct(latencies, 99) * 1e3}
@@ -341,19 +372,21 @@ def latency_at_scale(buffer_dir: Path, writer: BufferWriter, rng: np.random.Gene
     t0 = time.perf_counter()
     consumer.stats()
     log(f"scale: consumer cold open (refresh of {stored:,} rows) {time.perf_counter() - t0:.2f}s, not timed")
-    latencies, write_s = [], []
+    latencies, write_s, full_gc = [], [], GcWatch()
     for step in range(1, reads + 1):
         batch = make_batch(rng, 10**7 + step, BATCH, RESPONSE_TOKENS, version=version)
         t0 = time.perf_counter()
         writer.write(batch)
         write_s.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        got = consumer.read(BATCH, min_version=version, timeout_s=5, step=step)
-        latencies.append(time.perf_counter() - t0)
+        with full_gc:
+            t0 = time.perf_counter()
+            got = consumer.read(BATCH, min_version=version, timeout_s=5, step=step)
+            latencies.append(time.perf_counter() - t0)
         assert len(got) == BATCH and all(e.model_version == version for e in got)
     skipped = int(consumer.stats()["buffer/skipped_stale"])
     log(f"scale: {reads} reads of {BATCH} fresh rows with {stored:,}+ rows stored ({skipped:,} stale-skipped); "
         f"read latency {fmt_ms(latencies)}")
+    log(f"scale: {full_gc.summary()} ran inside these reads")
     log(f"scale: the interleaved segment writes (not in the read timings): {fmt_ms(write_s)}")
     read_split(buffer_dir, consumer, version, stored)
     return pct(latencies, 99) * 1e3
