@@ -64,7 +64,8 @@ def test_float32_storage_rounds_like_numpy():
     e = Experience(prompt_ids=[1], response_ids=[2], reward=0.1, logprobs=[-0.3])
     back = table_to_experiences(experiences_to_table([e]))[0]
     assert back.reward == float(np.float32(0.1))
-    assert back.logprobs == [float(np.float32(-0.3))]
+    assert back.logprobs.tolist() == [float(np.float32(-0.3))]
+    assert back.response_ids.dtype == np.int32 and back.logprobs.dtype == np.float32
 
 
 def test_schema_carries_version_and_nullability():

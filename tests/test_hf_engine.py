@@ -41,8 +41,8 @@ def test_same_seed_same_samples_other_seed_differs(engine, prompts):
     a = engine.generate(prompts, sp, seed=5)
     b = engine.generate(prompts, sp, seed=5)
     c = engine.generate(prompts, sp, seed=6)
-    assert [s.response_ids for s in a] == [s.response_ids for s in b]
-    assert [s.response_ids for s in a] != [s.response_ids for s in c]
+    assert [s.response_ids.tolist() for s in a] == [s.response_ids.tolist() for s in b]
+    assert [s.response_ids.tolist() for s in a] != [s.response_ids.tolist() for s in c]
 
 
 def test_length_limit_and_eos_stop(engine, prompts):
@@ -50,7 +50,7 @@ def test_length_limit_and_eos_stop(engine, prompts):
     for s in samples:
         assert 1 <= len(s.response_ids) <= 3 and len(s.logprobs) == len(s.response_ids)
         assert (s.finish_reason == "stop") == (s.response_ids[-1] == engine.eos_token_id)
-        assert engine.eos_token_id not in s.response_ids[:-1]
+        assert engine.eos_token_id not in s.response_ids[:-1].tolist()
 
 
 def test_generation_stops_at_eos(engine, prompts):
@@ -66,15 +66,15 @@ def test_generation_stops_at_eos(engine, prompts):
     eos_engine.model = copy.deepcopy(engine.model)
     import_state_dict(eos_engine.model, sd)
     greedy = eos_engine.generate(prompts, SamplingConfig(temperature=0, max_new_tokens=4), seed=0)
-    assert all(s.response_ids == [0] and s.finish_reason == "stop" for s in greedy)
+    assert all(s.response_ids.tolist() == [0] and s.finish_reason == "stop" for s in greedy)
 
 
 def test_top_k_one_is_greedy(engine, prompts):
     greedy = engine.generate(prompts, SamplingConfig(temperature=0, max_new_tokens=6), seed=0)
     top1 = engine.generate(prompts, SamplingConfig(temperature=1.0, top_k=1, max_new_tokens=6), seed=9)
-    assert [s.response_ids for s in greedy] == [s.response_ids for s in top1]
+    assert [s.response_ids.tolist() for s in greedy] == [s.response_ids.tolist() for s in top1]
     nucleus = engine.generate(prompts, SamplingConfig(temperature=1.0, top_p=1e-6, max_new_tokens=6), seed=9)
-    assert [s.response_ids for s in greedy] == [s.response_ids for s in nucleus]
+    assert [s.response_ids.tolist() for s in greedy] == [s.response_ids.tolist() for s in nucleus]
 
 
 def test_loading_new_weights_changes_outputs_and_version(tiny_model_path, tmp_path, prompts):
@@ -90,6 +90,6 @@ def test_loading_new_weights_changes_outputs_and_version(tiny_model_path, tmp_pa
     engine.load_weights_file(tmp_path / "v1.safetensors", version=1)
     assert engine.model_version == 1
     after = engine.generate(prompts, sp, seed=0)
-    assert [s.response_ids for s in before] != [s.response_ids for s in after]
+    assert [s.response_ids.tolist() for s in before] != [s.response_ids.tolist() for s in after]
     with pytest.raises(ValueError, match="do not fit"):
         engine.load_state_dict({"bogus": torch.zeros(1)}, version=2)

@@ -284,7 +284,7 @@ class NaiveRewardManager:
         import torch
 
         responses = [e.response_text if e.response_text is not None
-                     else self.tokenizer.decode(e.response_ids, skip_special_tokens=True) for e in exps]
+                     else self.tokenizer.decode(e.response_ids.tolist(), skip_special_tokens=True) for e in exps]
         truths = [e.info.get("ground_truth", e.info.get("answer")) for e in exps]
         sources = [e.info.get(self.reward_fn_key, "math") for e in exps]
         lengths = [len(e.response_ids) for e in exps]

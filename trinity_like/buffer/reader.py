@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from trinity_like.buffer.ledger import Ledger
-from trinity_like.buffer.segments import SegmentError, SegmentInfo, list_segments, read_segment
+from trinity_like.buffer.segments import SUFFIX, SegmentError, SegmentInfo, read_segment, segment_dir
 from trinity_like.common.errors import UserError
 from trinity_like.common.experience import Experience, table_to_experiences
 
@@ -93,8 +94,12 @@ class BufferConsumer:
         """Opened segments in write order; a segment is appended once, the first time it is listed."""
         self._known: set[str] = set()
         self._bad: set[str] = set()
-        self._exhausted_prefix = 0
-        """Every segment before this index has each row used ``max_uses`` times: reads skip them."""
+        self._max_version = np.zeros(0, np.int64)
+        """Per opened segment: its largest model_version (segments wholly below min_version are skipped)."""
+        self._exhausted = np.zeros(0, np.bool_)
+        """Per opened segment: every row used ``max_uses`` times; reads skip it."""
+        self._stale_counted = np.zeros(0, np.bool_)
+        """Per opened segment: its stale rows were counted while the whole segment was below min_version."""
         self._skipped_stale = 0
         self._delivered = 0
         self._con = None
@@ -110,10 +115,19 @@ class BufferConsumer:
         return prior
 
     def _refresh(self) -> None:
-        for info in list_segments(self.buffer_dir):
-            if info.name in self._known:
+        """Open the segments published since the last call (names compared before anything is parsed)."""
+        d = segment_dir(self.buffer_dir)
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            return
+        new = sorted(n for n in names if n not in self._known and n.endswith(SUFFIX) and not n.startswith("."))
+        for name in new:
+            self._known.add(name)
+            info = SegmentInfo.parse(d / name)
+            if info is None:
+                logger.error("skipping buffer segment %s: malformed name", d / name)
                 continue
-            self._known.add(info.name)
             try:
                 table = read_segment(info)
             except SegmentError as e:
@@ -126,6 +140,9 @@ class BufferConsumer:
                 seg.uses[row] += 1
                 seg.last_step[row] = max(seg.last_step[row], step)
             self._segments.append(seg)
+            self._max_version = np.append(self._max_version, seg.max_version)
+            self._exhausted = np.append(self._exhausted, bool((seg.uses >= self.max_uses).all()))
+            self._stale_counted = np.append(self._stale_counted, False)
 
     def _eligible(self, seg: _Segment, min_version: int | None, step: int) -> np.ndarray:
         ok = seg.uses < self.max_uses
@@ -139,27 +156,31 @@ class BufferConsumer:
             ok &= ~stale
         return ok
 
-    def _live(self) -> list[int]:
-        while (self._exhausted_prefix < len(self._segments)
-               and bool((self._segments[self._exhausted_prefix].uses >= self.max_uses).all())):
-            self._exhausted_prefix += 1
-        return list(range(self._exhausted_prefix, len(self._segments)))
+    def _live(self, min_version: int | None, step: int) -> np.ndarray:
+        """Indices of segments that may hold eligible rows, in write order. Segments whose rows are all used
+        up, or all older than ``min_version``, drop out without a per-row look (their stale rows are counted
+        once, the first time)."""
+        idx = np.flatnonzero(~self._exhausted)
+        if min_version is not None:
+            stale = idx[self._max_version[idx] < min_version]
+            for i in stale[~self._stale_counted[stale]]:
+                self._eligible(self._segments[i], min_version, step)
+                self._stale_counted[i] = True
+            idx = idx[self._max_version[idx] >= min_version]
+        return idx
 
     # ------------------------------------------------------------ candidate groups, in policy order
     def _groups_in_order(self, min_version, where, step) -> Iterator[list[tuple[int, int]]]:
         if self.policy == "priority" or where:
             yield from self._groups_by_sql(min_version, where, step)
             return
-        live = self._live()
+        live = self._live(min_version, step)
         if self.policy == "newest":
             live = live[::-1]
         passes = (lambda s: s.uses == 0, lambda s: s.uses > 0) if self.policy == "replay" else (None,)
         for want in passes:
-            for i in live:
+            for i in live.tolist():
                 seg = self._segments[i]
-                if min_version is not None and seg.max_version < min_version:
-                    self._eligible(seg, min_version, step)  # count its stale rows once
-                    continue
                 ok = self._eligible(seg, min_version, step)
                 if want is not None:
                     ok &= want(seg)
@@ -176,9 +197,9 @@ class BufferConsumer:
     def _groups_by_sql(self, min_version, where, step) -> Iterator[list[tuple[int, int]]]:
         import duckdb
 
-        live = self._live()
+        live = self._live(min_version, step)
         parts = []
-        for i in live:
+        for i in live.tolist():
             seg = self._segments[i]
             ok = self._eligible(seg, min_version, step)
             if not ok.any():
@@ -250,6 +271,7 @@ class BufferConsumer:
             idx = np.asarray(rows)
             seg.uses[idx] += 1
             seg.last_step[idx] = step
+            self._exhausted[seg_i] = bool((seg.uses >= self.max_uses).all())
             tables.append(read_segment(seg.info, verify=False).take(pa.array(idx)))
             records.extend((seg.eids[r], step, seg.info.name, r) for r in rows)
         self.ledger.add_pending(step, records)

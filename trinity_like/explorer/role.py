@@ -118,7 +118,7 @@ class ExplorerRole:
         requests = [(t, self.tokenizer.encode(t.prompt)) for t in tasks for _ in range(repeat)]
         version = self.engines[0].model_version
         samples = self._generate([p for _, p in requests], step)
-        texts = [self.tokenizer.decode(s.response_ids, skip_special_tokens=True) for _, s in samples]
+        texts = [self.tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True) for _, s in samples]
         rewards, reward_info = self.reward_manager.score(
             texts, [t.answer for t, _ in requests], [t.data_source or "math" for t, _ in requests],
             [len(s.response_ids) for _, s in samples])

@@ -32,16 +32,15 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int) -> TensorDic
     group_of: dict[str, int] = {}
     for i, e in enumerate(exps):
         p, r = len(e.prompt_ids), len(e.response_ids)
-        input_ids[i, width_p - p:width_p] = torch.tensor(e.prompt_ids, dtype=torch.long)
-        input_ids[i, width_p:width_p + r] = torch.tensor(e.response_ids, dtype=torch.long)
+        input_ids[i, width_p - p:width_p] = torch.from_numpy(e.prompt_ids)
+        input_ids[i, width_p:width_p + r] = torch.from_numpy(e.response_ids)
         attention_mask[i, width_p - p:width_p + r] = 1
-        mask = torch.ones(r) if e.action_mask is None else torch.tensor(e.action_mask, dtype=torch.float32)
-        response_mask[i, :r] = mask
+        response_mask[i, :r] = 1.0 if e.action_mask is None else torch.from_numpy(e.action_mask).float()
         if e.logprobs is not None:
-            old_log_probs[i, :r] = torch.tensor(e.logprobs, dtype=torch.float32)
+            old_log_probs[i, :r] = torch.from_numpy(e.logprobs)
             has_log_probs[i] = True
         if e.token_rewards is not None:
-            token_level_rewards[i, :r] = torch.tensor(e.token_rewards, dtype=torch.float32)
+            token_level_rewards[i, :r] = torch.from_numpy(e.token_rewards)
         if e.reward is not None and r > 0:
             token_level_rewards[i, r - 1] += float(e.reward)
         group_of.setdefault(e.group_id or e.eid, len(group_of))

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from trinity_like.common.modeling import import_state_dict, load_causal_lm, logprobs_from_logits
@@ -22,10 +23,10 @@ from trinity_like.config import SamplingConfig
 
 @dataclass
 class Sample:
-    """One generated response."""
+    """One generated response: token ids (int32) and behaviour log-probs (float32), as numpy arrays."""
 
-    response_ids: list[int]
-    logprobs: list[float]
+    response_ids: np.ndarray
+    logprobs: np.ndarray
     finish_reason: str
     """``stop`` (hit EOS) or ``length`` (hit max_new_tokens)."""
 
@@ -113,12 +114,12 @@ class HFEngine:
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
 
-        tok_mat = torch.stack(tokens, dim=1)  # (B, T)
-        lp_mat = torch.stack(logps, dim=1)  # (B, T)
+        tok_mat = torch.stack(tokens, dim=1).to(torch.int32).numpy()  # (B, T)
+        lp_mat = torch.stack(logps, dim=1).to(torch.float32).numpy()  # (B, T)
         samples = []
         for i in range(batch):
             n = int(lengths[i])
-            ids = tok_mat[i, :n].tolist()
+            ids = tok_mat[i, :n].copy()
             reason = "stop" if n and ids[-1] == self.eos_token_id else "length"
-            samples.append(Sample(response_ids=ids, logprobs=lp_mat[i, :n].tolist(), finish_reason=reason))
+            samples.append(Sample(response_ids=ids, logprobs=lp_mat[i, :n].copy(), finish_reason=reason))
         return samples
