@@ -8,10 +8,10 @@ The name carries the row count (so back-pressure is a directory listing, not a s
 file's bytes (so the checksum is published by the same atomic rename as the data: there is no moment when a
 segment exists without its checksum). Names start with a nanosecond timestamp, so name order is write order.
 
-Why Arrow IPC and not Parquet (measured with 5,000 rows of 256 response tokens, bench/RESULTS.md): IPC writes
-at ~155k rows/s against ~23k for Parquet with snappy and ~56k uncompressed, and it is memory-mapped and scanned
-by DuckDB without a copy or a decode; Parquet's smaller files (~0.65x) do not pay for a 3-7x slower write on
-the explorer's hot path. ``trinity-like buffer export`` writes Parquet for archives.
+Why Arrow IPC and not Parquet (bench/segment_format.py, figures in bench/RESULTS.md): IPC writes 4-6x faster
+than Parquet (snappy or uncompressed) and is memory-mapped and scanned by DuckDB without a decode; Parquet's
+smaller files (~0.65x) do not pay for the slower write on the explorer's hot path. ``trinity-like buffer
+export`` writes Parquet for archives.
 """
 
 from __future__ import annotations
@@ -96,15 +96,22 @@ def write_segment(buffer_dir: str | os.PathLike, table: pa.Table, writer_id: str
         raise ValueError("a segment needs at least one row")
     d = segment_dir(buffer_dir)
     d.mkdir(parents=True, exist_ok=True)
-    table = table.cast(EXPERIENCE_SCHEMA)
+    if not table.schema.equals(EXPERIENCE_SCHEMA, check_metadata=True):
+        table = table.cast(EXPERIENCE_SCHEMA)
     stamp = f"{time.time_ns():020d}-{writer_id}-{seq:06d}-{table.num_rows}"
+    # Serialise in memory first: the checksum is then computed on the bytes, without reading the file back.
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, EXPERIENCE_SCHEMA) as writer:
+        writer.write_table(table)
+    data = sink.getvalue()
+    crc = zlib.crc32(memoryview(data))
 
     def write(tmp: Path) -> None:
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, EXPERIENCE_SCHEMA) as writer:
-            writer.write_table(table)
+        with open(tmp, "wb") as fh:
+            fh.write(memoryview(data))
 
     # The checksum is part of the name, so data and checksum are published by the same rename.
-    path = atomic_write_named(d, write, lambda tmp: f"{stamp}-{file_crc32(tmp):08x}{SUFFIX}", tmp_prefix=stamp)
+    path = atomic_write_named(d, write, lambda _tmp: f"{stamp}-{crc:08x}{SUFFIX}", tmp_prefix=stamp)
     info = SegmentInfo.parse(path)
     assert info is not None
     return info

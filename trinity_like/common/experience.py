@@ -169,6 +169,8 @@ _JSON_FIELDS = ("messages", "info")
 def _list_column(values: list[np.ndarray | None], arrow_type: pa.DataType, dtype: type) -> pa.Array:
     """One Arrow list column from per-row arrays: one concatenation plus offsets, no per-element work."""
     n = len(values)
+    if all(v is None for v in values):
+        return pa.nulls(n, arrow_type)
     lengths = np.fromiter((0 if v is None else v.shape[0] for v in values), np.int64, n)
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
