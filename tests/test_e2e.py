@@ -75,8 +75,13 @@ def test_async_three_steps_respects_staleness(tmp_path, tiny_model_path, ray_ses
 def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, ray_session):
     from trinity_like.common.modeling import export_state_dict, load_causal_lm
 
-    sync_cfg = _cfg(tmp_path, tiny_model_path, "eq-sync", "mode=sync")
-    async_cfg = _cfg(tmp_path, tiny_model_path, "eq-async", "mode=async", "synchronizer.max_staleness=0")
+    # a reward that varies with the response, so every group has an advantage signal and the weights move
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text("def compute_score(responses, ground_truths, **kw):\n"
+                           "    return [float(len(r) % 3) for r in responses]\n")
+    varied = f"reward.function_path={reward_file}"
+    sync_cfg = _cfg(tmp_path, tiny_model_path, "eq-sync", "mode=sync", varied)
+    async_cfg = _cfg(tmp_path, tiny_model_path, "eq-async", "mode=async", "synchronizer.max_staleness=0", varied)
     run(sync_cfg)
     run(async_cfg)
     a, b = _final_weights(sync_cfg), _final_weights(async_cfg)
@@ -85,7 +90,7 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, ray_se
     initial = export_state_dict(load_causal_lm(tiny_model_path))
     assert any(not torch.equal(a[k], initial[k]) for k in a)  # training did move the weights
     # and a different seed gives different weights, so the equality above is not vacuous
-    other = _cfg(tmp_path, tiny_model_path, "eq-other", "mode=sync", "seed=7")
+    other = _cfg(tmp_path, tiny_model_path, "eq-other", "mode=sync", "seed=7", varied)
     run(other)
     c = _final_weights(other)
     assert any(not torch.equal(a[k], c[k]) for k in a)

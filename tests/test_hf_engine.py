@@ -5,10 +5,15 @@ from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.common.tokenizer import hf_tokenizer
 from trinity_like.config import SamplingConfig
+from trinity_like.explorer.engines.base import WeightUpdate
 from trinity_like.explorer.engines.hf_engine import HFEngine
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
 
 PROMPTS = ["1+2=", "13+45=", "7+8=", "the answer is"]
+
+
+def _seeds(prompts, base):
+    return [base * 100 + i for i in range(len(prompts))]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +29,7 @@ def prompts(tiny_model_path):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
 def test_behaviour_logprobs_match_trainer_recompute(engine, prompts, tiny_model_path, temperature):
-    samples = engine.generate(prompts, SamplingConfig(temperature=temperature, max_new_tokens=10), seed=1)
+    samples = engine.generate(prompts, SamplingConfig(temperature=temperature, max_new_tokens=10), _seeds(prompts, 1))
     exps = [Experience(prompt_ids=p, response_ids=s.response_ids, logprobs=s.logprobs)
             for p, s in zip(prompts, samples, strict=True)]
     trainer_model = load_causal_lm(tiny_model_path, train=True)  # an independent copy, as the trainer has
@@ -38,15 +43,15 @@ def test_behaviour_logprobs_match_trainer_recompute(engine, prompts, tiny_model_
 
 def test_same_seed_same_samples_other_seed_differs(engine, prompts):
     sp = SamplingConfig(temperature=1.0, max_new_tokens=8)
-    a = engine.generate(prompts, sp, seed=5)
-    b = engine.generate(prompts, sp, seed=5)
-    c = engine.generate(prompts, sp, seed=6)
+    a = engine.generate(prompts, sp, _seeds(prompts, 5))
+    b = engine.generate(prompts, sp, _seeds(prompts, 5))
+    c = engine.generate(prompts, sp, _seeds(prompts, 6))
     assert [s.response_ids.tolist() for s in a] == [s.response_ids.tolist() for s in b]
     assert [s.response_ids.tolist() for s in a] != [s.response_ids.tolist() for s in c]
 
 
 def test_length_limit_and_eos_stop(engine, prompts):
-    samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=3), seed=0)
+    samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=3), _seeds(prompts, 0))
     for s in samples:
         assert 1 <= len(s.response_ids) <= 3 and len(s.logprobs) == len(s.response_ids)
         assert (s.finish_reason == "stop") == (s.response_ids[-1] == engine.eos_token_id)
@@ -65,15 +70,15 @@ def test_generation_stops_at_eos(engine, prompts):
     eos_engine = copy.copy(engine)
     eos_engine.model = copy.deepcopy(engine.model)
     import_state_dict(eos_engine.model, sd)
-    greedy = eos_engine.generate(prompts, SamplingConfig(temperature=0, max_new_tokens=4), seed=0)
+    greedy = eos_engine.generate(prompts, SamplingConfig(temperature=0, max_new_tokens=4), _seeds(prompts, 0))
     assert all(s.response_ids.tolist() == [0] and s.finish_reason == "stop" for s in greedy)
 
 
 def test_top_k_one_is_greedy(engine, prompts):
-    greedy = engine.generate(prompts, SamplingConfig(temperature=0, max_new_tokens=6), seed=0)
-    top1 = engine.generate(prompts, SamplingConfig(temperature=1.0, top_k=1, max_new_tokens=6), seed=9)
+    greedy = engine.generate(prompts, SamplingConfig(temperature=0, max_new_tokens=6), _seeds(prompts, 0))
+    top1 = engine.generate(prompts, SamplingConfig(temperature=1.0, top_k=1, max_new_tokens=6), _seeds(prompts, 9))
     assert [s.response_ids.tolist() for s in greedy] == [s.response_ids.tolist() for s in top1]
-    nucleus = engine.generate(prompts, SamplingConfig(temperature=1.0, top_p=1e-6, max_new_tokens=6), seed=9)
+    nucleus = engine.generate(prompts, SamplingConfig(temperature=1.0, top_p=1e-6, max_new_tokens=6), _seeds(prompts, 9))
     assert [s.response_ids.tolist() for s in greedy] == [s.response_ids.tolist() for s in nucleus]
 
 
@@ -82,14 +87,14 @@ def test_loading_new_weights_changes_outputs_and_version(tiny_model_path, tmp_pa
 
     engine = HFEngine(tiny_model_path)
     sp = SamplingConfig(temperature=0, max_new_tokens=6)
-    before = engine.generate(prompts, sp, seed=0)
+    before = engine.generate(prompts, sp, _seeds(prompts, 0))
     sd = export_state_dict(engine.model)
     generator = torch.Generator().manual_seed(0)
     sd = {k: v + 0.5 * torch.randn(v.shape, generator=generator) for k, v in sd.items()}
     save_file(sd, str(tmp_path / "v1.safetensors"))
-    engine.load_weights_file(tmp_path / "v1.safetensors", version=1)
+    engine.update_weights(WeightUpdate(version=1, path=str(tmp_path / "v1.safetensors")))
     assert engine.model_version == 1
-    after = engine.generate(prompts, sp, seed=0)
+    after = engine.generate(prompts, sp, _seeds(prompts, 0))
     assert [s.response_ids.tolist() for s in before] != [s.response_ids.tolist() for s in after]
     with pytest.raises(ValueError, match="do not fit"):
-        engine.load_state_dict({"bogus": torch.zeros(1)}, version=2)
+        engine.update_weights(WeightUpdate(version=2, state_dict={"bogus": torch.zeros(1)}))

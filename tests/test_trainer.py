@@ -7,6 +7,7 @@ from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import export_state_dict
 from trinity_like.common.tokenizer import hf_tokenizer
 from trinity_like.config import SamplingConfig, load_config
+from trinity_like.explorer.engines.base import WeightUpdate
 from trinity_like.explorer.engines.hf_engine import HFEngine
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
 from trinity_like.trainer.ppo import PPOTrainer
@@ -17,7 +18,7 @@ def batch_exps(tiny_model_path):
     tok = hf_tokenizer(tiny_model_path)
     engine = HFEngine(tiny_model_path)
     prompts = [tok.encode(p) for p in ["1+2=", "3+4=", "5+1=", "2+2="] for _ in range(3)]
-    samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=5), seed=0)
+    samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=5), list(range(len(prompts))))
     return [Experience(prompt_ids=p, response_ids=s.response_ids, logprobs=s.logprobs, group_id=f"g{i // 3}",
                        reward=float(i % 3 == 0), model_version=0)
             for i, (p, s) in enumerate(zip(prompts, samples, strict=True))]
@@ -87,7 +88,7 @@ def test_state_dict_and_checkpoint_files(tmp_path, tiny_model_path, batch_exps):
     path = t.save_state_dict()
     assert path.name == "version-00000001.safetensors"
     engine = HFEngine(tiny_model_path)
-    engine.load_weights_file(path, version=1)
+    engine.update_weights(WeightUpdate(version=1, path=str(path)))
     trained = export_state_dict(t.model)
     for k, v in export_state_dict(engine.model).items():
         assert torch.equal(v, trained[k])

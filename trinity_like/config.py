@@ -58,6 +58,8 @@ class SamplingConfig:
     """Keep only the k most likely tokens; 0 disables."""
     max_new_tokens: int = _at_least(16, 1)
     """Longest response, in tokens; a response cut here is marked `truncated`."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end a response besides the tokenizer's EOS (kept in the response)."""
 
 
 @dataclass
@@ -88,6 +90,19 @@ class ExplorerConfig:
     """Where the training tasks come from."""
     num_threads: int = _at_least(1, 1)
     """torch threads per engine, so that engines and trainer share the cores sensibly."""
+    workflow: str = "single_turn"
+    """How a task becomes experiences: a registered workflow (`single_turn`, `guess_number`) or an import path
+    `package.module:ClassName` of a `Workflow` subclass."""
+    max_retries: int = _at_least(2, 0)
+    """Retries of a task whose workflow raised or timed out (and of a call whose engine died) before the task
+    is recorded as failed."""
+    task_timeout_s: float = _at_least(600.0, 0.001)
+    """Longest a task's workflow may run before it counts as failed (and is retried)."""
+    max_turns: int = _at_least(4, 1)
+    """Most model turns of a multi-turn workflow episode."""
+    dynamic_sampling: bool = False
+    """Drop groups whose samples all got the same reward (no advantage signal), as DAPO does; counted in
+    `rollout/filtered_groups`."""
 
 
 @dataclass

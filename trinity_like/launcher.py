@@ -84,7 +84,7 @@ def _start_roles(cfg: Config) -> _Roles:
 
     ns = namespace_of(cfg)
     sync = get_synchronizer(ns)
-    explorer = ray.remote(num_cpus=0, max_concurrency=2)(ExplorerRole).options(
+    explorer = ray.remote(num_cpus=0, max_concurrency=4)(ExplorerRole).options(
         name="explorer", namespace=ns).remote(cfg)
     trainer = ray.remote(num_cpus=0, max_concurrency=2)(TrainerRole).options(
         name="trainer", namespace=ns).remote(cfg)

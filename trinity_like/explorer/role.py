@@ -1,27 +1,38 @@
-"""The explorer role: setup -> run -> shutdown. Each step samples ``batch_size`` tasks x ``repeat_times``
-responses, scores them, stamps the policy version and writes one buffer segment.
+"""The explorer role: setup -> run -> shutdown. Each step runs the workflow on ``batch_size`` tasks x
+``repeat_times`` samples over the engine fleet, stamps the policy version and writes one buffer segment.
 
 Admission (AReaL's rule): explorer step j feeds trainer step ``c(j) = floor(j * rows_per_step /
 train_batch_size)``; it may start only once the published version is >= ``c(j) - max_staleness``, so no row it
 writes can be staler than the bound when trained. Weights are swapped only at a step boundary, so one step's
 samples all come from one version.
+
+A task whose workflow raises or times out (``explorer.task_timeout_s``) is retried up to
+``explorer.max_retries`` times, then recorded as failed (``failed_tasks.jsonl`` in the run directory and
+``rollout/failed_tasks``) and the step goes on with the others.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import math
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from trinity_like.algorithms.rewards import load_reward_manager
 from trinity_like.buffer import BufferWriter
 from trinity_like.common.experience import Experience
+from trinity_like.common.fs import append_line
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config, RunPaths, namespace_of, redis_stream
-from trinity_like.explorer.engines.hf_engine import Sample
+from trinity_like.explorer.workflows import WorkflowContext, load_workflow
+
+logger = logging.getLogger(__name__)
 
 
 def explore_steps_needed(cfg: Config) -> int:
@@ -31,7 +42,7 @@ def explore_steps_needed(cfg: Config) -> int:
 
 
 class ExplorerRole:
-    """Runs as a Ray actor holding ``explorer.num_engines`` engines, each on its own thread."""
+    """Runs as an async Ray actor; the engines are actors of their own (``EngineFleet``)."""
 
     def __init__(self, cfg: Config) -> None:
         set_offline_env()
@@ -39,16 +50,16 @@ class ExplorerRole:
         self.paths = RunPaths.of(cfg)
         self.explore_step_num = 0
 
-    def setup(self) -> None:
+    async def setup(self) -> None:
         from trinity_like.common.tokenizer import hf_tokenizer
-        from trinity_like.explorer.engines.hf_engine import HFEngine
+        from trinity_like.explorer.fleet import EngineFleet
         from trinity_like.synchronizer import get_synchronizer
 
         self.synchronizer = get_synchronizer(namespace_of(self.cfg))
         self.tokenizer = hf_tokenizer(self.cfg.model.path)
-        self.engines = [HFEngine(self.cfg.model.path, engine_id=f"hf-{i}", num_threads=self.cfg.explorer.num_threads)
-                        for i in range(self.cfg.explorer.num_engines)]
-        self.pool = ThreadPoolExecutor(max_workers=len(self.engines), thread_name_prefix="engine")
+        self.fleet = EngineFleet(self.cfg)
+        await self.fleet.ready()
+        self.workflow = load_workflow(self.cfg.explorer.workflow)
         self.tasks = load_taskset(self.paths.taskset)
         self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
         self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer", capacity=self.cfg.buffer.capacity)
@@ -62,26 +73,19 @@ class ExplorerRole:
         self._order: list[int] = []
         self._epoch = -1
 
-    # ------------------------------------------------------------ weights
-    def _admit_and_sync(self, step: int) -> float:
+    # ------------------------------------------------------------ admission and weights
+    async def _admit_and_sync(self, step: int) -> float:
         """Wait until this step is within the staleness bound, load the newest weights; return seconds waited."""
-        import ray
-
         start = time.perf_counter()
         if self.cfg.mode == "sync":
-            info = ray.get(self.synchronizer.latest.remote())
+            info = await self.synchronizer.latest.remote()
         else:
             rows_per_step = self.cfg.explorer.batch_size * self.cfg.explorer.repeat_times
             consumer_step = step * rows_per_step // self.cfg.train_batch_size
             need = max(0, consumer_step - self.cfg.synchronizer.max_staleness)
-            info = ray.get(self.synchronizer.wait_for_version.remote(need, self.cfg.synchronizer.timeout_s))
-        if info.version > self.engines[0].model_version:
-            state_dict = ray.get(info.refs[0]) if info.refs else None
-            for engine in self.engines:
-                if state_dict is not None:
-                    engine.load_state_dict(state_dict, info.version)
-                else:
-                    engine.load_weights_file(info.path, info.version)
+            info = await self.synchronizer.wait_for_version.remote(need, self.cfg.synchronizer.timeout_s)
+        if info.version > self.fleet.version:
+            await self.fleet.update_weights(info.version, info.path, info.refs)
         return time.perf_counter() - start
 
     # ------------------------------------------------------------ tasks
@@ -98,79 +102,107 @@ class ExplorerRole:
             out.append(self.tasks[self._order[pos]])
         return out
 
-    # ------------------------------------------------------------ the step
-    def _generate(self, prompts: list[list[int]], step: int) -> list[tuple[object, Sample]]:
-        """(engine, sample) per prompt, in prompt order. Prompt r goes to engine r % n, each engine on its own
-        thread with its own seed, so the result never depends on thread timing."""
-        n = len(self.engines)
-        futures = [self.pool.submit(engine.generate, prompts[i::n], self.cfg.explorer.sampling,
-                                    self.cfg.seed * 1_000_003 + step * 101 + i)
-                   for i, engine in enumerate(self.engines) if prompts[i::n]]
-        results = [fut.result() for fut in futures]
-        return [(self.engines[r % n], results[r % n][r // n]) for r in range(len(prompts))]
-
-    def step(self) -> dict[str, float]:
-        step = self.explore_step_num
-        wait_s = self._admit_and_sync(step)
-        start = time.perf_counter()
+    def _context(self, step: int, position: int) -> WorkflowContext:
         repeat = self.cfg.explorer.repeat_times
+        base = (self.cfg.seed * 1_000_003 + step) * 10_007 + position * repeat
+        return WorkflowContext(sampling=self.cfg.explorer.sampling, repeat_times=repeat,
+                               seeds=[base + j for j in range(repeat)], tokenizer=self.tokenizer,
+                               reward_manager=self.reward_manager, max_turns=self.cfg.explorer.max_turns)
+
+    async def _run_task(self, task: Task, ctx: WorkflowContext) -> list[Experience] | None:
+        """The workflow on one task, with timeout and retries; None when it failed for good."""
+        error = ""
+        for attempt in range(self.cfg.explorer.max_retries + 1):
+            try:
+                return await asyncio.wait_for(self.workflow.run(task, self.fleet, ctx), self.cfg.explorer.task_timeout_s)
+            except Exception as e:  # a workflow is user code: any failure costs this task only
+                error = f"{type(e).__name__}: {e}"
+                logger.warning("task %s failed (attempt %d): %s", task.task_id, attempt + 1, error)
+        append_line(self.paths.run_dir / "failed_tasks.jsonl", json.dumps(
+            {"task_id": task.task_id, "explore_step": self.explore_step_num, "error": error,
+             "attempts": self.cfg.explorer.max_retries + 1}))
+        return None
+
+    async def _run_workflows(self, tasks: list[Task], ctxs: list[WorkflowContext]) -> list[list[Experience] | None]:
+        run_batch = getattr(self.workflow, "run_batch", None)
+        if run_batch is not None:
+            try:
+                return await asyncio.wait_for(run_batch(tasks, self.fleet, ctxs), self.cfg.explorer.task_timeout_s)
+            except Exception as e:  # fall back to task by task, where failures are isolated
+                logger.warning("batched rollout failed (%s: %s); running the tasks one by one", type(e).__name__, e)
+        return list(await asyncio.gather(*(self._run_task(t, c) for t, c in zip(tasks, ctxs, strict=True))))
+
+    # ------------------------------------------------------------ the step
+    async def step(self) -> dict[str, float]:
+        step = self.explore_step_num
+        wait_s = await self._admit_and_sync(step)
+        start = time.perf_counter()
         tasks = self._tasks_for_step(step)
-        requests = [(t, self.tokenizer.encode(t.prompt)) for t in tasks for _ in range(repeat)]
-        version = self.engines[0].model_version
-        samples = self._generate([p for _, p in requests], step)
-        texts = [self.tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True) for _, s in samples]
-        rewards, reward_info = self.reward_manager.score(
-            texts, [t.answer for t, _ in requests], [t.data_source or "math" for t, _ in requests],
-            [len(s.response_ids) for _, s in samples])
+        results = await self._run_workflows(tasks, [self._context(step, i) for i in range(len(tasks))])
         exps: list[Experience] = []
-        for r, ((task, prompt_ids), (engine, sample)) in enumerate(zip(requests, samples, strict=True)):
-            exps.append(Experience(
-                prompt_ids=prompt_ids, response_ids=sample.response_ids, logprobs=sample.logprobs,
-                group_id=f"s{step}-{task.task_id}-{r // repeat}", task_id=task.task_id, source="explorer",
-                reward=rewards[r], model_version=version, engine_id=engine.engine_id,
-                truncated=sample.finish_reason == "length", prompt_text=task.prompt, response_text=texts[r],
-                info={"ground_truth": task.answer, "data_source": task.data_source, "explore_step": step,
-                      **({"reward_failed": True} if reward_info["reward_failed"][r] else {})},
-            ))
-        if self.sender is not None:
-            buffer_wait_s = 0.0
-            self.sender.send_sync(exps)
-        else:
-            buffer_wait_s = self.writer.wait_for_room(self.cfg.synchronizer.timeout_s)
-            self.writer.write(exps)
+        failed = filtered = 0
+        for position, (task, group) in enumerate(zip(tasks, results, strict=True)):
+            if not group:
+                failed += 1
+                continue
+            if self.cfg.explorer.dynamic_sampling and len(group) > 1 and len({e.reward for e in group}) == 1:
+                filtered += 1  # DAPO: a group with one reward for all has no advantage signal
+                continue
+            for e in group:
+                e.group_id = f"s{step}-{task.task_id}-{position}"
+                e.task_id = task.task_id
+                e.info["explore_step"] = step
+            exps.extend(group)
+        buffer_wait_s = 0.0
+        if exps:
+            if self.sender is not None:
+                await self.sender.send(exps)
+            else:
+                buffer_wait_s = await asyncio.to_thread(self.writer.wait_for_room, self.cfg.synchronizer.timeout_s)
+                await asyncio.to_thread(self.writer.write, exps)
         elapsed = time.perf_counter() - start - buffer_wait_s
-        rewards = [e.reward for e in exps]
-        metrics = {
-            "rollout/reward_mean": sum(rewards) / len(rewards),
-            "rollout/accuracy": sum(r == 1.0 for r in rewards) / len(rewards),
-            "rollout/response_length_mean": sum(len(e.response_ids) for e in exps) / len(exps),
-            "rollout/truncated_frac": sum(e.truncated for e in exps) / len(exps),
-            "rollout/reward_failed": float(sum(reward_info["reward_failed"])),
-            "rollout/model_version": float(version),
-            "rollout/experiences": float(len(exps)),
-            "time/explore_step_s": elapsed,
-            "time/wait_weights_s": wait_s,
-            "time/wait_buffer_s": buffer_wait_s,
-        }
         self.explore_step_num += 1
+        metrics = self._metrics(exps, elapsed)
+        metrics.update({"rollout/failed_tasks": float(failed), "rollout/filtered_groups": float(filtered),
+                        "rollout/admission_wait_s": wait_s, "rollout/engine_restarts": float(self.fleet.restarts),
+                        "time/wait_buffer_s": buffer_wait_s})
         self.metrics.write(self.explore_step_num, metrics)
         return metrics
 
-    def run(self, num_steps: int | None = None) -> int:
-        """Explore until enough data for the trainer's steps, or until the trainer ends; return steps done."""
-        import ray
+    def _metrics(self, exps: list[Experience], elapsed: float) -> dict[str, float]:
+        rewards = np.array([e.reward or 0.0 for e in exps], dtype=np.float64)
+        lengths = np.array([len(e.response_ids) for e in exps], dtype=np.float64)
+        n = max(len(exps), 1)
+        return {
+            "rollout/reward_mean": float(rewards.mean()) if exps else 0.0,
+            "rollout/reward_std": float(rewards.std()) if exps else 0.0,
+            "rollout/accuracy": float((rewards == 1.0).mean()) if exps else 0.0,
+            "rollout/response_length_mean": float(lengths.mean()) if exps else 0.0,
+            "rollout/response_length_max": float(lengths.max()) if exps else 0.0,
+            "rollout/truncated_frac": sum(e.truncated for e in exps) / n,
+            "rollout/reward_failed": float(sum(bool(e.info.get("reward_failed")) for e in exps)),
+            "rollout/model_version": float(self.fleet.version),
+            "rollout/experiences": float(len(exps)),
+            "rollout/tokens_per_s": float(lengths.sum()) / max(elapsed, 1e-9),
+            "time/explore_step_s": elapsed,
+        }
 
+    async def run(self, num_steps: int | None = None) -> int:
+        """Explore until enough data for the trainer's steps, or until the trainer ends; return steps done."""
         total = explore_steps_needed(self.cfg) if num_steps is None else num_steps
         try:
             while self.explore_step_num < total:
-                if "trainer" in ray.get(self.synchronizer.ended.remote()):
+                if "trainer" in await self.synchronizer.ended.remote():
                     break
-                self.step()
+                await self.step()
         except BaseException as e:
-            ray.get(self.synchronizer.mark_ended.remote("explorer", f"failed: {type(e).__name__}: {e}"))
+            await self.synchronizer.mark_ended.remote("explorer", f"failed: {type(e).__name__}: {e}")
             raise
-        ray.get(self.synchronizer.mark_ended.remote("explorer", "finished"))
+        await self.synchronizer.mark_ended.remote("explorer", "finished")
         return self.explore_step_num
 
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=True)
+    async def shutdown(self) -> None:
+        if getattr(self, "fleet", None) is not None:
+            self.fleet.kill()
+        if getattr(self, "sender", None) is not None:
+            await self.sender.close()

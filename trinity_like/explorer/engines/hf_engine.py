@@ -11,24 +11,17 @@ distribution the trainer can recompute (as in verl); the truncation is a propert
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from trinity_like.common.modeling import import_state_dict, load_causal_lm, logprobs_from_logits
 from trinity_like.config import SamplingConfig
-
-
-@dataclass
-class Sample:
-    """One generated response: token ids (int32) and behaviour log-probs (float32), as numpy arrays."""
-
-    response_ids: np.ndarray
-    logprobs: np.ndarray
-    finish_reason: str
-    """``stop`` (hit EOS) or ``length`` (hit max_new_tokens)."""
+from trinity_like.explorer.engines.base import Sample, WeightUpdate, render_chat
 
 
 def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -46,43 +39,93 @@ def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
 
 
 class HFEngine:
-    """A transformers model that samples responses and can load new weights between calls."""
+    """A transformers model that samples responses and loads new weights between calls.
+
+    Each request has its own seeded random stream (``seeds``), drawn up front, so a request's sample does not
+    depend on which other requests share its batch. ``_lock`` makes generation and weight updates mutually
+    exclusive: no request ever runs on half-loaded weights."""
 
     def __init__(self, model_path: str | Path, engine_id: str = "hf-0", num_threads: int = 1) -> None:
         torch.set_num_threads(num_threads)
         self.engine_id = engine_id
+        self.model_path = str(model_path)
         self.model = load_causal_lm(model_path)
         self.eos_token_id = int(self.model.config.eos_token_id)
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.eos_token_id)
         self.model_version = 0
         """Version of the weights loaded now; stamped on every sample this engine makes."""
+        self._lock = threading.Lock()
+        self._tokenizer = None
+        self._served = 0
 
     # ------------------------------------------------------------ weights
-    def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        import_state_dict(self.model, state_dict)
-        self.model_version = version
+    def update_weights(self, update: WeightUpdate) -> None:
+        if (update.path is None) == (update.state_dict is None):
+            raise ValueError("a WeightUpdate needs exactly one of path and state_dict")
+        if update.path is not None:
+            from safetensors.torch import load_file
 
-    def load_weights_file(self, path: str | Path, version: int) -> None:
-        from safetensors.torch import load_file
+            state_dict = load_file(update.path)
+        else:
+            state_dict = update.state_dict
+        with self._lock:
+            import_state_dict(self.model, state_dict)
+            self.model_version = update.version
 
-        self.load_state_dict(load_file(str(path)), version)
+    def health(self) -> dict[str, Any]:
+        return {"engine_id": self.engine_id, "model_version": self.model_version, "served": self._served,
+                "busy": self._lock.locked()}
 
     # ------------------------------------------------------------ generation
-    @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> list[Sample]:
-        """Sample one response per prompt. The same prompts, weights and seed give the same samples."""
+    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+        if self._tokenizer is None:
+            from trinity_like.common.tokenizer import hf_tokenizer
+
+            self._tokenizer = hf_tokenizer(self.model_path)
+        prompt = render_chat(messages, self._tokenizer)
+        sample = self.generate([prompt], sampling, [seed])[0]
+        sample.prompt_ids = np.asarray(prompt, np.int32)
+        return sample
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+        """Sample one response per prompt. The same prompt, weights and seed give the same sample."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs a non-empty list of non-empty prompts")
+        if len(seeds) != len(prompts):
+            raise ValueError(f"generate needs one seed per prompt, got {len(seeds)} for {len(prompts)}")
+        with self._lock:
+            start = time.perf_counter()
+            tok_mat, lp_mat, lengths = self._sample(prompts, sampling, seeds)
+            elapsed = time.perf_counter() - start
+            version = self.model_version
+            self._served += len(prompts)
+        stops = {self.eos_token_id, *sampling.stop_token_ids}
+        samples = []
+        for i in range(len(prompts)):
+            n = int(lengths[i])
+            ids = tok_mat[i, :n].copy()
+            reason = "stop" if n and int(ids[-1]) in stops else "length"
+            samples.append(Sample(response_ids=ids, logprobs=lp_mat[i, :n].copy(), finish_reason=reason,
+                                  model_version=version, time_s=elapsed, engine_id=self.engine_id))
+        return samples
+
+    @torch.inference_mode()
+    def _sample(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]):
         batch = len(prompts)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)  # (B, P)
         attention_mask = torch.zeros((batch, width), dtype=torch.long)  # (B, P)
         for i, p in enumerate(prompts):
-            input_ids[i, width - len(p):] = torch.tensor(p)
+            input_ids[i, width - len(p):] = torch.as_tensor(np.asarray(p), dtype=torch.long)
             attention_mask[i, width - len(p):] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
-        generator = torch.Generator().manual_seed(seed)
+        steps = sampling.max_new_tokens
+        # One uniform per (request, position), from the request's own generator: sampling is inverse-CDF on
+        # these, so a request's tokens do not depend on the other requests in the batch.
+        uniforms = torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                                for s in seeds])  # (B, T)
+        stop_ids = torch.tensor(sorted({self.eos_token_id, *sampling.stop_token_ids}), dtype=torch.long)
 
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True)
@@ -93,17 +136,19 @@ class HFEngine:
         logps: list[torch.Tensor] = []
         finished = torch.zeros(batch, dtype=torch.bool)
         lengths = torch.zeros(batch, dtype=torch.long)
-        for _ in range(sampling.max_new_tokens):
+        for t in range(steps):
             if sampling.temperature > 0:
                 scaled = _filter_logits(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p)
-                tok = torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator).squeeze(-1)  # (B,)
+                cdf = torch.softmax(scaled, -1).double().cumsum(-1)  # (B, V)
+                u = (uniforms[:, t] * cdf[:, -1]).unsqueeze(-1)  # (B, 1)
+                tok = torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)  # (B,)
             else:
                 tok = logits.argmax(-1)  # (B,)
             tok = torch.where(finished, torch.full_like(tok, self.pad_token_id), tok)
             tokens.append(tok)
             logps.append(logprobs_from_logits(logits, tok, sampling.temperature))
             lengths += (~finished).long()
-            finished |= tok == self.eos_token_id
+            finished |= torch.isin(tok, stop_ids)
             if bool(finished.all()):
                 break
             # Finished rows keep decoding pad tokens whose outputs are discarded; their mask value does not matter.
@@ -113,13 +158,6 @@ class HFEngine:
             past = out.past_key_values
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
-
         tok_mat = torch.stack(tokens, dim=1).to(torch.int32).numpy()  # (B, T)
         lp_mat = torch.stack(logps, dim=1).to(torch.float32).numpy()  # (B, T)
-        samples = []
-        for i in range(batch):
-            n = int(lengths[i])
-            ids = tok_mat[i, :n].copy()
-            reason = "stop" if n and ids[-1] == self.eos_token_id else "length"
-            samples.append(Sample(response_ids=ids, logprobs=lp_mat[i, :n].copy(), finish_reason=reason))
-        return samples
+        return tok_mat, lp_mat, lengths

