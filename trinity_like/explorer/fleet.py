@@ -20,6 +20,17 @@ from trinity_like.explorer.engines.base import Sample, WeightUpdate
 logger = logging.getLogger(__name__)
 
 
+def _engine_gone_error() -> type[BaseException]:
+    from ray.exceptions import RayActorError
+
+    return RayActorError
+
+
+_ENGINE_GONE = _engine_gone_error()
+"""A call failed because its engine died or is restarting (ActorDiedError, ActorUnavailableError): retry it
+elsewhere."""
+
+
 class EngineCallFailed(RuntimeError):
     """A generate/chat call failed on every engine it was tried on."""
 
@@ -121,8 +132,6 @@ class EngineFleet:
 
     async def call(self, method: str, *args: Any) -> Any:
         """Run ``method(*args)`` on the least-loaded engine; retry elsewhere if the engine dies."""
-        from ray.exceptions import RayActorError
-
         tried: set[int] = set()
         last: BaseException | None = None
         for _attempt in range(self.max_retries + 1):
@@ -133,7 +142,7 @@ class EngineFleet:
                     async with self._lock:
                         await self._sync_slot(slot)
                 return await getattr(slot.actor, method).remote(*args)
-            except RayActorError as e:
+            except _ENGINE_GONE as e:
                 last = e
                 tried.add(slot.index)
                 slot.version = -1  # it restarts from the initial weights
@@ -159,8 +168,6 @@ class EngineFleet:
         return [results[r % n][r // n] for r in range(len(prompts))]
 
     async def _on_engine(self, index: int, prompts, seeds, sampling) -> list[Sample]:
-        from ray.exceptions import RayActorError
-
         slot = self.slots[index]
         slot.in_flight += 1
         try:
@@ -168,7 +175,7 @@ class EngineFleet:
                 async with self._lock:
                     await self._sync_slot(slot)
             return await slot.actor.generate.remote(prompts, sampling, seeds)
-        except RayActorError:
+        except _ENGINE_GONE:
             slot.version = -1
             self.restarts += 1
             logger.warning("engine %d died during a batch; retrying its part on the fleet", index)
