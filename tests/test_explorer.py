@@ -174,3 +174,44 @@ def _weights(model_path):
     from trinity_like.common.modeling import export_state_dict, load_causal_lm
 
     return export_state_dict(load_causal_lm(model_path))
+
+
+def test_custom_workflow_example_and_eval_and_bench(tmp_path, tiny_model_path, ray_session):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trinity_like.config import RunPaths
+    from trinity_like.launcher import run
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "custom_workflow.py"
+    evals = "explorer.eval_tasksets=[{name: add, size: 8, max_operand: 4}, {name: add4, size: 8, k: 2, temperature: 1.0}]"
+    cfg = _cfg(tmp_path, tiny_model_path, "name=custom", "mode=sync", f"explorer.workflow={example}:ReverseWorkflow",
+               "explorer.batch_size=2", "explorer.repeat_times=2", "trainer.total_steps=2",
+               "explorer.eval_interval=1", evals)
+    summary = run(cfg)
+    assert summary["exit_reason"] == "completed"
+    records = [json.loads(x) for x in RunPaths.of(cfg).metrics.read_text().splitlines()]
+    explorer = [r for r in records if r["role"] == "explorer"]
+    assert all("eval/add/accuracy/mean@1" in r and "eval/add4/accuracy/best@2" in r for r in explorer)
+    assert all(0.0 <= r["eval/add4/accuracy/mean@2"] <= r["eval/add4/accuracy/best@2"] <= 1.0 for r in explorer)
+    from trinity_like.buffer import query
+
+    rows = query(RunPaths.of(cfg).buffer_dir).to_pylist()
+    assert rows and all("target" in json.loads(r["info"]) for r in rows)  # written by the custom workflow
+
+    ckpt = RunPaths.of(cfg).checkpoint_dir / "step-00000002"
+    proc = subprocess.run([sys.executable, "-m", "trinity_like.cli", "bench", "--json", "--checkpoint", str(ckpt),
+                           f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "name=custom-bench",
+                           "project=ex", evals, "explorer.sampling.max_new_tokens=4", "none.yaml"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr  # a missing CONFIG file is one clear line
+    cfg_file = tmp_path / "bench.yaml"
+    cfg_file.write_text(f"checkpoint_root_dir: {tmp_path}\nproject: ex\nname: custom-bench\n"
+                        f"model:\n  path: {tiny_model_path}\n")
+    proc = subprocess.run([sys.executable, "-m", "trinity_like.cli", "bench", str(cfg_file), "--json",
+                           "--checkpoint", str(ckpt), evals], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["taskset"] for r in rows] == ["add", "add4"] and rows[1]["k"] == 2
+    assert all(0.0 <= r["mean@k"] <= r["best@k"] <= 1.0 for r in rows)

@@ -36,6 +36,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if summary["exit_reason"] == "completed" else 1
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from trinity_like.config import load_config
+    from trinity_like.explorer.evaluation import bench
+
+    config, overrides = _split_config_and_overrides(args.items)
+    rows = bench(load_config(config, overrides), args.checkpoint)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    metrics = [k for k in rows[0] if k not in ("taskset", "tasks", "k", "temperature")]
+    print(f"{'taskset':<16}{'tasks':>7}{'k':>4}" + "".join(f"{m:>20}" for m in metrics))
+    for r in rows:
+        print(f"{r['taskset']:<16}{r['tasks']:>7}{r['k']:>4}" + "".join(f"{r[m]:>20.4f}" for m in metrics))
+    return 0
+
+
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from trinity_like.common.modeling import set_offline_env
     from trinity_like.common.tiny_model import make_tiny_model
@@ -56,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "trainer.total_steps=5 mode=sync, in any order")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("bench", help="evaluate a model or checkpoint on the config's eval task sets")
+    p.add_argument("items", nargs="+", metavar="CONFIG | key=value")
+    p.add_argument("--checkpoint", help="a .safetensors state dict, a trainer checkpoint folder or an HF model folder")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("make-tiny-model", help="build the offline tiny tokenizer + Qwen2 model")
     p.add_argument("out_dir")

@@ -75,6 +75,24 @@ class TasksetConfig:
 
 
 @dataclass
+class EvalTasksetConfig:
+    name: str = "eval"
+    """Name in the metrics: `eval/<name>/accuracy/mean@k`."""
+    path: str = ""
+    """Parquet task file; empty = generated into `<run_dir>/eval-<name>.parquet`."""
+    generate: str = _choices("arithmetic", TASKSET_GENERATORS)
+    """Generator of the eval tasks when `path` is empty (seeded apart from the training tasks)."""
+    size: int = _at_least(64, 1)
+    """Number of generated eval tasks."""
+    max_operand: int = _at_least(20, 1)
+    """Largest operand of generated arithmetic tasks."""
+    k: int = _at_least(1, 1)
+    """Samples per task: `mean@k` averages them, `best@k` takes the best."""
+    temperature: float = _at_least(0.0, 0.0)
+    """Sampling temperature of the eval; 0 = greedy (then k should be 1)."""
+
+
+@dataclass
 class ExplorerConfig:
     engine: str = _choices("hf", ENGINES)
     """Rollout engine: `hf` (transformers, CPU) or `vllm` (GPU)."""
@@ -103,6 +121,10 @@ class ExplorerConfig:
     dynamic_sampling: bool = False
     """Drop groups whose samples all got the same reward (no advantage signal), as DAPO does; counted in
     `rollout/filtered_groups`."""
+    eval_interval: int = _at_least(0, 0)
+    """Evaluate on `eval_tasksets` every N explorer steps (and before the first); 0 = never."""
+    eval_tasksets: list[EvalTasksetConfig] = field(default_factory=list)
+    """Held-out task sets for evaluation."""
 
 
 @dataclass

@@ -29,17 +29,19 @@ class RunError(UserError):
     """A run that could not start or finish for a reason the user can fix; the message says which."""
 
 
-def prepare_run_dir(cfg: Config) -> RunPaths:
-    """Create the run directory, save the resolved config, build the tiny model and the task set if asked."""
+def prepare_run_dir(cfg: Config, allow_existing: bool = False) -> RunPaths:
+    """Create the run directory, save the resolved config, build the tiny model and the task set if asked.
+    ``allow_existing`` lets read-only users (``bench``) open a directory that already holds a run."""
     from trinity_like.common.tasks import generate_arithmetic, load_taskset, write_taskset
     from trinity_like.common.tiny_model import ensure_tiny_model
 
     paths = RunPaths.of(cfg)
-    if paths.summary.exists() or list_segments(paths.buffer_dir):
+    if not allow_existing and (paths.summary.exists() or list_segments(paths.buffer_dir)):
         raise RunError(f"run directory '{paths.run_dir}' already holds a run; pick another name (name=...) or "
                        "delete that folder")
     paths.run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(paths.config, to_yaml(cfg))
+    if not allow_existing:
+        atomic_write_text(paths.config, to_yaml(cfg))
     if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         if not cfg.model.build_tiny_if_missing:
             raise RunError(f"model.path '{cfg.model.path}' has no model; point it at a Hugging Face model folder, "

@@ -30,6 +30,7 @@ from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config, RunPaths, namespace_of, redis_stream
+from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class ExplorerRole:
             self.sender = RedisSender(self.cfg.buffer.redis_url, redis_stream(self.cfg),
                                       timeout_s=self.cfg.synchronizer.timeout_s)
         self.metrics = MetricsWriter(self.paths.metrics, role="explorer")
+        self.eval_tasks = prepare_eval_tasksets(self.cfg)
         self._order: list[int] = []
         self._epoch = -1
 
@@ -133,9 +135,20 @@ class ExplorerRole:
         return list(await asyncio.gather(*(self._run_task(t, c) for t, c in zip(tasks, ctxs, strict=True))))
 
     # ------------------------------------------------------------ the step
+    async def evaluate(self) -> dict[str, float]:
+        """Every eval task set with the weights loaded now."""
+        metrics: dict[str, float] = {}
+        for ev in self.cfg.explorer.eval_tasksets:
+            metrics.update(await evaluate(self.fleet, self.tokenizer, self.reward_manager, ev.name,
+                                          self.eval_tasks[ev.name], ev, self.cfg.explorer.sampling.max_new_tokens,
+                                          seed=self.cfg.seed))
+        return metrics
+
     async def step(self) -> dict[str, float]:
         step = self.explore_step_num
         wait_s = await self._admit_and_sync(step)
+        interval = self.cfg.explorer.eval_interval
+        eval_metrics = await self.evaluate() if interval and step % interval == 0 else {}
         start = time.perf_counter()
         tasks = self._tasks_for_step(step)
         results = await self._run_workflows(tasks, [self._context(step, i) for i in range(len(tasks))])
@@ -165,7 +178,7 @@ class ExplorerRole:
         metrics = self._metrics(exps, elapsed)
         metrics.update({"rollout/failed_tasks": float(failed), "rollout/filtered_groups": float(filtered),
                         "rollout/admission_wait_s": wait_s, "rollout/engine_restarts": float(self.fleet.restarts),
-                        "time/wait_buffer_s": buffer_wait_s})
+                        "time/wait_buffer_s": buffer_wait_s, **eval_metrics})
         self.metrics.write(self.explore_step_num, metrics)
         return metrics
 

@@ -7,7 +7,8 @@ experience its group id, model version and engine-independent fields; a workflow
 then recorded as failed, without stopping the step.
 
 Workflows are registered by name (``@WORKFLOWS.register("name")``) or loaded from an import path
-``package.module:ClassName`` given as ``explorer.workflow``; see ``examples/custom_workflow.py``.
+``package.module:ClassName`` or a file ``path/to/file.py:ClassName`` given as ``explorer.workflow``; see
+``examples/custom_workflow.py``.
 
 Built in:
 - ``single_turn``: one generate call with ``repeat_times`` samples of the task's prompt; scored by the reward
@@ -21,6 +22,7 @@ Built in:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import random
 import re
 from dataclasses import dataclass, field
@@ -148,12 +150,27 @@ class GuessNumberWorkflow(Workflow):
         )
 
 
+def _import_module(ref: str):
+    """A module by import path, or from a ``.py`` file path."""
+    if ref.endswith(".py"):
+        from pathlib import Path
+
+        path = Path(ref).expanduser().absolute()
+        if not path.is_file():
+            raise ImportError(f"workflow file '{path}' does not exist")
+        spec = importlib.util.spec_from_file_location(f"trinity_like_workflow_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(ref)
+
+
 def load_workflow(name: str) -> Workflow:
-    """A registered workflow by name, or ``package.module:ClassName`` imported from the Python path."""
+    """A registered workflow by name, or ``package.module:ClassName`` / ``path/to/file.py:ClassName``."""
     if ":" in name:
-        module_name, _, cls_name = name.partition(":")
+        module_name, _, cls_name = name.rpartition(":")
         try:
-            cls = getattr(importlib.import_module(module_name), cls_name)
+            cls = getattr(_import_module(module_name), cls_name)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"cannot load workflow {name!r}: {e}") from None
         if not (isinstance(cls, type) and issubclass(cls, Workflow)):

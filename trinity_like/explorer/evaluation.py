@@ -1,0 +1,111 @@
+"""Evaluation on held-out task sets: greedy or k samples per task, scored by the reward manager.
+
+A sample counts as correct when its reward is at least 1.0 (full credit). Per task set:
+
+    eval/<name>/accuracy/mean@k   mean over tasks of the fraction of its k samples that are correct
+    eval/<name>/accuracy/best@k   mean over tasks of "at least one of its k samples is correct"
+    eval/<name>/reward_mean       mean reward over all samples
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trinity_like.common.tasks import Task, generate_arithmetic, load_taskset, write_taskset
+from trinity_like.config import Config, EvalTasksetConfig, RunPaths, SamplingConfig
+
+
+def eval_taskset_path(cfg: Config, ev: EvalTasksetConfig) -> Path:
+    return Path(ev.path) if ev.path else RunPaths.of(cfg).run_dir / f"eval-{ev.name}.parquet"
+
+
+def prepare_eval_tasksets(cfg: Config) -> dict[str, list[Task]]:
+    """Load (or generate, seeded apart from the training tasks) every eval task set."""
+    out = {}
+    for i, ev in enumerate(cfg.explorer.eval_tasksets):
+        path = eval_taskset_path(cfg, ev)
+        if not path.is_file() and not ev.path:
+            write_taskset(path, generate_arithmetic(ev.size, ev.max_operand, seed=cfg.seed + 7_919 * (i + 1)))
+        out[ev.name] = load_taskset(path)
+    return out
+
+
+async def evaluate(fleet, tokenizer, reward_manager, name: str, tasks: list[Task], ev: EvalTasksetConfig,
+                   max_new_tokens: int, seed: int = 0) -> dict[str, float]:
+    sampling = SamplingConfig(temperature=ev.temperature, max_new_tokens=max_new_tokens)
+    prompts = [tokenizer.encode(t.prompt) for t in tasks for _ in range(ev.k)]
+    seeds = [seed * 1_000_003 + i for i in range(len(prompts))]
+    samples = await fleet.generate_spread(prompts, sampling, seeds)
+    texts = [tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True) for s in samples]
+    truths = [t.answer for t in tasks for _ in range(ev.k)]
+    sources = [t.data_source or "math" for t in tasks for _ in range(ev.k)]
+    rewards, _ = reward_manager.score(texts, truths, sources, [len(s.response_ids) for s in samples])
+    correct = [r >= 1.0 for r in rewards]
+    per_task = [correct[i * ev.k:(i + 1) * ev.k] for i in range(len(tasks))]
+    k = ev.k
+    return {
+        f"eval/{name}/accuracy/mean@{k}": sum(sum(c) / k for c in per_task) / len(tasks),
+        f"eval/{name}/accuracy/best@{k}": sum(any(c) for c in per_task) / len(tasks),
+        f"eval/{name}/reward_mean": sum(rewards) / len(rewards),
+    }
+
+
+def _resolve_checkpoint(cfg: Config, checkpoint: str | None) -> tuple[Config, str | None]:
+    """(config with model.path, safetensors file to load on top) for ``checkpoint``: a state-dict file, a
+    trainer checkpoint folder (``checkpoints/step-N``), or a Hugging Face model folder."""
+    import dataclasses
+
+    from trinity_like.common.errors import UserError
+
+    if checkpoint is None:
+        return cfg, None
+    p = Path(checkpoint)
+    if p.is_file() and p.suffix == ".safetensors":
+        return cfg, str(p)
+    if (p / "model.safetensors").is_file() and not (p / "config.json").is_file():
+        return cfg, str(p / "model.safetensors")
+    if (p / "config.json").is_file():
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(p))), None
+    raise UserError(f"checkpoint '{checkpoint}' is neither a .safetensors file, a trainer checkpoint folder nor "
+                    "a Hugging Face model folder")
+
+
+def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
+    """Evaluate a checkpoint on the config's eval task sets (a greedy arithmetic set when none is given)."""
+    import asyncio
+    import dataclasses
+
+    from trinity_like.algorithms.rewards import load_reward_manager
+    from trinity_like.common.tokenizer import hf_tokenizer
+    from trinity_like.explorer.fleet import EngineFleet
+    from trinity_like.launcher import init_ray, prepare_run_dir
+
+    cfg, weights = _resolve_checkpoint(cfg, checkpoint)
+    if not cfg.explorer.eval_tasksets:
+        cfg = dataclasses.replace(cfg, explorer=dataclasses.replace(cfg.explorer, eval_tasksets=[EvalTasksetConfig()]))
+    prepare_run_dir(cfg, allow_existing=True)
+    init_ray(cfg)
+    tasksets = prepare_eval_tasksets(cfg)
+    tokenizer = hf_tokenizer(cfg.model.path)
+    reward_manager = load_reward_manager(cfg, tokenizer)
+
+    async def main() -> list[dict]:
+        fleet = EngineFleet(cfg)
+        try:
+            await fleet.ready()
+            if weights is not None:
+                await fleet.update_weights(1, weights)
+            rows = []
+            for ev in cfg.explorer.eval_tasksets:
+                m = await evaluate(fleet, tokenizer, reward_manager, ev.name, tasksets[ev.name], ev,
+                                   cfg.explorer.sampling.max_new_tokens, seed=cfg.seed)
+                prefix = f"eval/{ev.name}/"
+                rows.append({"taskset": ev.name, "tasks": len(tasksets[ev.name]), "k": ev.k,
+                             "temperature": ev.temperature,
+                             "mean@k": m[f"{prefix}accuracy/mean@{ev.k}"], "best@k": m[f"{prefix}accuracy/best@{ev.k}"],
+                             "reward_mean": m[f"{prefix}reward_mean"]})
+            return rows
+        finally:
+            fleet.kill()
+
+    return asyncio.run(main())
