@@ -215,3 +215,24 @@ def test_custom_workflow_example_and_eval_and_bench(tmp_path, tiny_model_path, r
     rows = json.loads(proc.stdout)
     assert [r["taskset"] for r in rows] == ["add", "add4"] and rows[1]["k"] == 2
     assert all(0.0 <= r["mean@k"] <= r["best@k"] <= 1.0 for r in rows)
+
+
+def test_dynamic_sampling_drops_groups_with_one_reward(tmp_path, tiny_model_path, ray_session):
+    from trinity_like.buffer import count_rows
+    from trinity_like.config import RunPaths
+    from trinity_like.launcher import prepare_run_dir
+
+    reward_file = tmp_path / "const.py"
+    reward_file.write_text("def compute_score(responses, ground_truths, **kw):\n    return [0.5] * len(responses)\n")
+    cfg = _cfg(tmp_path, tiny_model_path, "name=dyn", "mode=sync", "explorer.dynamic_sampling=true",
+               f"reward.function_path={reward_file}", "explorer.batch_size=3", "explorer.repeat_times=2")
+    prepare_run_dir(cfg)
+    explorer = ray.remote(num_cpus=0)(ExplorerRole).remote(cfg)
+    try:
+        ray.get(explorer.setup.remote())
+        metrics = ray.get(explorer.step.remote(), timeout=120)
+    finally:
+        ray.get(explorer.shutdown.remote())
+        ray.kill(explorer)
+    assert metrics["rollout/filtered_groups"] == 3.0 and metrics["rollout/experiences"] == 0.0
+    assert count_rows(RunPaths.of(cfg).buffer_dir) == 0  # nothing without an advantage signal is written

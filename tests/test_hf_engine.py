@@ -98,3 +98,19 @@ def test_loading_new_weights_changes_outputs_and_version(tiny_model_path, tmp_pa
     assert [s.response_ids.tolist() for s in before] != [s.response_ids.tolist() for s in after]
     with pytest.raises(ValueError, match="do not fit"):
         engine.update_weights(WeightUpdate(version=2, state_dict={"bogus": torch.zeros(1)}))
+
+
+def test_chat_uses_the_plain_format_and_stop_tokens_end_a_response(engine, tiny_model_path):
+    from trinity_like.explorer.engines.base import render_chat
+
+    tok = hf_tokenizer(tiny_model_path)
+    messages = [{"role": "user", "content": "1+2="}]
+    sample = engine.chat(messages, SamplingConfig(temperature=1.0, max_new_tokens=5), seed=3)
+    assert sample.prompt_ids.tolist() == render_chat(messages, tok)
+    assert tok.decode(sample.prompt_ids.tolist()).endswith("<|assistant|>\n")
+    assert sample.model_version == engine.model_version and sample.engine_id == engine.engine_id
+    # make every token a stop token: each response then ends after exactly one token, with reason "stop"
+    everything = list(range(len(tok)))
+    samples = engine.generate([sample.prompt_ids.tolist()] * 3, SamplingConfig(temperature=1.0, max_new_tokens=5,
+                                                                               stop_token_ids=everything), [1, 2, 3])
+    assert all(len(s.response_ids) == 1 and s.finish_reason == "stop" for s in samples)
