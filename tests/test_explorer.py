@@ -236,3 +236,36 @@ def test_dynamic_sampling_drops_groups_with_one_reward(tmp_path, tiny_model_path
         ray.kill(explorer)
     assert metrics["rollout/filtered_groups"] == 3.0 and metrics["rollout/experiences"] == 0.0
     assert count_rows(RunPaths.of(cfg).buffer_dir) == 0  # nothing without an advantage signal is written
+
+
+def test_over_rollout_finishes_early_and_stragglers_join_later(tmp_path, tiny_model_path, ray_session):
+    from trinity_like.buffer import query
+    from trinity_like.config import RunPaths
+    from trinity_like.launcher import prepare_run_dir
+
+    slow = tmp_path / "slow.py"
+    slow.write_text(
+        "import asyncio\n"
+        "from trinity_like.explorer.workflows import SingleTurnWorkflow\n"
+        "class Slow(SingleTurnWorkflow):\n"
+        "    run_batch = None  # task by task, so some tasks can finish later than others\n"
+        "    async def run(self, task, engine, ctx):\n"
+        "        await asyncio.sleep(3.0 if ctx.seeds[0] % 2 else 0.0)\n"
+        "        return await super().run(task, engine, ctx)\n")
+    cfg = _cfg(tmp_path, tiny_model_path, "name=over", "mode=sync", f"explorer.workflow={slow}:Slow",
+               "explorer.over_rollout_frac=0.5", "explorer.batch_size=4", "explorer.repeat_times=1")
+    prepare_run_dir(cfg)
+    explorer = ray.remote(num_cpus=0)(ExplorerRole).remote(cfg)
+    try:
+        ray.get(explorer.setup.remote())
+        first = ray.get(explorer.step.remote(), timeout=120)
+        drained = ray.get(explorer.drain.remote(), timeout=120)
+    finally:
+        ray.get(explorer.shutdown.remote())
+        ray.kill(explorer)
+    # half of the 4 tasks (the fast ones) made the step; the slow half carried on and was written later
+    assert first["rollout/experiences"] == 2.0 and first["rollout/stragglers"] == 2.0
+    assert drained["rollout/experiences"] == 2.0 and drained["rollout/late_groups"] == 2.0
+    rows = query(RunPaths.of(cfg).buffer_dir).to_pylist()
+    assert len(rows) == 4 and len({r["group_id"] for r in rows}) == 4
+    assert all(r["group_id"].startswith("s0-") and r["model_version"] == 0 for r in rows)  # original stamps

@@ -121,6 +121,9 @@ class ExplorerConfig:
     dynamic_sampling: bool = False
     """Drop groups whose samples all got the same reward (no advantage signal), as DAPO does; counted in
     `rollout/filtered_groups`."""
+    over_rollout_frac: float = field(default=1.0, metadata={"min": 0.01, "max": 1.0})
+    """Finish a step once this fraction of its tasks is done; the stragglers carry on and join a later
+    step's write with their original version stamp. 1.0 waits for every task."""
     eval_interval: int = _at_least(0, 0)
     """Evaluate on `eval_tasksets` every N explorer steps (and before the first); 0 = never."""
     eval_tasksets: list[EvalTasksetConfig] = field(default_factory=list)

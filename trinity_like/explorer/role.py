@@ -74,6 +74,8 @@ class ExplorerRole:
         self.eval_tasks = prepare_eval_tasksets(self.cfg)
         self._order: list[int] = []
         self._epoch = -1
+        self._stragglers: list[asyncio.Task] = []
+        """Tasks of earlier steps still running (over-rollout); each yields (step, position, task, group)."""
 
     # ------------------------------------------------------------ admission and weights
     async def _admit_and_sync(self, step: int) -> float:
@@ -127,7 +129,7 @@ class ExplorerRole:
 
     async def _run_workflows(self, tasks: list[Task], ctxs: list[WorkflowContext]) -> list[list[Experience] | None]:
         run_batch = getattr(self.workflow, "run_batch", None)
-        if run_batch is not None:
+        if run_batch is not None and self.cfg.explorer.over_rollout_frac >= 1.0:
             try:
                 return await asyncio.wait_for(run_batch(tasks, self.fleet, ctxs), self.cfg.explorer.task_timeout_s)
             except Exception as e:  # fall back to task by task, where failures are isolated
@@ -144,17 +146,46 @@ class ExplorerRole:
                                           seed=self.cfg.seed))
         return metrics
 
+    async def _rollout(self, step: int, tasks: list[Task]) -> list[tuple[int, int, Task, list[Experience] | None]]:
+        """(step, position, task, group) of every task finished now: this step's, and stragglers of earlier
+        steps. With ``over_rollout_frac < 1`` the step returns once that fraction of its tasks is done."""
+        ctxs = [self._context(step, i) for i in range(len(tasks))]
+        frac = self.cfg.explorer.over_rollout_frac
+        if frac >= 1.0 and not self._stragglers:
+            results = await self._run_workflows(tasks, ctxs)
+            return [(step, i, t, g) for i, (t, g) in enumerate(zip(tasks, results, strict=True))]
+
+        async def one(i: int) -> tuple[int, int, Task, list[Experience] | None]:
+            return step, i, tasks[i], await self._run_task(tasks[i], ctxs[i])
+
+        running = [asyncio.ensure_future(one(i)) for i in range(len(tasks))]
+        need = math.ceil(frac * len(running))
+        done: list = []
+        pending = set(running)
+        while len([d for d in done if d in running]) < need:
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done.extend(finished)
+        late = [t for t in self._stragglers if t.done()]
+        self._stragglers = [t for t in self._stragglers if not t.done()] + list(pending)
+        return [t.result() for t in late + done]
+
     async def step(self) -> dict[str, float]:
         step = self.explore_step_num
         wait_s = await self._admit_and_sync(step)
         interval = self.cfg.explorer.eval_interval
         eval_metrics = await self.evaluate() if interval and step % interval == 0 else {}
         start = time.perf_counter()
-        tasks = self._tasks_for_step(step)
-        results = await self._run_workflows(tasks, [self._context(step, i) for i in range(len(tasks))])
+        finished = await self._rollout(step, self._tasks_for_step(step))
+        metrics = await self._write(step, finished, start)
+        metrics.update({"rollout/admission_wait_s": wait_s, **eval_metrics})
+        self.metrics.write(self.explore_step_num, metrics)
+        return metrics
+
+    async def _write(self, step: int, finished, start: float) -> dict[str, float]:
+        """Group ids, the DAPO filter, one write; the step's metrics."""
         exps: list[Experience] = []
         failed = filtered = 0
-        for position, (task, group) in enumerate(zip(tasks, results, strict=True)):
+        for task_step, position, task, group in finished:
             if not group:
                 failed += 1
                 continue
@@ -162,9 +193,9 @@ class ExplorerRole:
                 filtered += 1  # DAPO: a group with one reward for all has no advantage signal
                 continue
             for e in group:
-                e.group_id = f"s{step}-{task.task_id}-{position}"
+                e.group_id = f"s{task_step}-{task.task_id}-{position}"
                 e.task_id = task.task_id
-                e.info["explore_step"] = step
+                e.info["explore_step"] = task_step
             exps.extend(group)
         buffer_wait_s = 0.0
         if exps:
@@ -177,8 +208,19 @@ class ExplorerRole:
         self.explore_step_num += 1
         metrics = self._metrics(exps, elapsed)
         metrics.update({"rollout/failed_tasks": float(failed), "rollout/filtered_groups": float(filtered),
-                        "rollout/admission_wait_s": wait_s, "rollout/engine_restarts": float(self.fleet.restarts),
-                        "time/wait_buffer_s": buffer_wait_s, **eval_metrics})
+                        "rollout/engine_restarts": float(self.fleet.restarts),
+                        "rollout/stragglers": float(len(self._stragglers)),
+                        "rollout/late_groups": float(sum(s != step for s, *_ in finished)),
+                        "time/wait_buffer_s": buffer_wait_s})
+        return metrics
+
+    async def drain(self) -> dict[str, float] | None:
+        """Write what the stragglers still produce (called when exploring ends)."""
+        if not self._stragglers:
+            return None
+        results = await asyncio.gather(*self._stragglers)
+        self._stragglers = []
+        metrics = await self._write(self.explore_step_num, list(results), time.perf_counter())
         self.metrics.write(self.explore_step_num, metrics)
         return metrics
 
@@ -208,6 +250,7 @@ class ExplorerRole:
                 if "trainer" in await self.synchronizer.ended.remote():
                     break
                 await self.step()
+            await self.drain()
         except BaseException as e:
             await self.synchronizer.mark_ended.remote("explorer", f"failed: {type(e).__name__}: {e}")
             raise
