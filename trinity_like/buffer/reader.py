@@ -245,7 +245,9 @@ class BufferConsumer:
         full = False
         for group in self._groups_in_order(min_version, where or self.where, step):
             if len(chosen) + len(group) > n:
-                full = bool(chosen) or self._take_oversized(chosen, group)
+                if not chosen:  # a single group larger than n is handed out whole rather than never
+                    chosen.extend(group)
+                full = True
                 break
             chosen.extend(group)
             if len(chosen) == n:
@@ -254,12 +256,6 @@ class BufferConsumer:
         if not full:
             return None
         return self._hand_out(chosen, step)
-
-    @staticmethod
-    def _take_oversized(chosen: list, group: list) -> bool:
-        """A single group larger than ``n`` is handed out whole rather than never."""
-        chosen.extend(group)
-        return True
 
     def _hand_out(self, chosen: list[tuple[int, int]], step: int) -> list[Experience]:
         by_segment: dict[int, list[int]] = {}
