@@ -93,6 +93,21 @@ class EvalTasksetConfig:
 
 
 @dataclass
+class VLLMConfig:
+    dtype: str = _choices("float32", ("float32", "bfloat16", "float16"))
+    """Weights and activations of the vLLM engine; float32 matches the trainer's log-probs within 1e-6,
+    bfloat16 within ~5e-3."""
+    max_model_len: int | None = field(default=None, metadata={"min": 1})
+    """Longest prompt + response; empty = the model's own limit, capped at 4096."""
+    max_num_seqs: int = _at_least(64, 1)
+    """Most sequences vLLM batches at once."""
+    gpu_memory_utilization: float = field(default=0.3, metadata={"min": 0.01, "max": 1.0})
+    """Share of GPU memory one engine may take (ignored on CPU)."""
+    enforce_eager: bool | None = None
+    """Disable graph capture; empty = on for CPU, vLLM's default on GPU."""
+
+
+@dataclass
 class ExplorerConfig:
     engine: str = _choices("hf", ENGINES)
     """Rollout engine: `hf` (transformers, CPU) or `vllm` (GPU)."""
@@ -128,6 +143,8 @@ class ExplorerConfig:
     """Evaluate on `eval_tasksets` every N explorer steps (and before the first); 0 = never."""
     eval_tasksets: list[EvalTasksetConfig] = field(default_factory=list)
     """Held-out task sets for evaluation."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the `vllm` engine."""
 
 
 @dataclass

@@ -75,7 +75,10 @@ def make_engine(cfg: Config, engine_id: str):
     if cfg.explorer.engine == "vllm":
         from trinity_like.explorer.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(cfg.model.path, engine_id=engine_id, cfg=cfg)
+        v = cfg.explorer.vllm
+        return VLLMEngine(cfg.model.path, engine_id=engine_id, cfg=cfg, dtype=v.dtype, max_model_len=v.max_model_len,
+                          max_num_seqs=v.max_num_seqs, gpu_memory_utilization=v.gpu_memory_utilization,
+                          enforce_eager=v.enforce_eager, seed=cfg.seed)
     raise ValueError(f"unknown engine {cfg.explorer.engine!r}")
 
 

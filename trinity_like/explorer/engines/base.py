@@ -86,3 +86,22 @@ def render_chat(messages: list[dict[str, str]], tokenizer, add_generation_prompt
     if add_generation_prompt:
         ids += tokenizer.encode("<|assistant|>\n", add_special_tokens=False)
     return ids
+
+
+class ChatByGenerate:
+    """``chat`` for engines that generate from token ids: render the conversation with the model's tokenizer
+    (``render_chat``), generate one response, and report the prompt ids used. Needs ``model_path`` and
+    ``generate``."""
+
+    model_path: str
+    _tokenizer: Any = None
+
+    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+        if self._tokenizer is None:
+            from trinity_like.common.tokenizer import hf_tokenizer
+
+            self._tokenizer = hf_tokenizer(self.model_path)
+        prompt = render_chat(messages, self._tokenizer)
+        sample = self.generate([prompt], sampling, [seed])[0]  # type: ignore[attr-defined]
+        sample.prompt_ids = np.asarray(prompt, np.int32)
+        return sample

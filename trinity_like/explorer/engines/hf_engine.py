@@ -21,7 +21,7 @@ import torch
 
 from trinity_like.common.modeling import import_state_dict, load_causal_lm, logprobs_from_logits
 from trinity_like.config import SamplingConfig
-from trinity_like.explorer.engines.base import Sample, WeightUpdate, render_chat
+from trinity_like.explorer.engines.base import ChatByGenerate, Sample, WeightUpdate
 
 
 def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -38,7 +38,7 @@ def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return scaled
 
 
-class HFEngine:
+class HFEngine(ChatByGenerate):
     """A transformers model that samples responses and loads new weights between calls.
 
     Each request has its own seeded random stream (``seeds``), drawn up front, so a request's sample does not
@@ -78,16 +78,6 @@ class HFEngine:
                 "busy": self._lock.locked()}
 
     # ------------------------------------------------------------ generation
-    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
-        if self._tokenizer is None:
-            from trinity_like.common.tokenizer import hf_tokenizer
-
-            self._tokenizer = hf_tokenizer(self.model_path)
-        prompt = render_chat(messages, self._tokenizer)
-        sample = self.generate([prompt], sampling, [seed])[0]
-        sample.prompt_ids = np.asarray(prompt, np.int32)
-        return sample
-
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
         """Sample one response per prompt. The same prompt, weights and seed give the same sample."""
         if not prompts or any(len(p) == 0 for p in prompts):

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from trinity_like.config import SamplingConfig
-from trinity_like.explorer.engines.base import Sample, WeightUpdate, render_chat
+from trinity_like.explorer.engines.base import ChatByGenerate, Sample, WeightUpdate
 
 _EXTENSION_CLS = f"{__name__}.WeightSyncExtension"
 
@@ -119,7 +119,7 @@ def _model_limits(model_path: Path) -> tuple[list[int], int | None, int | None, 
     return eos_ids, (int(pad) if pad is not None else None), cfg.get("max_position_embeddings"), tied
 
 
-class VLLMEngine:
+class VLLMEngine(ChatByGenerate):
     """A vLLM ``LLM`` that samples responses from token-id prompts and loads new weights between calls."""
 
     def __init__(
@@ -240,16 +240,6 @@ class VLLMEngine:
                 "busy": self._lock.locked(), "backend": "vllm", "device": self.device, "dtype": self.dtype}
 
     # ------------------------------------------------------------ generation
-    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
-        if self._tokenizer is None:
-            from trinity_like.common.tokenizer import hf_tokenizer
-
-            self._tokenizer = hf_tokenizer(self.model_path)
-        prompt = render_chat(messages, self._tokenizer)
-        sample = self.generate([prompt], sampling, [seed])[0]
-        sample.prompt_ids = np.asarray(prompt, np.int32)
-        return sample
-
     def _sampling_params(self, sampling: SamplingConfig, seed: int, stops: list[int]):
         from vllm import SamplingParams
 
