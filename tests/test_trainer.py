@@ -125,3 +125,61 @@ def test_off_policy_corrections_on_stale_rows(tmp_path, tiny_model_path, batch_e
     # behaviour differs from the proximal policy by exp(-+0.3) = 0.74 / 1.35 per token: weights are not all 1
     assert metrics["off_policy/weight_max"] != 1.0 or metrics["off_policy/masked_frac"] > 0
     assert abs(metrics["actor/ppo_kl"]) < 1e-5  # the PPO ratio is against the recomputed proximal policy
+
+
+def test_token_budget_micro_batches_give_the_same_update(tmp_path, tiny_model_path, batch_exps):
+    weights = []
+    for overrides in (["trainer.micro_batch_size=12"], ["trainer.max_token_len_per_micro_batch=25"]):
+        t = _trainer(tmp_path, tiny_model_path, "trainer.optimizer.max_grad_norm=0", *overrides)
+        t.optimizer = torch.optim.SGD(t.model.parameters(), lr=1.0)
+        t.train_step(batch_exps)
+        weights.append(export_state_dict(t.model))
+    assert len(t._micro_batches(experiences_to_batch(batch_exps, t.pad_token_id))) > 1  # really split
+    for k in weights[0]:
+        torch.testing.assert_close(weights[1][k], weights[0][k], rtol=1e-4, atol=1e-6)
+
+
+def test_epochs_and_mini_batches_are_seeded_updates(tmp_path, tiny_model_path, batch_exps):
+    runs = []
+    for _ in range(2):
+        t = _trainer(tmp_path, tiny_model_path, "trainer.ppo_epochs=2", "trainer.mini_batch_size=6")
+        metrics = t.train_step(batch_exps)
+        runs.append(export_state_dict(t.model))
+        assert metrics["actor/updates"] == 4.0 and t.train_step_num == 1  # 2 epochs x 2 mini-batches, one version
+    one = _trainer(tmp_path, tiny_model_path)
+    one.train_step(batch_exps)
+    single = export_state_dict(one.model)
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in single)  # same seed, same shuffles
+    assert any(not torch.equal(runs[0][k], single[k]) for k in single)  # four updates moved further
+
+
+def test_learning_rate_schedule_by_hand(tmp_path, tiny_model_path):
+    t = _trainer(tmp_path, tiny_model_path, "trainer.total_steps=3", "trainer.optimizer.warmup_steps=2",
+                 "trainer.optimizer.lr_schedule=cosine", "trainer.optimizer.min_lr_ratio=0.1")
+    # one update per step, 3 updates: warm-up 1/2, 2/2; then cosine over the 1 update left: 1.0 -> 0.1
+    assert [t._lr_factor(u) for u in range(4)] == pytest.approx([0.5, 1.0, 1.0, 0.1])
+
+
+def test_kl_loss_entropy_and_in_reward_kl(tmp_path, tiny_model_path, batch_exps):
+    t = _trainer(tmp_path, tiny_model_path, "algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.1",
+                 "algorithm.entropy_coeff=0.01", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+                 "algorithm.kl_ctrl.kl_coef=0.2", "algorithm.kl_ctrl.target_kl=0.01", "algorithm.kl_ctrl.horizon=100",
+                 "trainer.optimizer.lr=0.05")
+    first = t.train_step(batch_exps)
+    assert abs(first["actor/kl_loss"]) < 1e-6  # the policy still equals the reference model
+    assert abs(first["actor/reward_kl_penalty"]) < 1e-6 and first["actor/reward_kl_penalty_coeff"] == 0.2
+    assert first["actor/entropy"] > 0
+    # KL 0 is below the 0.01 target: error clipped to -0.2, beta *= 1 - 0.2 * 12 / 100 = 0.976
+    assert t.kl_ctrl.value == pytest.approx(0.2 * 0.976)
+    second = t.train_step(batch_exps)
+    assert second["actor/kl_loss"] > 1e-6  # the update moved the policy away from the reference
+
+
+def test_gradient_checkpointing_gives_the_same_step(tmp_path, tiny_model_path, batch_exps):
+    weights = []
+    for flag in ("false", "true"):
+        t = _trainer(tmp_path, tiny_model_path, f"trainer.gradient_checkpointing={flag}")
+        t.train_step(batch_exps)
+        weights.append(export_state_dict(t.model))
+    for k in weights[0]:
+        torch.testing.assert_close(weights[1][k], weights[0][k], rtol=1e-5, atol=1e-7)

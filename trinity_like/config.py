@@ -161,6 +161,12 @@ class OptimizerConfig:
     """AdamW epsilon."""
     max_grad_norm: float = _at_least(1.0, 0.0)
     """Clip the global gradient norm to this value; 0 disables clipping."""
+    warmup_steps: int = _at_least(0, 0)
+    """Optimizer updates with a linearly rising learning rate (from lr / warmup_steps up to lr)."""
+    lr_schedule: str = _choices("constant", ("constant", "cosine"))
+    """After warm-up: `constant`, or `cosine` decay to `min_lr_ratio * lr` at the last update."""
+    min_lr_ratio: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    """Floor of the cosine schedule, as a fraction of `lr`."""
 
 
 @dataclass
@@ -172,6 +178,15 @@ class TrainerConfig:
     output, `explorer.batch_size * explorer.repeat_times`."""
     micro_batch_size: int = _at_least(8, 1)
     """Experiences per forward/backward pass; gradients accumulate so the result does not depend on it."""
+    max_token_len_per_micro_batch: int = _at_least(0, 0)
+    """Form micro-batches by a token budget (prompt + response tokens) instead of `micro_batch_size`;
+    0 = by count."""
+    ppo_epochs: int = _at_least(1, 1)
+    """Passes over each batch, reshuffled each time (seeded)."""
+    mini_batch_size: int | None = field(default=None, metadata={"min": 1})
+    """Experiences per optimizer update; empty = the whole batch (one update per epoch)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, more compute."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """Optimizer settings."""
     save_interval: int = _at_least(0, 0)
@@ -208,6 +223,18 @@ class OffPolicyConfig:
 
 
 @dataclass
+class KLControlConfig:
+    type: str = _choices("fixed", ("fixed", "adaptive"))
+    """`fixed` beta, or `adaptive` (Ziegler et al.): beta moves to keep the KL near `target_kl`."""
+    kl_coef: float = _at_least(0.001, 0.0)
+    """Initial (or fixed) beta."""
+    target_kl: float = field(default=0.1, metadata={"min": 1e-9})
+    """Target KL of the adaptive controller."""
+    horizon: int = _at_least(10000, 1)
+    """Horizon (in samples) of the adaptive controller."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Advantage estimator, from the registry in `trinity_like.algorithms`."""
@@ -237,6 +264,21 @@ class AlgorithmConfig:
     """Conservative DPO label smoothing."""
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     """Staleness-aware importance correction."""
+    entropy_coeff: float = _at_least(0.0, 0.0)
+    """Weight of the entropy bonus subtracted from the policy loss."""
+    use_kl_loss: bool = False
+    """Add `kl_loss_coef * KL(policy || reference)` to the loss (the reference is the initial model)."""
+    kl_loss_coef: float = _at_least(0.001, 0.0)
+    """Weight of the KL loss."""
+    kl_loss_type: str = _choices("low_var_kl", ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k3+",
+                                                "low_var_kl+"))
+    """KL estimator of the KL loss (`+` = straight-through: value of the estimator, gradient of k2)."""
+    use_kl_in_reward: bool = False
+    """Subtract `beta * KL(behaviour || reference)` from the token rewards before the advantages."""
+    kl_penalty: str = _choices("kl", ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
+    """KL estimator of the in-reward penalty."""
+    kl_ctrl: KLControlConfig = field(default_factory=lambda: KLControlConfig())
+    """Controller of the in-reward KL coefficient beta."""
 
 
 @dataclass

@@ -63,8 +63,9 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int) -> TensorDic
     )
 
 
-def compute_log_probs(model, batch: TensorDict, temperature: float) -> torch.Tensor:
-    """Log-probs (B, R) of the batch's response tokens under ``model`` at ``temperature``."""
+def compute_log_probs(model, batch: TensorDict, temperature: float, with_entropy: bool = False):
+    """Log-probs (B, R) of the batch's response tokens under ``model`` at ``temperature``; with
+    ``with_entropy`` also the entropy (B, R) of the temperature-scaled distribution at each position."""
     width_r = batch["responses"].shape[1]
     width_p = batch["input_ids"].shape[1] - width_r
     logits = model(
@@ -72,4 +73,9 @@ def compute_log_probs(model, batch: TensorDict, temperature: float) -> torch.Ten
         use_cache=False,
     ).logits  # (B, P+R, V)
     logits = logits[:, width_p - 1:width_p + width_r - 1, :]  # (B, R, V)
-    return logprobs_from_logits(logits, batch["responses"], temperature)
+    log_prob = logprobs_from_logits(logits, batch["responses"], temperature)
+    if not with_entropy:
+        return log_prob
+    logp_all = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)  # (B, R, V)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, R)
+    return log_prob, entropy

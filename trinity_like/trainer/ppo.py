@@ -5,22 +5,29 @@ weights (``_prepare_old_log_probs``); advantages, policy loss and correction fro
 ``trinity_like.algorithms``; one epoch of micro-batches with gradient accumulation; gradient clipping;
 AdamW step. The new weights are version k+1.
 
-Still minimal (the trainer part deepens it): one epoch, one mini-batch; no KL, critic or entropy terms.
+Also: ``ppo_epochs`` over seeded shuffled mini-batches (one optimizer update each), micro-batches by count or
+token budget, entropy bonus, KL loss against the initial model, in-reward KL with a fixed or adaptive
+controller, warm-up + constant/cosine learning rate, gradient checkpointing. Not yet: a critic (gae),
+data-parallel workers, resume from a checkpoint, LoRA.
 """
 
 from __future__ import annotations
 
 import abc
 import json
+import math
 import time
 from pathlib import Path
 
 import torch
 
 from trinity_like.algorithms import (
+    agg_loss,
     get_adv_estimator_fn,
+    get_kl_controller,
     get_off_policy_correction_fn,
     get_policy_loss_fn,
+    kl_penalty,
     masked_mean,
 )
 from trinity_like.common.experience import Experience
@@ -81,9 +88,21 @@ class PPOTrainer(TrainEngineWrapper):
         self.model = load_causal_lm(self.cfg.model.path, train=True)
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.model.config.eos_token_id)
+        if self.cfg.trainer.gradient_checkpointing:
+            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
+                self.model.gradient_checkpointing_enable  # renamed in transformers 5
+            enable()
+            self.model.config.use_cache = False
         opt = self.cfg.trainer.optimizer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
                                            eps=opt.eps, weight_decay=opt.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        algo = self.cfg.algorithm
+        self.ref_model = None
+        if algo.use_kl_loss or algo.use_kl_in_reward:
+            self.ref_model = load_causal_lm(self.cfg.model.path, train=False).requires_grad_(False)
+        ctrl = algo.kl_ctrl
+        self.kl_ctrl = get_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
         self.adv_fn = get_adv_estimator_fn(self.cfg.algorithm.adv_estimator)
         self.policy_loss_fn = get_policy_loss_fn(self.cfg.algorithm.policy_loss)
         self.correction_fn = get_off_policy_correction_fn(self.cfg.algorithm.off_policy.correction)
@@ -91,6 +110,22 @@ class PPOTrainer(TrainEngineWrapper):
     @property
     def train_step_num(self) -> int:
         return self._step
+
+    def _updates_per_step(self) -> int:
+        mini = self.cfg.trainer.mini_batch_size or self.cfg.train_batch_size
+        return self.cfg.trainer.ppo_epochs * math.ceil(self.cfg.train_batch_size / mini)
+
+    def _lr_factor(self, update: int) -> float:
+        """Multiplier of the learning rate at optimizer update ``update`` (0-based): linear warm-up, then
+        constant or cosine down to ``min_lr_ratio``."""
+        opt = self.cfg.trainer.optimizer
+        if update < opt.warmup_steps:
+            return (update + 1) / opt.warmup_steps
+        if opt.lr_schedule == "constant":
+            return 1.0
+        total = max(self.cfg.trainer.total_steps * self._updates_per_step() - opt.warmup_steps, 1)
+        progress = min((update - opt.warmup_steps) / total, 1.0)
+        return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     # ------------------------------------------------------------ the step
     def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
@@ -100,44 +135,24 @@ class PPOTrainer(TrainEngineWrapper):
         mask = batch["response_mask"]  # (B, R)
         staleness = (self._step - batch["model_version"]).float()  # (B,) trained by the weights of version step
         metrics = self._prepare_old_log_probs(batch, staleness, temperature)
+        if self.ref_model is not None:
+            with torch.no_grad():
+                batch["ref_log_probs"] = compute_log_probs(self.ref_model, batch, temperature)  # (B, R)
+        if algo.use_kl_in_reward:
+            metrics.update(self._apply_kl_penalty(batch))
         advantages, _ = self.adv_fn(
             token_level_rewards=batch["token_level_rewards"], response_mask=mask,
             index=batch["group_index"].tolist(), values=None, reward_baselines=None, gamma=algo.gamma,
             lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             opmd_baseline=algo.opmd_baseline, tau=algo.tau)
         batch["advantages"] = advantages
-
-        total_tokens = mask.sum().clamp(min=1.0)
-        total_seqs = (mask.sum(-1) > 0).sum().clamp(min=1)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        micro = self.cfg.trainer.micro_batch_size
-        for lo in range(0, batch.batch_size[0], micro):
-            mb = batch[lo:lo + micro]
-            log_prob = compute_log_probs(self.model, mb, temperature)  # (b, R)
-            pg_loss, loss_metrics = self.policy_loss_fn(
-                old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
-                response_mask=mb["response_mask"], loss_agg_mode=algo.loss_agg_mode, config=algo,
-                rollout_is_weights=mb.get("rollout_is_weights", None))
-            # Weight each micro-batch so the accumulated gradient equals the one of the whole batch.
-            weight = self._micro_weight(mb["response_mask"], total_tokens, total_seqs)
-            (pg_loss * weight).backward()
-            loss_sum += float(pg_loss.detach()) * weight
-            for key, value in loss_metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + value * weight
-        metrics["actor/pg_loss"] = loss_sum
-        max_norm = self.cfg.trainer.optimizer.max_grad_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                   max_norm if max_norm > 0 else float("inf"))
-        self.optimizer.step()
+        metrics.update(self._update_policy(batch, temperature))
         self._step += 1
 
         elapsed = time.perf_counter() - start
         response_tokens = float(mask.sum())
         return {
             **metrics,
-            "actor/grad_norm": float(grad_norm),
-            "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
             "actor/advantages_mean": float(masked_mean(advantages, mask)),
             "train/reward_mean": float(batch["rewards"].mean()),
             "train/staleness_mean": float(staleness.mean()),
@@ -147,6 +162,100 @@ class PPOTrainer(TrainEngineWrapper):
             "train/tokens_per_s": response_tokens / elapsed,
             "time/train_step_s": elapsed,
         }
+
+    def _apply_kl_penalty(self, batch) -> dict[str, float]:
+        """token_level_rewards -= beta * KL(old || ref) per token (verl's in-reward KL); beta from the
+        controller, which then sees this batch's KL."""
+        mask = batch["response_mask"]
+        kld = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], self.cfg.algorithm.kl_penalty) * mask
+        beta = self.kl_ctrl.value
+        batch["token_level_rewards"] = batch["token_level_rewards"] - beta * kld
+        current_kl = float(masked_mean(kld, mask, dim=-1).mean())
+        self.kl_ctrl.update(current_kl, n_steps=batch.batch_size[0])
+        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+    def _update_policy(self, batch, temperature: float) -> dict[str, float]:
+        """``ppo_epochs`` passes over the batch in shuffled mini-batches, one optimizer update each; metrics are
+        averaged over the updates."""
+        tr = self.cfg.trainer
+        rows = batch.batch_size[0]
+        mini = tr.mini_batch_size or rows
+        sums: dict[str, float] = {}
+        updates = 0
+        for epoch in range(tr.ppo_epochs):
+            if tr.ppo_epochs == 1 and mini >= rows:
+                order = torch.arange(rows)
+            else:
+                gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._step * 101 + epoch)
+                order = torch.randperm(rows, generator=gen)
+            for lo in range(0, rows, mini):
+                step_metrics = self._accumulate(batch[order[lo:lo + mini]], temperature)
+                max_norm = tr.optimizer.max_grad_norm
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                           max_norm if max_norm > 0 else float("inf"))
+                step_metrics["actor/grad_norm"] = float(grad_norm)
+                self.optimizer.step()
+                self.scheduler.step()
+                updates += 1
+                for k, v in step_metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
+        out = {k: v / updates for k, v in sums.items()}
+        out["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        out["actor/updates"] = float(updates)
+        return out
+
+    def _micro_batches(self, mb) -> list[slice]:
+        """Slices of ``mb``: by ``micro_batch_size``, or packed up to ``max_token_len_per_micro_batch`` tokens."""
+        rows = mb.batch_size[0]
+        budget = self.cfg.trainer.max_token_len_per_micro_batch
+        if not budget:
+            size = self.cfg.trainer.micro_batch_size
+            return [slice(lo, lo + size) for lo in range(0, rows, size)]
+        tokens = mb["attention_mask"].sum(-1).tolist()
+        out, lo, used = [], 0, 0
+        for i, n in enumerate(tokens):
+            if i > lo and used + n > budget:
+                out.append(slice(lo, i))
+                lo, used = i, 0
+            used += n
+        out.append(slice(lo, rows))
+        return out
+
+    def _accumulate(self, mb, temperature: float) -> dict[str, float]:
+        """Gradients of one mini-batch (zeroed first), accumulated over its micro-batches with weights that
+        make the result independent of the split; returns the mini-batch's loss metrics."""
+        algo = self.cfg.algorithm
+        mask = mb["response_mask"]
+        total_tokens = mask.sum().clamp(min=1.0)
+        total_seqs = (mask.sum(-1) > 0).sum().clamp(min=1)
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = {}
+        for part in self._micro_batches(mb):
+            micro = mb[part]
+            m_mask = micro["response_mask"]
+            out = compute_log_probs(self.model, micro, temperature, with_entropy=algo.entropy_coeff > 0)
+            log_prob, entropy = out if algo.entropy_coeff > 0 else (out, None)
+            pg_loss, loss_metrics = self.policy_loss_fn(
+                old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
+                response_mask=m_mask, loss_agg_mode=algo.loss_agg_mode, config=algo,
+                rollout_is_weights=micro.get("rollout_is_weights", None))
+            loss = pg_loss
+            terms = {"actor/pg_loss": float(pg_loss.detach())}
+            if entropy is not None:
+                ent = agg_loss(entropy, m_mask, algo.loss_agg_mode)
+                loss = loss - algo.entropy_coeff * ent
+                terms["actor/entropy"] = float(ent.detach())
+            if algo.use_kl_loss:
+                kl = agg_loss(kl_penalty(log_prob, micro["ref_log_probs"], algo.kl_loss_type), m_mask,
+                              algo.loss_agg_mode)
+                loss = loss + algo.kl_loss_coef * kl
+                terms["actor/kl_loss"] = float(kl.detach())
+            # Weight each micro-batch so the accumulated gradient equals the one of the whole mini-batch.
+            weight = self._micro_weight(m_mask, total_tokens, total_seqs)
+            (loss * weight).backward()
+            for key, value in {**terms, **loss_metrics}.items():
+                metrics[key] = metrics.get(key, 0.0) + value * weight
+        return metrics
 
     def _prepare_old_log_probs(self, batch, staleness: torch.Tensor, temperature: float) -> dict[str, float]:
         """Set ``old_log_probs`` (the PPO ratio's denominator) and, with an off-policy correction, the
