@@ -24,7 +24,7 @@ def _cfg(tmp_path, model_path, name, *overrides):
 
 
 def _final_weights(cfg):
-    return load_file(str(RunPaths.of(cfg).checkpoint_dir / "step-00000003" / "model.safetensors"))
+    return load_file(str(RunPaths.of(cfg).checkpoint_dir / "step_3" / "model" / "model.safetensors"))
 
 
 def _records(cfg):

@@ -200,7 +200,7 @@ def test_custom_workflow_example_and_eval_and_bench(tmp_path, tiny_model_path, r
     rows = query(RunPaths.of(cfg).buffer_dir).to_pylist()
     assert rows and all("target" in json.loads(r["info"]) for r in rows)  # written by the custom workflow
 
-    ckpt = RunPaths.of(cfg).checkpoint_dir / "step-00000002"
+    ckpt = RunPaths.of(cfg).checkpoint_dir / "step_2"
     proc = subprocess.run([sys.executable, "-m", "trinity_like.cli", "bench", "--json", "--checkpoint", str(ckpt),
                            f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "name=custom-bench",
                            "project=ex", evals, "explorer.sampling.max_new_tokens=4", "none.yaml"],

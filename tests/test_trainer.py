@@ -1,6 +1,5 @@
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from trinity_like.algorithms import compute_grpo_outcome_advantage, compute_policy_loss
 from trinity_like.common.experience import Experience
@@ -93,9 +92,49 @@ def test_state_dict_and_checkpoint_files(tmp_path, tiny_model_path, batch_exps):
     for k, v in export_state_dict(engine.model).items():
         assert torch.equal(v, trained[k])
     ckpt = t.save_checkpoint(save_as_hf=True)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["hf", "model.safetensors", "optimizer.pt", "trainer_state.json"]
-    assert load_file(str(ckpt / "model.safetensors")).keys() == trained.keys()
+    assert ckpt.name == "step_1" and t.latest_checkpoint() == ckpt
+    assert sorted(p.name for p in ckpt.iterdir()) == ["model", "optimizer.pt", "rng.pt", "scheduler.pt",
+                                                      "trainer_state.json"]
     assert not [p for p in ckpt.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
+    # the checkpoint's model loads in plain transformers, with its tokenizer, and holds the trained weights
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(ckpt / "model")
+    for k, v in export_state_dict(plain).items():
+        assert torch.equal(v, trained[k])
+    assert hf_tokenizer(str(ckpt / "model")).encode("1+2=") == hf_tokenizer(tiny_model_path).encode("1+2=")
+
+
+def test_resume_is_exact(tmp_path, tiny_model_path, batch_exps):
+    # 4 steps straight == 2 steps, checkpoint, a fresh trainer resumes, 2 more steps
+    cfg = ["trainer.total_steps=4", "trainer.optimizer.warmup_steps=2", "trainer.optimizer.lr_schedule=cosine",
+           "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", "trainer.ppo_epochs=2",
+           "trainer.mini_batch_size=6"]
+    straight = _trainer(tmp_path / "a", tiny_model_path, *cfg)
+    for _ in range(4):
+        straight.train_step(batch_exps)
+    first = _trainer(tmp_path / "b", tiny_model_path, *cfg)
+    for _ in range(2):
+        first.train_step(batch_exps)
+    first.save_checkpoint()
+    resumed = _trainer(tmp_path / "b", tiny_model_path, *cfg)
+    resumed.load_checkpoint(resumed.latest_checkpoint())
+    assert resumed.train_step_num == 2
+    for _ in range(2):
+        resumed.train_step(batch_exps)
+    a, b = export_state_dict(straight.model), export_state_dict(resumed.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.kl_ctrl.value == straight.kl_ctrl.value
+    assert resumed.optimizer.param_groups[0]["lr"] == straight.optimizer.param_groups[0]["lr"]
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path, tiny_model_path, batch_exps):
+    t = _trainer(tmp_path, tiny_model_path, "trainer.keep_checkpoints=2")
+    for _ in range(3):
+        t.train_step(batch_exps)
+        t.save_checkpoint()
+    assert sorted(p.name for p in t.paths.checkpoint_dir.glob("step_*")) == ["step_2", "step_3"]
+    assert (t.paths.checkpoint_dir / "latest").read_text().strip() == "3"
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "opmd", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])

@@ -191,6 +191,8 @@ class TrainerConfig:
     """Optimizer settings."""
     save_interval: int = _at_least(0, 0)
     """Write a full checkpoint (weights + optimizer) every N steps and at the end; 0 = only at the end."""
+    keep_checkpoints: int = _at_least(3, 0)
+    """Full checkpoints kept (the newest); 0 = keep all."""
     num_threads: int = _at_least(1, 1)
     """torch threads for the trainer."""
 

@@ -62,8 +62,8 @@ def _resolve_checkpoint(cfg: Config, checkpoint: str | None) -> tuple[Config, st
     p = Path(checkpoint)
     if p.is_file() and p.suffix == ".safetensors":
         return cfg, str(p)
-    if (p / "model.safetensors").is_file() and not (p / "config.json").is_file():
-        return cfg, str(p / "model.safetensors")
+    if (p / "model" / "config.json").is_file():  # a trainer checkpoint folder
+        p = p / "model"
     if (p / "config.json").is_file():
         return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(p))), None
     raise UserError(f"checkpoint '{checkpoint}' is neither a .safetensors file, a trainer checkpoint folder nor "

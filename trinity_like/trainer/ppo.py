@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -31,12 +32,14 @@ from trinity_like.algorithms import (
     masked_mean,
 )
 from trinity_like.common.experience import Experience
-from trinity_like.common.fs import atomic_publish_dir, atomic_write_with
+from trinity_like.common.fs import atomic_publish_dir, atomic_write_text, atomic_write_with
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import Config, RunPaths
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
 
 STATE_DICT_DIR = "state_dict"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "chat_template.jinja")
 
 
 class TrainEngineWrapper(abc.ABC):
@@ -324,16 +327,73 @@ class PPOTrainer(TrainEngineWrapper):
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> Path:
-        """Write ``checkpoints/step-<k>/`` atomically. Always blocks for now (the write is small on CPU)."""
-        from safetensors.torch import save_file
+        """Write ``checkpoints/step_<k>/`` atomically, then point ``checkpoints/latest`` at it and keep the
+        newest ``trainer.keep_checkpoints``. Holds everything an exact resume needs:
+
+            model/              the weights in Hugging Face format (safetensors + config + tokenizer files):
+                                loadable by transformers and vLLM
+            optimizer.pt        AdamW state;  scheduler.pt  learning-rate schedule position
+            trainer_state.json  step, KL controller coefficient;  rng.pt  torch / numpy / random states
+
+        The write always blocks (CPU checkpoints are small); ``save_as_hf`` is accepted for the seeds' API and
+        has no effect because the model is always written in Hugging Face format."""
+        import random
+
+        import numpy as np
 
         step = self._step
 
         def fill(tmp: Path) -> None:
-            if save_as_hf:
-                self.model.save_pretrained(tmp / "hf", safe_serialization=True)
-            save_file(export_state_dict(self.model), str(tmp / "model.safetensors"))
+            self.model.save_pretrained(tmp / "model", safe_serialization=True)
+            for name in TOKENIZER_FILES:
+                src = Path(self.cfg.model.path) / name
+                if src.is_file():
+                    (tmp / "model" / name).write_bytes(src.read_bytes())
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            (tmp / "trainer_state.json").write_text(json.dumps({"step": step}) + "\n")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
+                       tmp / "rng.pt")
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "kl_coef": self.kl_ctrl.value}) + "\n")
 
-        return atomic_publish_dir(self.paths.checkpoint_dir / f"step-{step:08d}", fill)
+        path = atomic_publish_dir(self.paths.checkpoint_dir / f"step_{step}", fill)
+        atomic_write_text(self.paths.checkpoint_dir / "latest", f"{step}\n")
+        self._prune_checkpoints()
+        return path
+
+    def _prune_checkpoints(self) -> None:
+        keep = self.cfg.trainer.keep_checkpoints
+        steps = sorted(int(p.name.split("_")[1]) for p in self.paths.checkpoint_dir.glob("step_*") if p.is_dir())
+        for old in steps[:-keep] if keep else []:
+            shutil.rmtree(self.paths.checkpoint_dir / f"step_{old}", ignore_errors=True)
+
+    def latest_checkpoint(self) -> Path | None:
+        pointer = self.paths.checkpoint_dir / "latest"
+        if not pointer.is_file():
+            return None
+        path = self.paths.checkpoint_dir / f"step_{int(pointer.read_text())}"
+        return path if path.is_dir() else None
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore everything ``save_checkpoint`` wrote (after ``prepare``)."""
+        import random
+
+        from safetensors.torch import load_file
+
+        from trinity_like.common.modeling import import_state_dict
+
+        weights = sorted((path / "model").glob("*.safetensors"))
+        state: dict[str, torch.Tensor] = {}
+        for f in weights:
+            state.update(load_file(str(f)))
+        import_state_dict(self.model, state)
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        import numpy as np
+
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["random"])
+        meta = json.loads((path / "trainer_state.json").read_text())
+        self._step = int(meta["step"])
+        self.kl_ctrl.value = float(meta["kl_coef"])
