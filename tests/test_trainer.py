@@ -222,3 +222,44 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path, tiny_model_path, b
         weights.append(export_state_dict(t.model))
     for k in weights[0]:
         torch.testing.assert_close(weights[1][k], weights[0][k], rtol=1e-5, atol=1e-7)
+
+
+def _nll(model, exps, pad):
+    batch = experiences_to_batch(exps, pad)
+    with torch.no_grad():
+        lp = compute_log_probs(model, batch, 1.0)
+    return float(-(lp * batch["response_mask"]).sum() / batch["response_mask"].sum())
+
+
+def test_sft_lowers_the_nll_of_its_data(tmp_path, tiny_model_path, batch_exps):
+    t = _trainer(tmp_path, tiny_model_path, "algorithm.policy_loss=sft", "trainer.optimizer.lr=0.01")
+    before = _nll(t.model, batch_exps, t.pad_token_id)
+    for _ in range(5):
+        metrics = t.train_step(batch_exps)
+    after = _nll(t.model, batch_exps, t.pad_token_id)
+    assert after < before - 0.5  # nats per token
+    assert metrics["actor/sft_nll"] < before
+
+
+def test_dpo_raises_the_chosen_minus_rejected_margin(tmp_path, tiny_model_path, batch_exps):
+    # pairs: two responses per group, the higher reward is the chosen one
+    pairs = [Experience(**{**e.__dict__, "group_id": f"p{i // 2}", "reward": float(i % 2 == 0)})
+             for i, e in enumerate(batch_exps)]
+    t = _trainer(tmp_path, tiny_model_path, "algorithm.policy_loss=dpo", "explorer.repeat_times=2",
+                 "trainer.micro_batch_size=4", "trainer.ppo_epochs=2", "trainer.mini_batch_size=6",
+                 "algorithm.dpo_beta=0.5", "trainer.optimizer.lr=0.01")
+
+    def margin():
+        batch = experiences_to_batch(pairs, t.pad_token_id)  # chosen rows are the even ones here
+        with torch.no_grad():
+            seq = (compute_log_probs(t.model, batch, 1.0) * batch["response_mask"]).sum(-1)
+        return float((seq[0::2] - seq[1::2]).mean())
+
+    before = margin()
+    first = t.train_step(pairs)
+    for _ in range(3):
+        last = t.train_step(pairs)
+    assert margin() > before + 0.5
+    assert last["actor/dpo_accuracy"] >= first["actor/dpo_accuracy"] and last["actor/dpo_accuracy"] > 0.5
+    with pytest.raises(ValueError, match="groups of two"):
+        t.train_step(pairs[:3])

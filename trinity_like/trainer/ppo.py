@@ -75,6 +75,21 @@ class TrainEngineWrapper(abc.ABC):
         """Publish the current weights by the configured synchronizer method."""
 
 
+def preference_pairs(exps: list[Experience]) -> list[Experience]:
+    """Experiences as DPO's interleaved (chosen, rejected) rows: each group must hold exactly two, and the one
+    with the higher reward is the chosen one."""
+    groups: dict[str, list[Experience]] = {}
+    for e in exps:
+        groups.setdefault(e.group_id or e.eid, []).append(e)
+    out: list[Experience] = []
+    for gid, rows in groups.items():
+        if len(rows) != 2 or rows[0].reward is None or rows[1].reward is None or rows[0].reward == rows[1].reward:
+            raise ValueError(f"DPO needs groups of two rewarded responses with different rewards; group {gid!r} "
+                             f"has {len(rows)} with rewards {[r.reward for r in rows]}")
+        out.extend(sorted(rows, key=lambda e: -e.reward))
+    return out
+
+
 class PPOTrainer(TrainEngineWrapper):
     """Single-process PPO/GRPO trainer on CPU with a transformers model."""
 
@@ -102,7 +117,8 @@ class PPOTrainer(TrainEngineWrapper):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         algo = self.cfg.algorithm
         self.ref_model = None
-        if algo.use_kl_loss or algo.use_kl_in_reward:
+        self.dpo = algo.policy_loss == "dpo"
+        if algo.use_kl_loss or algo.use_kl_in_reward or self.dpo:
             self.ref_model = load_causal_lm(self.cfg.model.path, train=False).requires_grad_(False)
         ctrl = algo.kl_ctrl
         self.kl_ctrl = get_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
@@ -134,6 +150,8 @@ class PPOTrainer(TrainEngineWrapper):
     def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
         start = time.perf_counter()
         algo, temperature = self.cfg.algorithm, self.cfg.explorer.sampling.temperature
+        if self.dpo:
+            batch_exps = preference_pairs(batch_exps)
         batch = experiences_to_batch(batch_exps, self.pad_token_id)
         mask = batch["response_mask"]  # (B, R)
         staleness = (self._step - batch["model_version"]).float()  # (B,) trained by the weights of version step
@@ -141,6 +159,8 @@ class PPOTrainer(TrainEngineWrapper):
         if self.ref_model is not None:
             with torch.no_grad():
                 batch["ref_log_probs"] = compute_log_probs(self.ref_model, batch, temperature)  # (B, R)
+            if self.dpo:  # DPO's "old" policy is the reference
+                batch["old_log_probs"] = batch["ref_log_probs"]
         if algo.use_kl_in_reward:
             metrics.update(self._apply_kl_penalty(batch))
         advantages, _ = self.adv_fn(
@@ -190,7 +210,11 @@ class PPOTrainer(TrainEngineWrapper):
                 order = torch.arange(rows)
             else:
                 gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._step * 101 + epoch)
-                order = torch.randperm(rows, generator=gen)
+                if self.dpo:  # shuffle whole (chosen, rejected) pairs
+                    pairs = torch.randperm(rows // 2, generator=gen)
+                    order = torch.stack([2 * pairs, 2 * pairs + 1], dim=1).reshape(-1)
+                else:
+                    order = torch.randperm(rows, generator=gen)
             for lo in range(0, rows, mini):
                 step_metrics = self._accumulate(batch[order[lo:lo + mini]], temperature)
                 max_norm = tr.optimizer.max_grad_norm
@@ -229,8 +253,6 @@ class PPOTrainer(TrainEngineWrapper):
         make the result independent of the split; returns the mini-batch's loss metrics."""
         algo = self.cfg.algorithm
         mask = mb["response_mask"]
-        total_tokens = mask.sum().clamp(min=1.0)
-        total_seqs = (mask.sum(-1) > 0).sum().clamp(min=1)
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
         for part in self._micro_batches(mb):
@@ -254,7 +276,7 @@ class PPOTrainer(TrainEngineWrapper):
                 loss = loss + algo.kl_loss_coef * kl
                 terms["actor/kl_loss"] = float(kl.detach())
             # Weight each micro-batch so the accumulated gradient equals the one of the whole mini-batch.
-            weight = self._micro_weight(m_mask, total_tokens, total_seqs)
+            weight = self._micro_weight(m_mask, mask)
             (loss * weight).backward()
             for key, value in {**terms, **loss_metrics}.items():
                 metrics[key] = metrics.get(key, 0.0) + value * weight
@@ -284,12 +306,14 @@ class PPOTrainer(TrainEngineWrapper):
         batch["rollout_is_weights"] = weights
         return metrics
 
-    def _micro_weight(self, micro_mask: torch.Tensor, total_tokens: torch.Tensor, total_seqs: torch.Tensor) -> float:
-        """The micro-batch's share of the batch normaliser of ``agg_loss``: its valid tokens (token-mean) or
-        its valid sequences (seq-* modes)."""
+    def _micro_weight(self, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
+        """The micro-batch's share of the mini-batch's normaliser: its valid tokens (token-mean), its valid
+        sequences (seq-* modes) or its rows (DPO, a mean over pairs)."""
+        if self.dpo:
+            return micro_mask.shape[0] / mini_mask.shape[0]
         if self.cfg.algorithm.loss_agg_mode == "token-mean":
-            return float(micro_mask.sum() / total_tokens)
-        return float((micro_mask.sum(-1) > 0).sum() / total_seqs)
+            return float(micro_mask.sum() / mini_mask.sum().clamp(min=1.0))
+        return float((micro_mask.sum(-1) > 0).sum() / (mini_mask.sum(-1) > 0).sum().clamp(min=1))
 
     # ------------------------------------------------------------ weights out
     def save_state_dict(self) -> Path:
