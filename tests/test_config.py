@@ -128,3 +128,25 @@ def test_yaml_errors_are_reported(tmp_path):
         load_config(typo)
     with pytest.raises(ConfigError, match="not of the form key=value"):
         load_config(None, ["mode"])
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["algorithm.off_policy.correction=vtrace"], "allowed values: decoupled, geo_mask"),
+        (["algorithm.adv_estimator=gae"], "needs critic values"),
+        (["algorithm.policy_loss=dpo"], "set explorer.repeat_times=2"),
+        (["algorithm.policy_loss=dpo", "explorer.repeat_times=2", "trainer.micro_batch_size=3"], "never split"),
+        (["reward.function_path=/no/such/reward.py"], "does not exist"),
+        (["reward.manager=dapo", "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=99",
+          "explorer.sampling.max_new_tokens=10"], "must be in (0, 10]"),
+        (["buffer.read_policy=priority"], "needs buffer.priority"),
+        (["buffer.replay_max_uses=3"], "needs buffer.read_policy=replay"),
+        (["explorer.eval_tasksets=[{name: a, k: 4}]"], "greedy samples are all the same"),
+        (["explorer.eval_tasksets=[{name: a}, {name: a}]"], "names must be unique"),
+    ],
+)
+def test_cross_field_rules(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert needle in str(err.value) and "\n" not in str(err.value)

@@ -511,15 +511,18 @@ def _field_type(node: type, name: str) -> str | None:
 def validate(cfg: Config) -> None:
     """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem."""
     _check_fields(cfg, "")
-    from trinity_like.algorithms import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+    from trinity_like.algorithms import ADV_ESTIMATORS, LOSS_AGG_MODES, OFF_POLICY_CORRECTIONS, POLICY_LOSSES
 
     for key, value, allowed in (
         ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS.names()),
         ("algorithm.policy_loss", cfg.algorithm.policy_loss, POLICY_LOSSES.names()),
         ("algorithm.loss_agg_mode", cfg.algorithm.loss_agg_mode, LOSS_AGG_MODES),
+        ("algorithm.off_policy.correction", cfg.algorithm.off_policy.correction, OFF_POLICY_CORRECTIONS.names()),
     ):
         if value not in allowed:
             raise ConfigError(f"bad value for '{key}': {value!r}; allowed values: {', '.join(allowed)}")
+    _validate_algorithm(cfg)
+    _validate_explorer_and_buffer(cfg)
     if cfg.train_batch_size % cfg.explorer.repeat_times:
         raise ConfigError(
             f"trainer.batch_size={cfg.train_batch_size} is not a multiple of explorer.repeat_times="
@@ -537,6 +540,47 @@ def validate(cfg: Config) -> None:
         value = getattr(cfg, key)
         if not value or "/" in value or value in (".", ".."):
             raise ConfigError(f"bad value for '{key}': {value!r}; use a non-empty name without '/'")
+
+
+def _validate_algorithm(cfg: Config) -> None:
+    algo, tr = cfg.algorithm, cfg.trainer
+    missing_input = {"gae": "critic values (the critic arrives with the trainer part)",
+                     "remax": "greedy baseline rollouts (not produced by the explorer yet)"}
+    if algo.adv_estimator in missing_input:
+        raise ConfigError(f"algorithm.adv_estimator '{algo.adv_estimator}' needs {missing_input[algo.adv_estimator]}, "
+                          "not available yet; use grpo, rloo, opmd, reinforce_plus_plus or reinforce_plus_plus_baseline")
+    if algo.policy_loss == "dpo":
+        if cfg.explorer.repeat_times != 2:
+            raise ConfigError("algorithm.policy_loss 'dpo' trains on (chosen, rejected) pairs: set "
+                              "explorer.repeat_times=2 (each group is one pair, ordered by reward)")
+        if tr.micro_batch_size % 2 or (tr.mini_batch_size or 2) % 2 or tr.max_token_len_per_micro_batch:
+            raise ConfigError("algorithm.policy_loss 'dpo' needs even trainer.micro_batch_size and "
+                              "trainer.mini_batch_size and count micro-batches (max_token_len_per_micro_batch=0), "
+                              "so that pairs are never split")
+    rc = cfg.reward
+    if rc.function_path and not Path(rc.function_path).is_file():
+        raise ConfigError(f"reward.function_path '{rc.function_path}' does not exist; give the path of a Python "
+                          "file that defines the reward function")
+    if rc.manager == "dapo" and rc.overlong_buffer.enable:
+        max_len = rc.max_resp_len or cfg.explorer.sampling.max_new_tokens
+        if not 0 < rc.overlong_buffer.len <= max_len:
+            raise ConfigError(f"reward.overlong_buffer.len={rc.overlong_buffer.len} must be in (0, {max_len}] "
+                              "(the longest response)")
+
+
+def _validate_explorer_and_buffer(cfg: Config) -> None:
+    b = cfg.buffer
+    if b.read_policy == "priority" and not b.priority:
+        raise ConfigError("buffer.read_policy 'priority' needs buffer.priority, a SQL expression such as created_at")
+    if b.read_policy != "replay" and b.replay_max_uses != 1:
+        raise ConfigError("buffer.replay_max_uses > 1 needs buffer.read_policy=replay")
+    for i, ev in enumerate(cfg.explorer.eval_tasksets):
+        if ev.k > 1 and ev.temperature == 0:
+            raise ConfigError(f"explorer.eval_tasksets[{i}] ('{ev.name}') asks for k={ev.k} samples at temperature 0; "
+                              "greedy samples are all the same: set temperature > 0 or k=1")
+    names = [ev.name for ev in cfg.explorer.eval_tasksets]
+    if len(names) != len(set(names)):
+        raise ConfigError(f"explorer.eval_tasksets names must be unique, got {names}")
 
 
 def _check_fields(obj: Any, prefix: str) -> None:
