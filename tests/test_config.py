@@ -134,7 +134,7 @@ def test_yaml_errors_are_reported(tmp_path):
     "overrides, needle",
     [
         (["algorithm.off_policy.correction=vtrace"], "allowed values: decoupled, geo_mask"),
-        (["algorithm.adv_estimator=gae"], "needs critic values"),
+        (["algorithm.adv_estimator=remax"], "needs greedy baseline rollouts"),
         (["algorithm.policy_loss=dpo"], "set explorer.repeat_times=2"),
         (["algorithm.policy_loss=dpo", "explorer.repeat_times=2", "trainer.micro_batch_size=3"], "never split"),
         (["reward.function_path=/no/such/reward.py"], "does not exist"),

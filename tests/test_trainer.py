@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -137,7 +139,7 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path, tiny_model_path, batch_e
     assert (t.paths.checkpoint_dir / "latest").read_text().strip() == "3"
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "rloo", "opmd", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+@pytest.mark.parametrize("estimator", ["gae", "grpo", "rloo", "opmd", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
 @pytest.mark.parametrize("loss", ["vanilla", "gspo", "cispo", "reinforce", "sft"])
 def test_every_registered_estimator_and_loss_trains(tmp_path, tiny_model_path, batch_exps, estimator, loss):
     t = _trainer(tmp_path, tiny_model_path, f"algorithm.adv_estimator={estimator}", f"algorithm.policy_loss={loss}")
@@ -263,3 +265,22 @@ def test_dpo_raises_the_chosen_minus_rejected_margin(tmp_path, tiny_model_path, 
     assert last["actor/dpo_accuracy"] >= first["actor/dpo_accuracy"] and last["actor/dpo_accuracy"] > 0.5
     with pytest.raises(ValueError, match="groups of two"):
         t.train_step(pairs[:3])
+
+
+def test_gae_with_a_critic_trains_20_steps_without_nans_and_resumes(tmp_path, tiny_model_path, batch_exps):
+    cfg = ["algorithm.adv_estimator=gae", "algorithm.gamma=0.99", "algorithm.lam=0.95", "trainer.critic.lr=0.01",
+           "trainer.total_steps=20"]
+    t = _trainer(tmp_path, tiny_model_path, *cfg)
+    losses = []
+    for _ in range(20):
+        m = t.train_step(batch_exps)
+        assert all(math.isfinite(v) for v in m.values())
+        losses.append(m["critic/vf_loss"])
+    assert losses[0] > 0 and min(losses[-5:]) < losses[0] / 2  # the critic learns the returns of its data
+    assert m["critic/values_mean"] != 0.0
+    path = t.save_checkpoint()
+    assert (path / "critic.pt").is_file()
+    again = _trainer(tmp_path, tiny_model_path, *cfg)
+    again.load_checkpoint(path)
+    for k, v in again.critic.state_dict().items():
+        assert torch.equal(v, t.critic.state_dict()[k])

@@ -170,6 +170,16 @@ class OptimizerConfig:
 
 
 @dataclass
+class CriticConfig:
+    lr: float = _at_least(1e-4, 0.0)
+    """AdamW learning rate of the critic (used with algorithm.adv_estimator gae)."""
+    cliprange_value: float = _at_least(0.5, 0.0)
+    """Value clipping: new values stay within this distance of the values before the update."""
+    max_grad_norm: float = _at_least(1.0, 0.0)
+    """Gradient clipping of the critic; 0 disables it."""
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = _at_least(3, 1)
     """Trainer steps to run; each makes one new policy version."""
@@ -187,6 +197,8 @@ class TrainerConfig:
     """Experiences per optimizer update; empty = the whole batch (one update per epoch)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, more compute."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model trained beside the policy when the advantage estimator is gae."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """Optimizer settings."""
     save_interval: int = _at_least(0, 0)
@@ -544,11 +556,10 @@ def validate(cfg: Config) -> None:
 
 def _validate_algorithm(cfg: Config) -> None:
     algo, tr = cfg.algorithm, cfg.trainer
-    missing_input = {"gae": "critic values (the critic arrives with the trainer part)",
-                     "remax": "greedy baseline rollouts (not produced by the explorer yet)"}
+    missing_input = {"remax": "greedy baseline rollouts (not produced by the explorer yet)"}
     if algo.adv_estimator in missing_input:
         raise ConfigError(f"algorithm.adv_estimator '{algo.adv_estimator}' needs {missing_input[algo.adv_estimator]}, "
-                          "not available yet; use grpo, rloo, opmd, reinforce_plus_plus or reinforce_plus_plus_baseline")
+                          "not available yet; use gae, grpo, rloo, opmd, reinforce_plus_plus or reinforce_plus_plus_baseline")
     if algo.policy_loss == "dpo":
         if cfg.explorer.repeat_times != 2:
             raise ConfigError("algorithm.policy_loss 'dpo' trains on (chosen, rejected) pairs: set "

@@ -7,8 +7,8 @@ AdamW step. The new weights are version k+1.
 
 Also: ``ppo_epochs`` over seeded shuffled mini-batches (one optimizer update each), micro-batches by count or
 token budget, entropy bonus, KL loss against the initial model, in-reward KL with a fixed or adaptive
-controller, warm-up + constant/cosine learning rate, gradient checkpointing. Not yet: a critic (gae),
-data-parallel workers, resume from a checkpoint, LoRA.
+controller, warm-up + constant/cosine learning rate, gradient checkpointing, a critic (value model with value
+clipping) for GAE, SFT and online DPO, exact resume from checkpoints. Not yet: data-parallel workers, LoRA.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from trinity_like.algorithms import (
     agg_loss,
+    compute_value_loss,
     get_adv_estimator_fn,
     get_kl_controller,
     get_off_policy_correction_fn,
@@ -36,6 +37,7 @@ from trinity_like.common.fs import atomic_publish_dir, atomic_write_text, atomic
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import Config, RunPaths
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
+from trinity_like.trainer.critic import compute_values
 
 STATE_DICT_DIR = "state_dict"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -120,6 +122,13 @@ class PPOTrainer(TrainEngineWrapper):
         self.dpo = algo.policy_loss == "dpo"
         if algo.use_kl_loss or algo.use_kl_in_reward or self.dpo:
             self.ref_model = load_causal_lm(self.cfg.model.path, train=False).requires_grad_(False)
+        self.critic = None
+        if algo.adv_estimator == "gae":
+            from trinity_like.trainer.critic import ValueModel
+
+            self.critic = ValueModel(self.cfg.model.path)
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.cfg.trainer.critic.lr,
+                                                      betas=(opt.beta1, opt.beta2), eps=opt.eps)
         ctrl = algo.kl_ctrl
         self.kl_ctrl = get_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
         self.adv_fn = get_adv_estimator_fn(self.cfg.algorithm.adv_estimator)
@@ -163,12 +172,20 @@ class PPOTrainer(TrainEngineWrapper):
                 batch["old_log_probs"] = batch["ref_log_probs"]
         if algo.use_kl_in_reward:
             metrics.update(self._apply_kl_penalty(batch))
-        advantages, _ = self.adv_fn(
+        values = None
+        if self.critic is not None:
+            with torch.no_grad():
+                values = compute_values(self.critic, batch) * mask  # (B, R)
+            batch["values"] = values
+        advantages, returns = self.adv_fn(
             token_level_rewards=batch["token_level_rewards"], response_mask=mask,
-            index=batch["group_index"].tolist(), values=None, reward_baselines=None, gamma=algo.gamma,
+            index=batch["group_index"].tolist(), values=values, reward_baselines=None, gamma=algo.gamma,
             lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             opmd_baseline=algo.opmd_baseline, tau=algo.tau)
         batch["advantages"] = advantages
+        batch["returns"] = returns
+        if self.critic is not None:
+            metrics.update(self._update_critic(batch))
         metrics.update(self._update_policy(batch, temperature))
         self._step += 1
 
@@ -229,6 +246,43 @@ class PPOTrainer(TrainEngineWrapper):
         out = {k: v / updates for k, v in sums.items()}
         out["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         out["actor/updates"] = float(updates)
+        return out
+
+    def _update_critic(self, batch) -> dict[str, float]:
+        """The value model's epochs over the same mini/micro-batches: clipped value loss against the returns."""
+        tr, algo = self.cfg.trainer, self.cfg.algorithm
+        rows = batch.batch_size[0]
+        mini = tr.mini_batch_size or rows
+        sums: dict[str, float] = {}
+        updates = 0
+        for epoch in range(tr.ppo_epochs):
+            gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._step * 101 + epoch + 7)
+            order = torch.arange(rows) if tr.ppo_epochs == 1 and mini >= rows else torch.randperm(rows, generator=gen)
+            for lo in range(0, rows, mini):
+                mb = batch[order[lo:lo + mini]]
+                self.critic_optimizer.zero_grad(set_to_none=True)
+                step_metrics: dict[str, float] = {}
+                for part in self._micro_batches(mb):
+                    micro = mb[part]
+                    vpreds = compute_values(self.critic, micro)
+                    vf_loss, vf_clipfrac = compute_value_loss(vpreds, micro["returns"], micro["values"],
+                                                              micro["response_mask"], tr.critic.cliprange_value,
+                                                              algo.loss_agg_mode)
+                    weight = self._micro_weight(micro["response_mask"], mb["response_mask"])
+                    (vf_loss * weight).backward()
+                    for key, value in (("critic/vf_loss", vf_loss), ("critic/vf_clipfrac", vf_clipfrac)):
+                        step_metrics[key] = step_metrics.get(key, 0.0) + float(value.detach()) * weight
+                max_norm = tr.critic.max_grad_norm
+                step_metrics["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+                    self.critic.parameters(), max_norm if max_norm > 0 else float("inf")))
+                self.critic_optimizer.step()
+                updates += 1
+                for k, v in step_metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
+        mask = batch["response_mask"]
+        out = {k: v / updates for k, v in sums.items()}
+        out["critic/values_mean"] = float(masked_mean(batch["values"], mask))
+        out["critic/returns_mean"] = float(masked_mean(batch["returns"], mask))
         return out
 
     def _micro_batches(self, mb) -> list[slice]:
@@ -377,6 +431,9 @@ class PPOTrainer(TrainEngineWrapper):
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
                        tmp / "rng.pt")
+            if self.critic is not None:
+                torch.save({"model": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict()},
+                           tmp / "critic.pt")
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "kl_coef": self.kl_ctrl.value}) + "\n")
 
         path = atomic_publish_dir(self.paths.checkpoint_dir / f"step_{step}", fill)
@@ -418,6 +475,10 @@ class PPOTrainer(TrainEngineWrapper):
 
         np.random.set_state(rng["numpy"])
         random.setstate(rng["random"])
+        if self.critic is not None:
+            critic = torch.load(path / "critic.pt", weights_only=False)
+            self.critic.load_state_dict(critic["model"])
+            self.critic_optimizer.load_state_dict(critic["optimizer"])
         meta = json.loads((path / "trainer_state.json").read_text())
         self._step = int(meta["step"])
         self.kl_ctrl.value = float(meta["kl_coef"])
