@@ -5,7 +5,7 @@ import torch
 
 from trinity_like.algorithms import compute_grpo_outcome_advantage, compute_policy_loss
 from trinity_like.common.experience import Experience
-from trinity_like.common.modeling import export_state_dict
+from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.common.tokenizer import hf_tokenizer
 from trinity_like.config import SamplingConfig, load_config
 from trinity_like.explorer.engines.base import WeightUpdate
@@ -284,3 +284,27 @@ def test_gae_with_a_critic_trains_20_steps_without_nans_and_resumes(tmp_path, ti
     again.load_checkpoint(path)
     for k, v in again.critic.state_dict().items():
         assert torch.equal(v, t.critic.state_dict()[k])
+
+
+def test_lora_step_changes_only_adapter_weights(tmp_path, tiny_model_path, batch_exps):
+    pytest.importorskip("peft")
+    t = _trainer(tmp_path, tiny_model_path, "trainer.lora.enabled=true", "trainer.lora.r=4",
+                 "algorithm.use_kl_loss=true", "trainer.optimizer.lr=0.05")
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    merged_before = t.policy_state_dict()
+    first = t.train_step(batch_exps)
+    assert abs(first["actor/kl_loss"]) < 1e-6  # reference = base with adapters off = the policy before training
+    t.train_step(batch_exps)
+    after = t.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed)  # only adapter weights moved
+    merged = t.policy_state_dict()
+    assert merged.keys() == merged_before.keys() == export_state_dict(load_causal_lm(tiny_model_path)).keys()
+    assert any(not torch.equal(merged[k], merged_before[k]) for k in merged)  # what explorers get moved
+    engine = HFEngine(tiny_model_path)
+    engine.update_weights(WeightUpdate(version=2, state_dict=merged))  # the merged weights fit the plain model
+    path = t.save_checkpoint()
+    again = _trainer(tmp_path, tiny_model_path, "trainer.lora.enabled=true", "trainer.lora.r=4",
+                     "algorithm.use_kl_loss=true", "trainer.optimizer.lr=0.05")
+    again.load_checkpoint(path)
+    assert all(torch.equal(v, again.policy_state_dict()[k]) for k, v in merged.items())

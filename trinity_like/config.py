@@ -180,6 +180,21 @@ class CriticConfig:
 
 
 @dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train low-rank adapters (peft) instead of all weights; the reference model is the base with adapters
+    disabled, and the weights published to explorers are the merged ones."""
+    r: int = _at_least(8, 1)
+    """Adapter rank."""
+    alpha: int = _at_least(16, 1)
+    """Adapter scaling numerator (scale = alpha / r)."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Names of the linear layers that get adapters."""
+    dropout: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    """Dropout on the adapter input."""
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = _at_least(3, 1)
     """Trainer steps to run; each makes one new policy version."""
@@ -197,6 +212,8 @@ class TrainerConfig:
     """Experiences per optimizer update; empty = the whole batch (one update per epoch)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, more compute."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (needs the `peft` package)."""
     critic: CriticConfig = field(default_factory=CriticConfig)
     """The value model trained beside the policy when the advantage estimator is gae."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)

@@ -108,19 +108,28 @@ class PPOTrainer(TrainEngineWrapper):
         self.model = load_causal_lm(self.cfg.model.path, train=True)
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.model.config.eos_token_id)
+        lora = self.cfg.trainer.lora
+        if lora.enabled:
+            from peft import LoraConfig as PeftLoraConfig
+            from peft import get_peft_model
+
+            self.model = get_peft_model(self.model, PeftLoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), lora_dropout=lora.dropout,
+                bias="none", task_type="CAUSAL_LM"))
         if self.cfg.trainer.gradient_checkpointing:
             enable = getattr(self.model, "activation_checkpointing_enable", None) or \
                 self.model.gradient_checkpointing_enable  # renamed in transformers 5
             enable()
             self.model.config.use_cache = False
         opt = self.cfg.trainer.optimizer
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=opt.lr, betas=(opt.beta1, opt.beta2),
                                            eps=opt.eps, weight_decay=opt.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         algo = self.cfg.algorithm
         self.ref_model = None
         self.dpo = algo.policy_loss == "dpo"
-        if algo.use_kl_loss or algo.use_kl_in_reward or self.dpo:
+        if (algo.use_kl_loss or algo.use_kl_in_reward or self.dpo) and not lora.enabled:
+            # with LoRA the reference is the base model with its adapters disabled: no second copy
             self.ref_model = load_causal_lm(self.cfg.model.path, train=False).requires_grad_(False)
         self.critic = None
         if algo.adv_estimator == "gae":
@@ -165,9 +174,9 @@ class PPOTrainer(TrainEngineWrapper):
         mask = batch["response_mask"]  # (B, R)
         staleness = (self._step - batch["model_version"]).float()  # (B,) trained by the weights of version step
         metrics = self._prepare_old_log_probs(batch, staleness, temperature)
-        if self.ref_model is not None:
-            with torch.no_grad():
-                batch["ref_log_probs"] = compute_log_probs(self.ref_model, batch, temperature)  # (B, R)
+        if self.ref_model is not None or (self.cfg.trainer.lora.enabled and (
+                algo.use_kl_loss or algo.use_kl_in_reward or self.dpo)):
+            batch["ref_log_probs"] = self._ref_log_probs(batch, temperature)  # (B, R)
             if self.dpo:  # DPO's "old" policy is the reference
                 batch["old_log_probs"] = batch["ref_log_probs"]
         if algo.use_kl_in_reward:
@@ -202,6 +211,21 @@ class PPOTrainer(TrainEngineWrapper):
             "train/tokens_per_s": response_tokens / elapsed,
             "time/train_step_s": elapsed,
         }
+
+    @torch.no_grad()
+    def _ref_log_probs(self, batch, temperature: float) -> torch.Tensor:
+        if self.ref_model is not None:
+            return compute_log_probs(self.ref_model, batch, temperature)
+        with self.model.disable_adapter():
+            return compute_log_probs(self.model, batch, temperature)
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights as the plain model holds them (LoRA adapters merged in)."""
+        if not self.cfg.trainer.lora.enabled:
+            return export_state_dict(self.model)
+        import copy
+
+        return export_state_dict(copy.deepcopy(self.model).merge_and_unload())
 
     def _apply_kl_penalty(self, batch) -> dict[str, float]:
         """token_level_rewards -= beta * KL(old || ref) per token (verl's in-reward KL); beta from the
@@ -373,7 +397,7 @@ class PPOTrainer(TrainEngineWrapper):
     def save_state_dict(self) -> Path:
         from safetensors.torch import save_file
 
-        sd = export_state_dict(self.model)
+        sd = self.policy_state_dict()
         path = self.paths.checkpoint_dir / STATE_DICT_DIR / f"version-{self._step:08d}.safetensors"
         atomic_write_with(path, lambda tmp: save_file(sd, str(tmp), metadata={"version": str(self._step)}))
         self._prune_state_dicts(keep=self.cfg.synchronizer.max_staleness + 2)
@@ -388,7 +412,7 @@ class PPOTrainer(TrainEngineWrapper):
     def upload_state_dict(self):
         import ray
 
-        return ray.put(export_state_dict(self.model))
+        return ray.put(self.policy_state_dict())
 
     def sync_weight(self) -> None:
         import ray
@@ -422,7 +446,13 @@ class PPOTrainer(TrainEngineWrapper):
         step = self._step
 
         def fill(tmp: Path) -> None:
-            self.model.save_pretrained(tmp / "model", safe_serialization=True)
+            if self.cfg.trainer.lora.enabled:
+                import copy
+
+                self.model.save_pretrained(tmp / "adapter")  # the trainable state, for resume
+                copy.deepcopy(self.model).merge_and_unload().save_pretrained(tmp / "model", safe_serialization=True)
+            else:
+                self.model.save_pretrained(tmp / "model", safe_serialization=True)
             for name in TOKENIZER_FILES:
                 src = Path(self.cfg.model.path) / name
                 if src.is_file():
@@ -462,11 +492,15 @@ class PPOTrainer(TrainEngineWrapper):
 
         from trinity_like.common.modeling import import_state_dict
 
-        weights = sorted((path / "model").glob("*.safetensors"))
-        state: dict[str, torch.Tensor] = {}
-        for f in weights:
-            state.update(load_file(str(f)))
-        import_state_dict(self.model, state)
+        if self.cfg.trainer.lora.enabled:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+        else:
+            state: dict[str, torch.Tensor] = {}
+            for f in sorted((path / "model").glob("*.safetensors")):
+                state.update(load_file(str(f)))
+            import_state_dict(self.model, state)
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
         rng = torch.load(path / "rng.pt", weights_only=False)
