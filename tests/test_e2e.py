@@ -155,3 +155,9 @@ def test_async_over_the_redis_transport(tmp_path, tiny_model_path, ray_session, 
     _check_run(cfg, summary)
     segments = [p.name for p in (RunPaths.of(cfg).buffer_dir / "segments").iterdir()]
     assert segments and all("-redis-" in name for name in segments)  # written by the ingester only
+
+
+def test_async_with_two_data_parallel_trainer_workers(tmp_path, tiny_model_path, ray_session):
+    cfg = _cfg(tmp_path, tiny_model_path, "dp", "mode=async", "trainer.num_workers=2")
+    summary = run(cfg)
+    _check_run(cfg, summary)

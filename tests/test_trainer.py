@@ -308,3 +308,30 @@ def test_lora_step_changes_only_adapter_weights(tmp_path, tiny_model_path, batch
                      "algorithm.use_kl_loss=true", "trainer.optimizer.lr=0.05")
     again.load_checkpoint(path)
     assert all(torch.equal(v, again.policy_state_dict()[k]) for k, v in merged.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_one_and_two_data_parallel_workers_agree(tmp_path, tiny_model_path, batch_exps, ray_session, estimator):
+    from trinity_like.trainer.workers import start_train_workers
+
+    # At the default learning rate: Adam's first update lr * g / (|g| + eps) turns float-summation noise on
+    # gradients near eps into differences of ~lr * 0.5%, which a large lr would push past the tolerance.
+    overrides = [f"algorithm.adv_estimator={estimator}", "trainer.micro_batch_size=2", "trainer.optimizer.lr=1e-4",
+                 "trainer.critic.lr=1e-4"]
+    single = _trainer(tmp_path / "one", tiny_model_path, *overrides)
+    single.train_step(batch_exps)
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path / 'two'}", f"model.path={tiny_model_path}",
+                             "explorer.repeat_times=3", "trainer.num_workers=2", *overrides])
+    group = start_train_workers(cfg)
+    try:
+        metrics = group.execute_all("train_step", batch_exps)
+        rank0, rank1 = group.execute_all("state_dict")
+    finally:
+        group.kill()
+        group.pools.remove()
+    expected = single.policy_state_dict()
+    for k in expected:
+        torch.testing.assert_close(rank0[k], expected[k], rtol=1e-5, atol=1e-5)
+        assert torch.equal(rank0[k], rank1[k])  # the replicas stay identical
+    assert metrics[0]["train/batch_size"] == 12.0

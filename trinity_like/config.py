@@ -223,7 +223,11 @@ class TrainerConfig:
     keep_checkpoints: int = _at_least(3, 0)
     """Full checkpoints kept (the newest); 0 = keep all."""
     num_threads: int = _at_least(1, 1)
-    """torch threads for the trainer."""
+    """torch threads for the trainer (per worker)."""
+    type: str = _choices("ppo", ("ppo",))
+    """TrainEngineWrapper implementation (registry `trinity_like.trainer.ppo.TRAINERS`)."""
+    num_workers: int = _at_least(1, 1)
+    """Data-parallel trainer workers (a torch.distributed group: gloo on CPU, NCCL on GPU, with DDP)."""
 
 
 @dataclass
@@ -551,6 +555,7 @@ def validate(cfg: Config) -> None:
         if value not in allowed:
             raise ConfigError(f"bad value for '{key}': {value!r}; allowed values: {', '.join(allowed)}")
     _validate_algorithm(cfg)
+    _validate_trainer(cfg)
     _validate_explorer_and_buffer(cfg)
     if cfg.train_batch_size % cfg.explorer.repeat_times:
         raise ConfigError(
@@ -594,6 +599,16 @@ def _validate_algorithm(cfg: Config) -> None:
         if not 0 < rc.overlong_buffer.len <= max_len:
             raise ConfigError(f"reward.overlong_buffer.len={rc.overlong_buffer.len} must be in (0, {max_len}] "
                               "(the longest response)")
+
+
+def _validate_trainer(cfg: Config) -> None:
+    tr = cfg.trainer
+    rows = tr.mini_batch_size or cfg.train_batch_size
+    units = rows // 2 if cfg.algorithm.policy_loss == "dpo" else rows
+    if units < tr.num_workers:
+        raise ConfigError(f"trainer.num_workers={tr.num_workers} is more than the {units} "
+                          f"{'pairs' if cfg.algorithm.policy_loss == 'dpo' else 'rows'} of a mini-batch: every worker "
+                          "needs a share; lower num_workers or raise trainer.mini_batch_size")
 
 
 def _validate_explorer_and_buffer(cfg: Config) -> None:

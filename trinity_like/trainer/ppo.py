@@ -32,6 +32,7 @@ from trinity_like.algorithms import (
     kl_penalty,
     masked_mean,
 )
+from trinity_like.algorithms.registry import Registry
 from trinity_like.common.experience import Experience
 from trinity_like.common.fs import atomic_publish_dir, atomic_write_text, atomic_write_with
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
@@ -92,6 +93,10 @@ def preference_pairs(exps: list[Experience]) -> list[Experience]:
     return out
 
 
+TRAINERS: Registry = Registry("trainer type")
+
+
+@TRAINERS.register("ppo")
 class PPOTrainer(TrainEngineWrapper):
     """Single-process PPO/GRPO trainer on CPU with a transformers model."""
 
@@ -100,6 +105,10 @@ class PPOTrainer(TrainEngineWrapper):
         self.paths = RunPaths.of(cfg)
         self.synchronizer = synchronizer
         self._step = 0
+        self.dp_rank, self.dp_world = 0, 1
+        """Data-parallel position: each rank trains on rows ``rank::world`` of every mini-batch."""
+        self.module = None
+        """The policy without a DDP wrapper (for no-grad passes and weights); set in ``prepare``."""
 
     # ------------------------------------------------------------ setup
     def prepare(self) -> None:
@@ -125,6 +134,7 @@ class PPOTrainer(TrainEngineWrapper):
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=opt.lr, betas=(opt.beta1, opt.beta2),
                                            eps=opt.eps, weight_decay=opt.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.module = self.model
         algo = self.cfg.algorithm
         self.ref_model = None
         self.dpo = algo.policy_loss == "dpo"
@@ -135,7 +145,7 @@ class PPOTrainer(TrainEngineWrapper):
         if algo.adv_estimator == "gae":
             from trinity_like.trainer.critic import ValueModel
 
-            self.critic = ValueModel(self.cfg.model.path)
+            self.critic = self.critic_module = ValueModel(self.cfg.model.path)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.cfg.trainer.critic.lr,
                                                       betas=(opt.beta1, opt.beta2), eps=opt.eps)
         ctrl = algo.kl_ctrl
@@ -147,6 +157,16 @@ class PPOTrainer(TrainEngineWrapper):
     @property
     def train_step_num(self) -> int:
         return self._step
+
+    def enable_data_parallel(self, rank: int, world_size: int) -> None:
+        """Wrap the policy (and critic) in DDP inside an initialised torch.distributed group."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        self.dp_rank, self.dp_world = rank, world_size
+        if world_size > 1:
+            self.model = DDP(self.module)
+            if self.critic is not None:
+                self.critic = DDP(self.critic_module)
 
     def _updates_per_step(self) -> int:
         mini = self.cfg.trainer.mini_batch_size or self.cfg.train_batch_size
@@ -184,7 +204,7 @@ class PPOTrainer(TrainEngineWrapper):
         values = None
         if self.critic is not None:
             with torch.no_grad():
-                values = compute_values(self.critic, batch) * mask  # (B, R)
+                values = compute_values(self.critic_module, batch) * mask  # (B, R)
             batch["values"] = values
         advantages, returns = self.adv_fn(
             token_level_rewards=batch["token_level_rewards"], response_mask=mask,
@@ -216,16 +236,16 @@ class PPOTrainer(TrainEngineWrapper):
     def _ref_log_probs(self, batch, temperature: float) -> torch.Tensor:
         if self.ref_model is not None:
             return compute_log_probs(self.ref_model, batch, temperature)
-        with self.model.disable_adapter():
-            return compute_log_probs(self.model, batch, temperature)
+        with self.module.disable_adapter():
+            return compute_log_probs(self.module, batch, temperature)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights as the plain model holds them (LoRA adapters merged in)."""
         if not self.cfg.trainer.lora.enabled:
-            return export_state_dict(self.model)
+            return export_state_dict(self.module)
         import copy
 
-        return export_state_dict(copy.deepcopy(self.model).merge_and_unload())
+        return export_state_dict(copy.deepcopy(self.module).merge_and_unload())
 
     def _apply_kl_penalty(self, batch) -> dict[str, float]:
         """token_level_rewards -= beta * KL(old || ref) per token (verl's in-reward KL); beta from the
@@ -286,14 +306,17 @@ class PPOTrainer(TrainEngineWrapper):
                 mb = batch[order[lo:lo + mini]]
                 self.critic_optimizer.zero_grad(set_to_none=True)
                 step_metrics: dict[str, float] = {}
-                for part in self._micro_batches(mb):
-                    micro = mb[part]
+                shard = self._shard(mb)
+                parts = self._micro_batches(shard)
+                for i, part in enumerate(parts):
+                    micro = shard[part]
                     vpreds = compute_values(self.critic, micro)
                     vf_loss, vf_clipfrac = compute_value_loss(vpreds, micro["returns"], micro["values"],
                                                               micro["response_mask"], tr.critic.cliprange_value,
                                                               algo.loss_agg_mode)
                     weight = self._micro_weight(micro["response_mask"], mb["response_mask"])
-                    (vf_loss * weight).backward()
+                    with self._no_sync(self.critic, last=i == len(parts) - 1):
+                        (vf_loss * weight * self.dp_world).backward()
                     for key, value in (("critic/vf_loss", vf_loss), ("critic/vf_clipfrac", vf_clipfrac)):
                         step_metrics[key] = step_metrics.get(key, 0.0) + float(value.detach()) * weight
                 max_norm = tr.critic.max_grad_norm
@@ -308,6 +331,22 @@ class PPOTrainer(TrainEngineWrapper):
         out["critic/values_mean"] = float(masked_mean(batch["values"], mask))
         out["critic/returns_mean"] = float(masked_mean(batch["returns"], mask))
         return out
+
+    def _shard(self, mb):
+        """This rank's rows of a mini-batch (all of them without data parallelism)."""
+        if self.dp_world == 1:
+            return mb
+        if self.dpo:  # whole (chosen, rejected) pairs per rank
+            pairs = torch.arange(self.dp_rank, mb.batch_size[0] // 2, self.dp_world)
+            return mb[torch.stack([2 * pairs, 2 * pairs + 1], dim=1).reshape(-1)]
+        return mb[torch.arange(self.dp_rank, mb.batch_size[0], self.dp_world)]
+
+    @staticmethod
+    def _no_sync(model, last: bool):
+        """DDP's ``no_sync`` for all but the last micro-batch; a no-op context otherwise."""
+        import contextlib
+
+        return model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
 
     def _micro_batches(self, mb) -> list[slice]:
         """Slices of ``mb``: by ``micro_batch_size``, or packed up to ``max_token_len_per_micro_batch`` tokens."""
@@ -333,8 +372,10 @@ class PPOTrainer(TrainEngineWrapper):
         mask = mb["response_mask"]
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
-        for part in self._micro_batches(mb):
-            micro = mb[part]
+        shard = self._shard(mb)
+        parts = self._micro_batches(shard)
+        for i, part in enumerate(parts):
+            micro = shard[part]
             m_mask = micro["response_mask"]
             out = compute_log_probs(self.model, micro, temperature, with_entropy=algo.entropy_coeff > 0)
             log_prob, entropy = out if algo.entropy_coeff > 0 else (out, None)
@@ -353,9 +394,11 @@ class PPOTrainer(TrainEngineWrapper):
                               algo.loss_agg_mode)
                 loss = loss + algo.kl_loss_coef * kl
                 terms["actor/kl_loss"] = float(kl.detach())
-            # Weight each micro-batch so the accumulated gradient equals the one of the whole mini-batch.
+            # Weight each micro-batch so the accumulated gradient equals the one of the whole mini-batch (DDP
+            # averages over ranks, hence the world size); DDP all-reduces on the last backward only.
             weight = self._micro_weight(m_mask, mask)
-            (loss * weight).backward()
+            with self._no_sync(self.model, last=i == len(parts) - 1):
+                (loss * weight * self.dp_world).backward()
             for key, value in {**terms, **loss_metrics}.items():
                 metrics[key] = metrics.get(key, 0.0) + value * weight
         return metrics
@@ -373,7 +416,7 @@ class PPOTrainer(TrainEngineWrapper):
         if correction == "none" and bool(known.all()):
             return {}
         with torch.no_grad():
-            proximal = compute_log_probs(self.model, batch, temperature)  # (B, R)
+            proximal = compute_log_probs(self.module, batch, temperature)  # (B, R)
         behaviour = torch.where(known.unsqueeze(-1), batch["old_log_probs"], proximal)
         if correction == "none":
             batch["old_log_probs"] = behaviour
@@ -449,10 +492,10 @@ class PPOTrainer(TrainEngineWrapper):
             if self.cfg.trainer.lora.enabled:
                 import copy
 
-                self.model.save_pretrained(tmp / "adapter")  # the trainable state, for resume
-                copy.deepcopy(self.model).merge_and_unload().save_pretrained(tmp / "model", safe_serialization=True)
+                self.module.save_pretrained(tmp / "adapter")  # the trainable state, for resume
+                copy.deepcopy(self.module).merge_and_unload().save_pretrained(tmp / "model", safe_serialization=True)
             else:
-                self.model.save_pretrained(tmp / "model", safe_serialization=True)
+                self.module.save_pretrained(tmp / "model", safe_serialization=True)
             for name in TOKENIZER_FILES:
                 src = Path(self.cfg.model.path) / name
                 if src.is_file():
@@ -462,7 +505,7 @@ class PPOTrainer(TrainEngineWrapper):
             torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
                        tmp / "rng.pt")
             if self.critic is not None:
-                torch.save({"model": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict()},
+                torch.save({"model": self.critic_module.state_dict(), "optimizer": self.critic_optimizer.state_dict()},
                            tmp / "critic.pt")
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "kl_coef": self.kl_ctrl.value}) + "\n")
 
@@ -495,12 +538,12 @@ class PPOTrainer(TrainEngineWrapper):
         if self.cfg.trainer.lora.enabled:
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(self.model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+            set_peft_model_state_dict(self.module, load_file(str(path / "adapter" / "adapter_model.safetensors")))
         else:
             state: dict[str, torch.Tensor] = {}
             for f in sorted((path / "model").glob("*.safetensors")):
                 state.update(load_file(str(f)))
-            import_state_dict(self.model, state)
+            import_state_dict(self.module, state)
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
         rng = torch.load(path / "rng.pt", weights_only=False)
@@ -511,7 +554,7 @@ class PPOTrainer(TrainEngineWrapper):
         random.setstate(rng["random"])
         if self.critic is not None:
             critic = torch.load(path / "critic.pt", weights_only=False)
-            self.critic.load_state_dict(critic["model"])
+            self.critic_module.load_state_dict(critic["model"])
             self.critic_optimizer.load_state_dict(critic["optimizer"])
         meta = json.loads((path / "trainer_state.json").read_text())
         self._step = int(meta["step"])

@@ -8,7 +8,17 @@ from trinity_like.buffer import BufferConsumer
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.config import Config, RunPaths, namespace_of, redis_stream
-from trinity_like.trainer.ppo import PPOTrainer
+from trinity_like.trainer.ppo import TRAINERS
+
+
+def make_train_engine(cfg: Config, synchronizer=None):
+    """The TrainEngineWrapper ``trainer.type`` names; spread over ``trainer.num_workers`` data-parallel
+    workers when there is more than one."""
+    if cfg.trainer.num_workers > 1:
+        from trinity_like.trainer.workers import DataParallelTrainer
+
+        return DataParallelTrainer(cfg, synchronizer)
+    return TRAINERS.get(cfg.trainer.type)(cfg, synchronizer)
 
 CONSUMER_NAME = "trainer"
 
@@ -26,7 +36,7 @@ class TrainerRole:
         from trinity_like.synchronizer import get_synchronizer
 
         self.synchronizer = get_synchronizer(namespace_of(self.cfg))
-        self.engine = PPOTrainer(self.cfg, self.synchronizer)
+        self.engine = make_train_engine(self.cfg, self.synchronizer)
         self.engine.prepare()
         b = self.cfg.buffer
         self.consumer = BufferConsumer(self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy,
@@ -97,9 +107,11 @@ class TrainerRole:
         return self.engine.train_step_num
 
     def shutdown(self) -> None:
-        """Stop the helpers this role started (the Redis ingester); safe to call twice."""
+        """Stop the helpers this role started (the Redis ingester, data-parallel workers); safe to call twice."""
         if self.ingester is not None:
             self.ingester.stop()
+        if hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
 
     def _end(self, reason: str) -> None:
         import ray

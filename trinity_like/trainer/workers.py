@@ -1,0 +1,182 @@
+"""Data-parallel training workers and their placement (the shape of verl's ResourcePoolManager and
+RayWorkerGroup).
+
+- ``ResourcePoolManager`` turns named pools (``{"actor": [2, 2]}``: 2 workers on each of 2 nodes) into Ray
+  placement groups of one bundle per worker (CPUs, and a GPU each when ``use_gpu``), and maps roles to pools;
+  several roles may share a pool (colocation).
+- ``RayWorkerGroup`` starts one actor per bundle of a pool and calls a method on all of them, gathering the
+  results in rank order.
+- ``TrainWorker`` holds one replica of the PPO trainer in a ``torch.distributed`` group (gloo on CPU, NCCL on
+  GPU) with the policy (and critic) wrapped in DDP. Every worker receives the whole batch and computes the
+  same advantages and weights; each trains on its shard (rows ``rank::world``) of every mini-batch, and the
+  loss weights use the whole mini-batch's normaliser times the world size, so DDP's averaged gradient equals
+  the single-process one (tested: 1 vs 2 workers agree within 1e-5).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from trinity_like.config import Config
+
+
+class ResourcePoolManager:
+    """Named pools of worker slots as Ray placement groups; roles map to pools (colocation allowed)."""
+
+    def __init__(self, resource_pool_spec: dict[str, list[int]], mapping: dict[str, str] | None = None,
+                 cpus_per_worker: float = 1.0, use_gpu: bool = False) -> None:
+        self.spec = resource_pool_spec
+        self.mapping = mapping or {}
+        self.cpus_per_worker, self.use_gpu = cpus_per_worker, use_gpu
+        self._groups: dict[str, Any] = {}
+
+    def create_resource_pools(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        for name, per_node in self.spec.items():
+            bundle = {"CPU": self.cpus_per_worker, **({"GPU": 1} if self.use_gpu else {})}
+            pg = placement_group([dict(bundle) for _ in range(sum(per_node))],
+                                 strategy="PACK" if len(per_node) == 1 else "SPREAD")
+            ray.get(pg.ready(), timeout=120)
+            self._groups[name] = pg
+
+    def get_resource_pool(self, role: str):
+        return self._groups[self.mapping.get(role, role)]
+
+    def num_workers(self, role: str) -> int:
+        return sum(self.spec[self.mapping.get(role, role)])
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self._groups.values():
+            remove_placement_group(pg)
+        self._groups.clear()
+
+
+class RayWorkerGroup:
+    """``num_workers`` actors of ``worker_cls``, one per bundle of ``pool``; ``execute_all`` calls a method on
+    every worker and returns the results in rank order."""
+
+    def __init__(self, worker_cls: type, num_workers: int, pool=None, *args: Any) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        remote_cls = ray.remote(worker_cls)
+        self.workers = []
+        for rank in range(num_workers):
+            options: dict[str, Any] = {"num_cpus": 0}
+            if pool is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=pool, placement_group_bundle_index=rank)
+            self.workers.append(remote_cls.options(**options).remote(*args, rank, num_workers))
+
+    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        import ray
+
+        return ray.get(getattr(self.workers[0], method).remote(*args, **kwargs))
+
+    def kill(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TrainWorker:
+    """One data-parallel replica of the trainer."""
+
+    def __init__(self, cfg: Config, synchronizer, rank: int, world_size: int) -> None:
+        from trinity_like.common.modeling import set_offline_env
+
+        set_offline_env()
+        self.cfg, self.synchronizer, self.rank, self.world_size = cfg, synchronizer, rank, world_size
+
+    def address(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from trinity_like.trainer.ppo import PPOTrainer
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+                                world_size=self.world_size)
+        self.engine = PPOTrainer(self.cfg, self.synchronizer)
+        self.engine.prepare()
+        self.engine.enable_data_parallel(self.rank, self.world_size)
+
+    def train_step(self, batch_exps):
+        return self.engine.train_step(batch_exps)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Any method of the trainer engine (rank 0 writes checkpoints and publishes weights)."""
+        return getattr(self.engine, method)(*args, **kwargs)
+
+    def state_dict(self) -> dict:
+        return self.engine.policy_state_dict()
+
+
+def start_train_workers(cfg: Config, synchronizer=None) -> RayWorkerGroup:
+    """``trainer.num_workers`` TrainWorkers in one placement-group pool, joined in one process group."""
+    pools = ResourcePoolManager({"actor": [cfg.trainer.num_workers]}, cpus_per_worker=0.001)
+    pools.create_resource_pools()
+    group = RayWorkerGroup(TrainWorker, cfg.trainer.num_workers, pools.get_resource_pool("actor"), cfg, synchronizer)
+    group.pools = pools
+    master = group.execute_rank_zero("address")
+    group.execute_all("setup", master, free_port())
+    return group
+
+
+class DataParallelTrainer:
+    """A TrainEngineWrapper over ``trainer.num_workers`` TrainWorkers: every call goes to all of them (training)
+    or to rank 0 (weights out, checkpoints), whose replica equals the others."""
+
+    def __init__(self, cfg: Config, synchronizer=None) -> None:
+        self.cfg, self.synchronizer = cfg, synchronizer
+        self._step = 0
+
+    def prepare(self) -> None:
+        self.group = start_train_workers(self.cfg, self.synchronizer)
+
+    @property
+    def train_step_num(self) -> int:
+        return self._step
+
+    def train_step(self, batch_exps) -> dict[str, float]:
+        metrics = self.group.execute_all("train_step", batch_exps)[0]
+        self._step += 1
+        return metrics
+
+    def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False):
+        return self.group.execute_rank_zero("call", "save_checkpoint", block_until_saved, save_as_hf)
+
+    def save_state_dict(self):
+        return self.group.execute_rank_zero("call", "save_state_dict")
+
+    def upload_state_dict(self):
+        return self.group.execute_rank_zero("call", "upload_state_dict")
+
+    def sync_weight(self) -> None:
+        self.group.execute_rank_zero("call", "sync_weight")
+
+    def shutdown(self) -> None:
+        self.group.kill()
+        self.group.pools.remove()
