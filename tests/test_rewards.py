@@ -22,7 +22,7 @@ from trinity_like.algorithms.rewards import (
     score_batch,
 )
 from trinity_like.common.experience import Experience
-from trinity_like.config import load_config
+from trinity_like.config import ConfigError, load_config
 
 CUSTOM = '''
 def compute_score(responses, ground_truths, **kwargs):
@@ -300,9 +300,11 @@ def test_load_reward_manager_naive_and_errors(tmp_path):
     cfg = load_config(None, [])
     with pytest.raises(KeyError, match="unknown reward manager 'bogus'; valid names: naive, dapo"):
         load_reward_manager(dataclasses.replace(cfg.reward, manager="bogus"), None)
-    cfg = load_config(None, [f"reward.function_path={tmp_path / 'nope.py'}"])
+    # load_config refuses a missing file already; the loader itself says so too
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(None, [f"reward.function_path={tmp_path / 'nope.py'}"])
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_reward_manager(cfg, None)
+        load_reward_manager(dataclasses.replace(cfg.reward, function_path=str(tmp_path / "nope.py")), None)
 
 
 def test_load_reward_manager_max_resp_len_defaults_to_max_new_tokens():
