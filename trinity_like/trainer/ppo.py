@@ -262,31 +262,19 @@ class PPOTrainer(TrainEngineWrapper):
         """``ppo_epochs`` passes over the batch in shuffled mini-batches, one optimizer update each; metrics are
         averaged over the updates."""
         tr = self.cfg.trainer
-        rows = batch.batch_size[0]
-        mini = tr.mini_batch_size or rows
         sums: dict[str, float] = {}
         updates = 0
-        for epoch in range(tr.ppo_epochs):
-            if tr.ppo_epochs == 1 and mini >= rows:
-                order = torch.arange(rows)
-            else:
-                gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._step * 101 + epoch)
-                if self.dpo:  # shuffle whole (chosen, rejected) pairs
-                    pairs = torch.randperm(rows // 2, generator=gen)
-                    order = torch.stack([2 * pairs, 2 * pairs + 1], dim=1).reshape(-1)
-                else:
-                    order = torch.randperm(rows, generator=gen)
-            for lo in range(0, rows, mini):
-                step_metrics = self._accumulate(batch[order[lo:lo + mini]], temperature)
-                max_norm = tr.optimizer.max_grad_norm
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                           max_norm if max_norm > 0 else float("inf"))
-                step_metrics["actor/grad_norm"] = float(grad_norm)
-                self.optimizer.step()
-                self.scheduler.step()
-                updates += 1
-                for k, v in step_metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
+        for mb in self._mini_batches_of(batch, salt=0):
+            step_metrics = self._accumulate(mb, temperature)
+            max_norm = tr.optimizer.max_grad_norm
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                       max_norm if max_norm > 0 else float("inf"))
+            step_metrics["actor/grad_norm"] = float(grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            updates += 1
+            for k, v in step_metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
         out = {k: v / updates for k, v in sums.items()}
         out["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         out["actor/updates"] = float(updates)
@@ -295,42 +283,56 @@ class PPOTrainer(TrainEngineWrapper):
     def _update_critic(self, batch) -> dict[str, float]:
         """The value model's epochs over the same mini/micro-batches: clipped value loss against the returns."""
         tr, algo = self.cfg.trainer, self.cfg.algorithm
-        rows = batch.batch_size[0]
-        mini = tr.mini_batch_size or rows
         sums: dict[str, float] = {}
         updates = 0
-        for epoch in range(tr.ppo_epochs):
-            gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._step * 101 + epoch + 7)
-            order = torch.arange(rows) if tr.ppo_epochs == 1 and mini >= rows else torch.randperm(rows, generator=gen)
-            for lo in range(0, rows, mini):
-                mb = batch[order[lo:lo + mini]]
-                self.critic_optimizer.zero_grad(set_to_none=True)
-                step_metrics: dict[str, float] = {}
-                shard = self._shard(mb)
-                parts = self._micro_batches(shard)
-                for i, part in enumerate(parts):
-                    micro = shard[part]
-                    vpreds = compute_values(self.critic, micro)
-                    vf_loss, vf_clipfrac = compute_value_loss(vpreds, micro["returns"], micro["values"],
-                                                              micro["response_mask"], tr.critic.cliprange_value,
-                                                              algo.loss_agg_mode)
-                    weight = self._micro_weight(micro["response_mask"], mb["response_mask"])
-                    with self._no_sync(self.critic, last=i == len(parts) - 1):
-                        (vf_loss * weight * self.dp_world).backward()
-                    for key, value in (("critic/vf_loss", vf_loss), ("critic/vf_clipfrac", vf_clipfrac)):
-                        step_metrics[key] = step_metrics.get(key, 0.0) + float(value.detach()) * weight
-                max_norm = tr.critic.max_grad_norm
-                step_metrics["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
-                    self.critic.parameters(), max_norm if max_norm > 0 else float("inf")))
-                self.critic_optimizer.step()
-                updates += 1
-                for k, v in step_metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
+        for mb in self._mini_batches_of(batch, salt=7):
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            step_metrics: dict[str, float] = {}
+            shard = self._shard(mb)
+            parts = self._micro_batches(shard)
+            for i, part in enumerate(parts):
+                micro = shard[part]
+                vpreds = compute_values(self.critic, micro)
+                vf_loss, vf_clipfrac = compute_value_loss(vpreds, micro["returns"], micro["values"],
+                                                          micro["response_mask"], tr.critic.cliprange_value,
+                                                          algo.loss_agg_mode)
+                weight = self._micro_weight(micro["response_mask"], mb["response_mask"])
+                with self._no_sync(self.critic, last=i == len(parts) - 1):
+                    (vf_loss * weight * self.dp_world).backward()
+                for key, value in (("critic/vf_loss", vf_loss), ("critic/vf_clipfrac", vf_clipfrac)):
+                    step_metrics[key] = step_metrics.get(key, 0.0) + float(value.detach()) * weight
+            max_norm = tr.critic.max_grad_norm
+            step_metrics["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+                self.critic.parameters(), max_norm if max_norm > 0 else float("inf")))
+            self.critic_optimizer.step()
+            updates += 1
+            for k, v in step_metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
         mask = batch["response_mask"]
         out = {k: v / updates for k, v in sums.items()}
         out["critic/values_mean"] = float(masked_mean(batch["values"], mask))
         out["critic/returns_mean"] = float(masked_mean(batch["returns"], mask))
         return out
+
+    def _mini_batches_of(self, batch, salt: int):
+        """The mini-batches of ``ppo_epochs`` passes over ``batch``: in order for a single pass over a single
+        mini-batch, else reshuffled each epoch with a seed of (seed, step, epoch, salt); DPO shuffles whole
+        pairs."""
+        tr = self.cfg.trainer
+        rows = batch.batch_size[0]
+        mini = tr.mini_batch_size or rows
+        for epoch in range(tr.ppo_epochs):
+            if tr.ppo_epochs == 1 and mini >= rows:
+                order = torch.arange(rows)
+            else:
+                gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._step * 101 + epoch + salt)
+                if self.dpo:
+                    pairs = torch.randperm(rows // 2, generator=gen)
+                    order = torch.stack([2 * pairs, 2 * pairs + 1], dim=1).reshape(-1)
+                else:
+                    order = torch.randperm(rows, generator=gen)
+            for lo in range(0, rows, mini):
+                yield batch[order[lo:lo + mini]]
 
     def _shard(self, mb):
         """This rank's rows of a mini-batch (all of them without data parallelism)."""
