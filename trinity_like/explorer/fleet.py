@@ -133,12 +133,13 @@ class EngineFleet:
         candidates = [s for s in self.slots if s.index not in exclude] or self.slots
         return min(candidates, key=lambda s: (s.in_flight, s.index))
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """Run ``method(*args)`` on the least-loaded engine; retry elsewhere if the engine dies."""
+    async def call(self, method: str, *args: Any, engine: int | None = None) -> Any:
+        """Run ``method(*args)`` on engine ``engine`` (default: the least-loaded one); if that engine dies,
+        retry on the least-loaded engine not tried yet."""
         tried: set[int] = set()
         last: BaseException | None = None
-        for _attempt in range(self.max_retries + 1):
-            slot = self._pick(tried)
+        for attempt in range(self.max_retries + 1):
+            slot = self.slots[engine] if attempt == 0 and engine is not None else self._pick(tried)
             slot.in_flight += 1
             try:
                 if slot.version != self.version:
@@ -167,24 +168,9 @@ class EngineFleet:
         batches, and therefore the samples, do not depend on timing); a failed part is retried elsewhere."""
         n = len(self.slots)
         parts = [(prompts[i::n], seeds[i::n]) for i in range(n) if prompts[i::n]]
-        results = await asyncio.gather(*(self._on_engine(i, p, s, sampling) for i, (p, s) in enumerate(parts)))
+        results = await asyncio.gather(*(self.call("generate", p, sampling, s, engine=i)
+                                         for i, (p, s) in enumerate(parts)))
         return [results[r % n][r // n] for r in range(len(prompts))]
-
-    async def _on_engine(self, index: int, prompts, seeds, sampling) -> list[Sample]:
-        slot = self.slots[index]
-        slot.in_flight += 1
-        try:
-            if slot.version != self.version:
-                async with self._lock:
-                    await self._sync_slot(slot)
-            return await slot.actor.generate.remote(prompts, sampling, seeds)
-        except _ENGINE_GONE:
-            slot.version = -1
-            self.restarts += 1
-            logger.warning("engine %d died during a batch; retrying its part on the fleet", index)
-            return await self.generate(prompts, sampling, seeds)
-        finally:
-            slot.in_flight -= 1
 
     async def health(self) -> list[dict[str, Any]]:
         return await asyncio.gather(*(s.actor.health.remote() for s in self.slots))
