@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from trinity_like.buffer.segments import list_segments, read_segment
+from trinity_like.buffer.segments import stored_eids
 from trinity_like.buffer.writer import BufferWriter
 from trinity_like.common.errors import UserError
 from trinity_like.common.experience import SOURCES, Experience
@@ -175,13 +175,6 @@ def record_to_experience(record: Any, source: str, vocab_size: int | None, token
         raise RecordError(str(e)) from None
 
 
-def existing_eids(buffer_dir: Path) -> set[str]:
-    eids: set[str] = set()
-    for info in list_segments(buffer_dir):
-        eids.update(read_segment(info, verify=False).column("eid").to_pylist())
-    return eids
-
-
 def ingest_files(paths: list[Path], buffer_dir: Path, source: str = "import", tokenizer_path: str | None = None,
                  strict: bool = False) -> IngestReport:
     """Validate every record of ``paths`` and write the good ones as one segment."""
@@ -192,7 +185,7 @@ def ingest_files(paths: list[Path], buffer_dir: Path, source: str = "import", to
         tokenizer = hf_tokenizer(tokenizer_path)
         vocab_size = len(tokenizer)
     report = IngestReport()
-    seen = existing_eids(buffer_dir)
+    seen = stored_eids(buffer_dir)
     good: list[Experience] = []
     bad_lines: list[str] = []
     for path in paths:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from trinity_like.buffer.segments import list_segments, read_segment
+from trinity_like.buffer.segments import stored_eids
 from trinity_like.buffer.writer import BufferWriter
 from trinity_like.common.experience import EXPERIENCE_SCHEMA, Experience, experiences_to_table
 
@@ -111,16 +111,10 @@ class RedisIngester:
         self.buffer_dir = Path(buffer_dir)
         self.claim_idle_ms, self.timeout_s, self.batch = claim_idle_ms, timeout_s, batch
         self.writer = BufferWriter(self.buffer_dir, writer_id=f"redis-{name}")
-        self._seen = self._stored_eids()
+        self._seen = stored_eids(self.buffer_dir)
         """eids already in the buffer: re-delivered entries are dropped by eid."""
         self._redis = _client(url)
         self.stats = {"entries": 0, "rows": 0, "duplicates": 0}
-
-    def _stored_eids(self) -> set[str]:
-        seen: set[str] = set()
-        for info in list_segments(self.buffer_dir):
-            seen.update(read_segment(info, verify=False).column("eid").to_pylist())
-        return seen
 
     async def _ensure_group(self) -> None:
         from redis.exceptions import ResponseError

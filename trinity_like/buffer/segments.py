@@ -137,6 +137,17 @@ def read_segment(info: SegmentInfo, verify: bool = True) -> pa.Table:
     return table
 
 
+def stored_eids(buffer_dir: str | os.PathLike) -> set[str]:
+    """Every eid in the buffer's readable segments (unreadable ones are left out with a logged error)."""
+    eids: set[str] = set()
+    for info in list_segments(buffer_dir):
+        try:
+            eids.update(read_segment(info, verify=False).column("eid").to_pylist())
+        except SegmentError as e:
+            logger.error("leaving a segment out of the stored eids: %s", e)
+    return eids
+
+
 def quarantine(buffer_dir: str | os.PathLike, info: SegmentInfo) -> Path:
     """Move a bad segment out of the way, into ``buffer/quarantine/``."""
     q = Path(buffer_dir) / QUARANTINE
