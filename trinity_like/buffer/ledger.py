@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from trinity_like.common.fs import atomic_write_with, fsync_dir
+from trinity_like.common.fs import atomic_write_with, fsync_path
 
 CONSUMERS = "consumers"
 LEDGER_SCHEMA = pa.schema([("eid", pa.string()), ("step", pa.int64()), ("segment", pa.string()),
@@ -63,14 +63,16 @@ class Ledger:
     """Reads and writes one consumer's ledger files. Not shared between processes: one process per named
     consumer (other processes only read it, e.g. ``buffer stats``)."""
 
-    def __init__(self, buffer_dir: str | os.PathLike, consumer: str) -> None:
+    def __init__(self, buffer_dir: str | os.PathLike, consumer: str, create: bool = True) -> None:
+        """``create=False`` for readers of someone else's ledger: a missing folder reads as empty."""
         self.dir = ledger_dir(buffer_dir, consumer)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.dir.mkdir(parents=True, exist_ok=True)
 
     def files(self) -> tuple[list[tuple[int, int, Path]], list[tuple[int, int, Path]]]:
         """(commit files, pending files) as (step, rows, path), in step order."""
         commits, pending = [], []
-        for name in sorted(os.listdir(self.dir)):
+        for name in sorted(os.listdir(self.dir)) if self.dir.is_dir() else []:
             if m := _COMMIT.match(name):
                 commits.append((int(m.group(1)), int(m.group(3)), self.dir / name))
             elif m := _PENDING.match(name):
@@ -90,7 +92,7 @@ class Ledger:
                 path.unlink()
         for _, _, path in pending:
             path.unlink()
-        fsync_dir(self.dir)
+        fsync_path(self.dir)
 
     def committed(self) -> pa.Table:
         commits, _ = self.files()
@@ -117,5 +119,5 @@ class Ledger:
         _write(self.dir / f"commit-{step:08d}-{time.time_ns():020d}-{table.num_rows}.arrow", table)
         for _, p in due:
             p.unlink()
-        fsync_dir(self.dir)
+        fsync_path(self.dir)
         return table.num_rows

@@ -35,7 +35,7 @@ def buffer_stats(buffer_dir: Path) -> dict[str, Any]:
     rows = sum(s.num_rows for s in segments)
     consumers = {}
     for name in consumer_names(buffer_dir):
-        commits, pending = Ledger(buffer_dir, name).files()
+        commits, pending = Ledger(buffer_dir, name, create=False).files()
         committed = sum(r for _, r, _ in commits)
         in_flight = sum(r for _, r, _ in pending)
         consumers[name] = {"committed": committed, "pending": in_flight,

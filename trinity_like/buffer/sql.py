@@ -42,7 +42,7 @@ def consumption_table(buffer_dir: str | Path) -> pa.Table:
     """``(consumer, eid, step, committed)`` for every consumer's ledger."""
     parts = []
     for name in consumer_names(buffer_dir):
-        ledger = Ledger(buffer_dir, name)
+        ledger = Ledger(buffer_dir, name, create=False)
         for table, committed in ((ledger.committed(), True), (ledger.pending(), False)):
             n = table.num_rows
             parts.append(pa.table({"consumer": [name] * n, "eid": table.column("eid"),

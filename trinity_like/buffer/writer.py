@@ -42,7 +42,7 @@ class BufferWriter:
 
     def unconsumed(self) -> int:
         written = sum(s.num_rows for s in list_segments(self.buffer_dir))
-        return written - Ledger(self.buffer_dir, self.consumer).consumed_rows()
+        return written - Ledger(self.buffer_dir, self.consumer, create=False).consumed_rows()
 
     def pressure(self) -> float:
         """unconsumed / capacity (0 without a capacity): >= 1 means writers should wait."""
