@@ -239,13 +239,24 @@ class PPOTrainer(TrainEngineWrapper):
         with self.module.disable_adapter():
             return compute_log_probs(self.module, batch, temperature)
 
-    def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights as the plain model holds them (LoRA adapters merged in)."""
+    def _plain_policy(self):
+        """The policy as a plain transformers model: the module itself, or a copy with LoRA merged in."""
         if not self.cfg.trainer.lora.enabled:
-            return export_state_dict(self.module)
+            return self.module
         import copy
 
-        return export_state_dict(copy.deepcopy(self.module).merge_and_unload())
+        return copy.deepcopy(self.module).merge_and_unload()
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights as the plain model holds them (LoRA adapters merged in)."""
+        return export_state_dict(self._plain_policy())
+
+    @staticmethod
+    def _clip_and_step(module, optimizer, max_norm: float) -> float:
+        """Clip the global gradient norm (0 = no clipping), take the optimizer step, return the norm."""
+        norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm if max_norm > 0 else float("inf"))
+        optimizer.step()
+        return float(norm)
 
     def _apply_kl_penalty(self, batch) -> dict[str, float]:
         """token_level_rewards -= beta * KL(old || ref) per token (verl's in-reward KL); beta from the
@@ -266,11 +277,8 @@ class PPOTrainer(TrainEngineWrapper):
         updates = 0
         for mb in self._mini_batches_of(batch, salt=0):
             step_metrics = self._accumulate(mb, temperature)
-            max_norm = tr.optimizer.max_grad_norm
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                       max_norm if max_norm > 0 else float("inf"))
-            step_metrics["actor/grad_norm"] = float(grad_norm)
-            self.optimizer.step()
+            step_metrics["actor/grad_norm"] = self._clip_and_step(self.model, self.optimizer,
+                                                                  tr.optimizer.max_grad_norm)
             self.scheduler.step()
             updates += 1
             for k, v in step_metrics.items():
@@ -301,10 +309,8 @@ class PPOTrainer(TrainEngineWrapper):
                     (vf_loss * weight * self.dp_world).backward()
                 for key, value in (("critic/vf_loss", vf_loss), ("critic/vf_clipfrac", vf_clipfrac)):
                     step_metrics[key] = step_metrics.get(key, 0.0) + float(value.detach()) * weight
-            max_norm = tr.critic.max_grad_norm
-            step_metrics["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
-                self.critic.parameters(), max_norm if max_norm > 0 else float("inf")))
-            self.critic_optimizer.step()
+            step_metrics["critic/grad_norm"] = self._clip_and_step(self.critic, self.critic_optimizer,
+                                                                   tr.critic.max_grad_norm)
             updates += 1
             for k, v in step_metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
@@ -492,12 +498,8 @@ class PPOTrainer(TrainEngineWrapper):
 
         def fill(tmp: Path) -> None:
             if self.cfg.trainer.lora.enabled:
-                import copy
-
                 self.module.save_pretrained(tmp / "adapter")  # the trainable state, for resume
-                copy.deepcopy(self.module).merge_and_unload().save_pretrained(tmp / "model", safe_serialization=True)
-            else:
-                self.module.save_pretrained(tmp / "model", safe_serialization=True)
+            self._plain_policy().save_pretrained(tmp / "model", safe_serialization=True)
             for name in TOKENIZER_FILES:
                 src = Path(self.cfg.model.path) / name
                 if src.is_file():
