@@ -73,7 +73,7 @@ from trinity_like.common.experience import (
     experiences_to_table,
     table_to_experiences,
 )
-from trinity_like.common.fs import fsync_dir
+from trinity_like.common.fs import fsync_path
 
 BATCH = 256
 """Rows per write (= one segment) and per read."""
@@ -145,14 +145,6 @@ def timed_median(fn: Callable[[], object], repeats: int = SPLIT_REPEATS) -> floa
     return statistics.median(times)
 
 
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class GcWatch:
     """Counts the full (generation 2) garbage collections, and their time, inside ``with`` blocks."""
 
@@ -219,7 +211,7 @@ def write_raw_arrow(path: Path, exps: list[Experience]) -> float:
     table = experiences_to_table(exps)
     with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, EXPERIENCE_SCHEMA) as writer:
         writer.write_table(table)
-    fsync_file(path)
+    fsync_path(path)
     return time.perf_counter() - start
 
 
@@ -303,8 +295,8 @@ def write_split(tmp: Path, batches: list[list[Experience]]) -> None:
     steps["cast + IPC write"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for path in paths:
-        fsync_file(path)
-        fsync_dir(scratch)
+        fsync_path(path)
+        fsync_path(scratch)
     steps["fsync file + folder"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for path in paths:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a folder's fsync makes the renames inside it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -40,14 +41,13 @@ def atomic_write_named(folder: str | os.PathLike, write: Callable[[Path], None],
     tmp = Path(tmp_name)
     try:
         write(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
+        fsync_path(tmp)
         path = folder / name_of(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(folder)
+    fsync_path(folder)
     return path
 
 
@@ -74,15 +74,14 @@ def atomic_publish_dir(path: str | os.PathLike, fill: Callable[[Path], None]) ->
         fill(tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
-                with open(f, "rb+") as fh:
-                    os.fsync(fh.fileno())
-        fsync_dir(tmp)
+                fsync_path(f)
+        fsync_path(tmp)
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
