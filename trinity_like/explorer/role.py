@@ -129,7 +129,7 @@ class ExplorerRole:
 
     async def _run_workflows(self, tasks: list[Task], ctxs: list[WorkflowContext]) -> list[list[Experience] | None]:
         run_batch = getattr(self.workflow, "run_batch", None)
-        if run_batch is not None and self.cfg.explorer.over_rollout_frac >= 1.0:
+        if run_batch is not None:
             try:
                 return await asyncio.wait_for(run_batch(tasks, self.fleet, ctxs), self.cfg.explorer.task_timeout_s)
             except Exception as e:  # fall back to task by task, where failures are isolated
