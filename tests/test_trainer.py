@@ -311,8 +311,9 @@ def test_lora_step_changes_only_adapter_weights(tmp_path, tiny_model_path, batch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("estimator", ["grpo", "gae"])
-def test_one_and_two_data_parallel_workers_agree(tmp_path, tiny_model_path, batch_exps, ray_session, estimator):
+@pytest.mark.parametrize("estimator,strategy", [("grpo", "ddp"), ("gae", "ddp"), ("gae", "fsdp2")])
+def test_one_and_two_data_parallel_workers_agree(tmp_path, tiny_model_path, batch_exps, ray_session, estimator,
+                                                 strategy):
     from trinity_like.trainer.workers import start_train_workers
 
     # At the default learning rate: Adam's first update lr * g / (|g| + eps) turns float-summation noise on
@@ -322,7 +323,8 @@ def test_one_and_two_data_parallel_workers_agree(tmp_path, tiny_model_path, batc
     single = _trainer(tmp_path / "one", tiny_model_path, *overrides)
     single.train_step(batch_exps)
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path / 'two'}", f"model.path={tiny_model_path}",
-                             "explorer.repeat_times=3", "trainer.num_workers=2", *overrides])
+                             "explorer.repeat_times=3", "trainer.num_workers=2", f"trainer.strategy={strategy}",
+                             *overrides])
     group = start_train_workers(cfg)
     try:
         metrics = group.execute_all("train_step", batch_exps)
@@ -335,3 +337,53 @@ def test_one_and_two_data_parallel_workers_agree(tmp_path, tiny_model_path, batc
         torch.testing.assert_close(rank0[k], expected[k], rtol=1e-5, atol=1e-5)
         assert torch.equal(rank0[k], rank1[k])  # the replicas stay identical
     assert metrics[0]["train/batch_size"] == 12.0
+
+
+@pytest.mark.slow
+def test_fsdp2_checkpoint_resumes_exactly_and_loads_in_transformers(tmp_path, tiny_model_path, batch_exps,
+                                                                    ray_session):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from trinity_like.common.errors import UserError
+    from trinity_like.trainer.workers import DataParallelTrainer
+
+    overrides = ["algorithm.adv_estimator=gae", "trainer.micro_batch_size=2", "trainer.num_workers=2",
+                 "trainer.strategy=fsdp2", "trainer.optimizer.warmup_steps=3"]
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                             "explorer.repeat_times=3", "trainer.optimizer.lr=0.01", *overrides])
+    straight = DataParallelTrainer(cfg)
+    straight.prepare()
+    try:
+        straight.train_step(batch_exps)
+        after_one = straight.group.execute_all("state_dict")[0]
+        path = straight.save_checkpoint()
+        straight.train_step(batch_exps)
+        after_two = straight.group.execute_all("state_dict")[0]
+        published = load_file(str(straight.save_state_dict()))
+    finally:
+        straight.shutdown()
+    assert published.keys() == after_two.keys()
+    assert all(torch.equal(published[k], after_two[k]) for k in after_two)  # the gathered shards, whole
+
+    plain = export_state_dict(AutoModelForCausalLM.from_pretrained(path / "model"))
+    assert plain.keys() == after_one.keys()
+    assert all(torch.equal(plain[k], after_one[k]) for k in plain)
+    initial = export_state_dict(load_causal_lm(tiny_model_path))
+    assert any(not torch.equal(plain[k], initial[k]) for k in plain)
+
+    resumed = DataParallelTrainer(cfg)
+    resumed.prepare()
+    try:
+        resumed.load_checkpoint(path)
+        assert resumed.train_step_num == 1
+        resumed.train_step(batch_exps)  # uses the restored optimizer moments, schedule and critic
+        again = resumed.group.execute_all("state_dict")[0]
+    finally:
+        resumed.shutdown()
+    for k in after_two:
+        torch.testing.assert_close(again[k], after_two[k], rtol=0, atol=1e-6)
+
+    single = _trainer(tmp_path / "single", tiny_model_path, "algorithm.adv_estimator=gae")
+    with pytest.raises(UserError, match="written by a 'fsdp2' trainer"):
+        single.load_checkpoint(path)

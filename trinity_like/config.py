@@ -227,7 +227,11 @@ class TrainerConfig:
     type: str = _choices("ppo", ("ppo",))
     """TrainEngineWrapper implementation (registry `trinity_like.trainer.ppo.TRAINERS`)."""
     num_workers: int = _at_least(1, 1)
-    """Data-parallel trainer workers (a torch.distributed group: gloo on CPU, NCCL on GPU, with DDP)."""
+    """Data-parallel trainer workers (a torch.distributed group: gloo on CPU, NCCL on GPU)."""
+    strategy: str = _choices("ddp", ("ddp", "fsdp2"))
+    """How workers share the model when `num_workers` > 1: `ddp` (a full replica each, gradients
+    all-reduced) or `fsdp2` (`torch.distributed.fsdp.fully_shard`: parameters, gradients and optimizer
+    state sharded per transformer block; for models that do not fit one device)."""
 
 
 @dataclass
@@ -363,6 +367,10 @@ class BufferConfig:
     """How often a row may be trained on (read_policy replay)."""
     replay_cooldown_steps: int = _at_least(0, 0)
     """Trainer steps between two uses of the same row (read_policy replay)."""
+    replay_sources: list[str] = field(default_factory=list)
+    """What `mode: offline` trains on: buffer folders or run directories of earlier runs, `.arrow` segments,
+    `.parquet` / `.jsonl` files of Experience rows (`buffer export`, `buffer ingest`), filtered by
+    `buffer.where`. Read only; batches are whole groups, shuffled per epoch (seeded)."""
     transport: str = _choices("file", ("file", "redis"))
     """How explorers hand experiences over: `file` (write segments into the buffer folder) or `redis` (a
     Redis Stream, for explorers on hosts that share no filesystem with the trainer)."""
@@ -566,8 +574,9 @@ def validate(cfg: Config) -> None:
             f"synchronizer.max_staleness={cfg.synchronizer.max_staleness} is smaller than "
             f"synchronizer.interval - 1 = {cfg.synchronizer.interval - 1}: the explorer would wait for weights "
             "that are never published; raise max_staleness or lower interval")
-    if cfg.mode == "offline":
-        raise ConfigError("mode 'offline' (replaying a stored buffer) is not available yet; use sync or async")
+    if cfg.mode == "offline" and not cfg.buffer.replay_sources:
+        raise ConfigError("mode 'offline' needs buffer.replay_sources: the stored experiences to train on (an "
+                          "earlier run's directory, a buffer folder, .arrow/.parquet/.jsonl files)")
     if cfg.synchronizer.method == "nccl":
         raise ConfigError("synchronizer.method 'nccl' is not available yet; use checkpoint or memory")
     for key in ("project", "name"):
@@ -605,6 +614,9 @@ def _validate_trainer(cfg: Config) -> None:
     tr = cfg.trainer
     rows = tr.mini_batch_size or cfg.train_batch_size
     units = rows // 2 if cfg.algorithm.policy_loss == "dpo" else rows
+    if tr.strategy == "fsdp2" and tr.lora.enabled:
+        raise ConfigError("trainer.strategy 'fsdp2' with trainer.lora.enabled is not supported: LoRA trains a "
+                          "few small adapters, which DDP replicates cheaply; set trainer.strategy=ddp")
     if units < tr.num_workers:
         raise ConfigError(f"trainer.num_workers={tr.num_workers} is more than the {units} "
                           f"{'pairs' if cfg.algorithm.policy_loss == 'dpo' else 'rows'} of a mini-batch: every worker "

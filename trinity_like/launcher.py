@@ -4,6 +4,7 @@
   with ``synchronizer.interval: 1`` explorer step k uses version k (strict on-policy).
 - ``async``: explorer and trainer loop concurrently in their own actors; the explorer's admission rule keeps
   every trained row within ``synchronizer.max_staleness`` versions.
+- ``offline``: no explorer; the trainer replays ``buffer.replay_sources`` for ``trainer.total_steps`` steps.
 
 While the roles work, the launcher tails ``metrics.jsonl`` and prints one progress line per step.
 """
@@ -48,15 +49,16 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False) -> RunPaths:
                            "build one with `trinity-like make-tiny-model DIR`, or set model.build_tiny_if_missing=true")
         print(f"building the tiny model into {cfg.model.path} ...", flush=True)
         ensure_tiny_model(cfg.model.path, seed=cfg.seed)
-    if not paths.taskset.is_file():
+    if cfg.mode != "offline" and not paths.taskset.is_file():
         if cfg.explorer.taskset.path:
             raise RunError(f"explorer.taskset.path '{cfg.explorer.taskset.path}' does not exist")
         ts = cfg.explorer.taskset
         write_taskset(paths.taskset, generate_arithmetic(ts.size, ts.max_operand, cfg.seed))
-    try:
-        load_taskset(paths.taskset)  # fail here, in one line, rather than inside an explorer actor
-    except (OSError, ValueError) as e:
-        raise RunError(str(e)) from None
+    if cfg.mode != "offline":
+        try:
+            load_taskset(paths.taskset)  # fail here, in one line, rather than inside an explorer actor
+        except (OSError, ValueError) as e:
+            raise RunError(str(e)) from None
     return paths
 
 
@@ -86,11 +88,13 @@ def _start_roles(cfg: Config) -> _Roles:
 
     ns = namespace_of(cfg)
     sync = get_synchronizer(ns)
-    explorer = ray.remote(num_cpus=0, max_concurrency=4)(ExplorerRole).options(
-        name="explorer", namespace=ns).remote(cfg)
+    explorer = None
+    if cfg.mode != "offline":
+        explorer = ray.remote(num_cpus=0, max_concurrency=4)(ExplorerRole).options(
+            name="explorer", namespace=ns).remote(cfg)
     trainer = ray.remote(num_cpus=0, max_concurrency=2)(TrainerRole).options(
         name="trainer", namespace=ns).remote(cfg)
-    ray.get([explorer.setup.remote(), trainer.setup.remote()])
+    ray.get([role.setup.remote() for role in (explorer, trainer) if role is not None])
     return _Roles(sync, explorer, trainer)
 
 
@@ -134,9 +138,10 @@ def _run_sync(cfg: Config, roles: _Roles, progress: _Progress) -> None:
 
 
 def _run_async(roles: _Roles, progress: _Progress) -> None:
+    """Both roles loop on their own (offline: the trainer alone) until they finish or one fails."""
     import ray
 
-    pending = [roles.trainer.run.remote(), roles.explorer.run.remote()]
+    pending = [role.run.remote() for role in (roles.trainer, roles.explorer) if role is not None]
     while pending:
         done, pending = ray.wait(pending, timeout=0.2)
         for ref in done:
@@ -171,11 +176,12 @@ def run(cfg: Config) -> dict[str, Any]:
     finally:
         progress.poll()
         if roles is not None:
+            actors = [a for a in (roles.explorer, roles.trainer) if a is not None]
             try:
-                ray.get([roles.explorer.shutdown.remote(), roles.trainer.shutdown.remote()], timeout=60)
+                ray.get([a.shutdown.remote() for a in actors], timeout=60)
             except Exception as e:  # a role that died cannot shut down; killing it below is all there is
                 print(f"warning: a role did not shut down cleanly: {type(e).__name__}", file=sys.stderr)
-            for actor in (roles.explorer, roles.trainer, roles.synchronizer):
+            for actor in (*actors, roles.synchronizer):
                 ray.kill(actor)
         summary = _summary(cfg, progress.records, time.time() - start, exit_reason)
         atomic_write_json(paths.summary, summary)

@@ -37,15 +37,19 @@ def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature
 
 
 def export_state_dict(model) -> dict[str, torch.Tensor]:
-    """The model's weights with aliases dropped (a tied ``lm_head.weight`` is the embedding), detached and
-    contiguous, ready for safetensors or the object store."""
+    """The model's weights as full tensors with aliases dropped (a tied ``lm_head.weight`` is the embedding),
+    detached and contiguous, ready for safetensors or the object store. Shards of a module under FSDP2
+    (DTensors) are gathered, which is a collective: every rank of the group must call it."""
+    from torch.distributed.tensor import DTensor
+
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for name, t in model.state_dict().items():
-        if t.data_ptr() in seen:
+    for name, t in model.state_dict(keep_vars=True).items():  # Parameters themselves: a tied one repeats
+        if id(t) in seen:
             continue
-        seen.add(t.data_ptr())
-        out[name] = t.detach().contiguous().clone()
+        seen.add(id(t))
+        full = t.full_tensor() if isinstance(t, DTensor) else t
+        out[name] = full.detach().contiguous().clone()
     return out
 
 

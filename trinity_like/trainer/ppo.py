@@ -8,7 +8,9 @@ AdamW step. The new weights are version k+1.
 Also: ``ppo_epochs`` over seeded shuffled mini-batches (one optimizer update each), micro-batches by count or
 token budget, entropy bonus, KL loss against the initial model, in-reward KL with a fixed or adaptive
 controller, warm-up + constant/cosine learning rate, gradient checkpointing, a critic (value model with value
-clipping) for GAE, SFT and online DPO, exact resume from checkpoints. Not yet: data-parallel workers, LoRA.
+clipping) for GAE, SFT and online DPO, LoRA, exact resume from checkpoints, and the hooks data-parallel workers
+(``trinity_like.trainer.workers``) use: DDP or FSDP2 (``trinity_like.trainer.parallel``), each rank training on
+its rows of every mini-batch.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from trinity_like.common.fs import atomic_publish_dir, atomic_write_text, atomic
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import Config, RunPaths
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
+from trinity_like.trainer import parallel
 from trinity_like.trainer.critic import compute_values
 
 STATE_DICT_DIR = "state_dict"
@@ -130,10 +133,6 @@ class PPOTrainer(TrainEngineWrapper):
                 self.model.gradient_checkpointing_enable  # renamed in transformers 5
             enable()
             self.model.config.use_cache = False
-        opt = self.cfg.trainer.optimizer
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=opt.lr, betas=(opt.beta1, opt.beta2),
-                                           eps=opt.eps, weight_decay=opt.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.module = self.model
         algo = self.cfg.algorithm
         self.ref_model = None
@@ -146,8 +145,7 @@ class PPOTrainer(TrainEngineWrapper):
             from trinity_like.trainer.critic import ValueModel
 
             self.critic = self.critic_module = ValueModel(self.cfg.model.path)
-            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.cfg.trainer.critic.lr,
-                                                      betas=(opt.beta1, opt.beta2), eps=opt.eps)
+        self._build_optimizers()
         ctrl = algo.kl_ctrl
         self.kl_ctrl = get_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
         self.adv_fn = get_adv_estimator_fn(self.cfg.algorithm.adv_estimator)
@@ -158,15 +156,33 @@ class PPOTrainer(TrainEngineWrapper):
     def train_step_num(self) -> int:
         return self._step
 
-    def enable_data_parallel(self, rank: int, world_size: int) -> None:
-        """Wrap the policy (and critic) in DDP inside an initialised torch.distributed group."""
-        from torch.nn.parallel import DistributedDataParallel as DDP
+    def _build_optimizers(self) -> None:
+        opt = self.cfg.trainer.optimizer
+        self.optimizer = torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=opt.lr,
+                                           betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        if self.critic is not None:
+            self.critic_optimizer = torch.optim.AdamW(self.critic_module.parameters(), lr=self.cfg.trainer.critic.lr,
+                                                      betas=(opt.beta1, opt.beta2), eps=opt.eps)
 
+    def enable_data_parallel(self, rank: int, world_size: int) -> None:
+        """Spread training over an initialised torch.distributed group by ``trainer.strategy``: DDP replicas of
+        the policy and critic, or FSDP2 shards of the policy, critic and reference model (the optimizers are
+        rebuilt over the sharded parameters)."""
         self.dp_rank, self.dp_world = rank, world_size
-        if world_size > 1:
-            self.model = DDP(self.module)
+        if world_size == 1:
+            return
+        strategy = self.cfg.trainer.strategy
+        if strategy == "ddp":
+            self.model = parallel.wrap(self.module, "ddp")
             if self.critic is not None:
-                self.critic = DDP(self.critic_module)
+                self.critic = parallel.wrap(self.critic_module, "ddp")
+            return
+        mesh = parallel.device_mesh(world_size)
+        for module in (self.module, self.critic_module if self.critic is not None else None, self.ref_model):
+            if module is not None:
+                parallel.wrap(module, "fsdp2", mesh)
+        self._build_optimizers()
 
     def _updates_per_step(self) -> int:
         mini = self.cfg.trainer.mini_batch_size or self.cfg.train_batch_size
@@ -192,7 +208,8 @@ class PPOTrainer(TrainEngineWrapper):
             batch_exps = preference_pairs(batch_exps)
         batch = experiences_to_batch(batch_exps, self.pad_token_id)
         mask = batch["response_mask"]  # (B, R)
-        staleness = (self._step - batch["model_version"]).float()  # (B,) trained by the weights of version step
+        # (B,) trained by the weights of version step; rows replayed from another run may carry larger versions
+        staleness = (self._step - batch["model_version"]).clamp(min=0).float()
         metrics = self._prepare_old_log_probs(batch, staleness, temperature)
         if self.ref_model is not None or (self.cfg.trainer.lora.enabled and (
                 algo.use_kl_loss or algo.use_kl_in_reward or self.dpo)):
@@ -248,15 +265,24 @@ class PPOTrainer(TrainEngineWrapper):
         return copy.deepcopy(self.module).merge_and_unload()
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights as the plain model holds them (LoRA adapters merged in)."""
+        """The policy's weights as the plain model holds them (LoRA adapters merged in), full tensors.
+        Collective under FSDP2: every rank calls it."""
         return export_state_dict(self._plain_policy())
+
+    def _writes(self) -> bool:
+        """Whether this rank writes weights and checkpoints (rank 0; the others only join FSDP2's gathers)."""
+        return self.dp_rank == 0
+
+    def _gathers(self) -> bool:
+        """Whether this rank must take part in assembling full weights (FSDP2: all ranks; DDP: rank 0)."""
+        return self._writes() or parallel.is_sharded(self.module)
 
     @staticmethod
     def _clip_and_step(module, optimizer, max_norm: float) -> float:
         """Clip the global gradient norm (0 = no clipping), take the optimizer step, return the norm."""
         norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm if max_norm > 0 else float("inf"))
         optimizer.step()
-        return float(norm)
+        return parallel.scalar(norm)
 
     def _apply_kl_penalty(self, batch) -> dict[str, float]:
         """token_level_rewards -= beta * KL(old || ref) per token (verl's in-reward KL); beta from the
@@ -305,7 +331,7 @@ class PPOTrainer(TrainEngineWrapper):
                                                           micro["response_mask"], tr.critic.cliprange_value,
                                                           algo.loss_agg_mode)
                 weight = self._micro_weight(micro["response_mask"], mb["response_mask"])
-                with self._no_sync(self.critic, last=i == len(parts) - 1):
+                with parallel.grad_sync(self.critic, enabled=i == len(parts) - 1):
                     (vf_loss * weight * self.dp_world).backward()
                 for key, value in (("critic/vf_loss", vf_loss), ("critic/vf_clipfrac", vf_clipfrac)):
                     step_metrics[key] = step_metrics.get(key, 0.0) + float(value.detach()) * weight
@@ -348,13 +374,6 @@ class PPOTrainer(TrainEngineWrapper):
             pairs = torch.arange(self.dp_rank, mb.batch_size[0] // 2, self.dp_world)
             return mb[torch.stack([2 * pairs, 2 * pairs + 1], dim=1).reshape(-1)]
         return mb[torch.arange(self.dp_rank, mb.batch_size[0], self.dp_world)]
-
-    @staticmethod
-    def _no_sync(model, last: bool):
-        """DDP's ``no_sync`` for all but the last micro-batch; a no-op context otherwise."""
-        import contextlib
-
-        return model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
 
     def _micro_batches(self, mb) -> list[slice]:
         """Slices of ``mb``: by ``micro_batch_size``, or packed up to ``max_token_len_per_micro_batch`` tokens."""
@@ -405,7 +424,7 @@ class PPOTrainer(TrainEngineWrapper):
             # Weight each micro-batch so the accumulated gradient equals the one of the whole mini-batch (DDP
             # averages over ranks, hence the world size); DDP all-reduces on the last backward only.
             weight = self._micro_weight(m_mask, mask)
-            with self._no_sync(self.model, last=i == len(parts) - 1):
+            with parallel.grad_sync(self.model, enabled=i == len(parts) - 1):
                 (loss * weight * self.dp_world).backward()
             for key, value in {**terms, **loss_metrics}.items():
                 metrics[key] = metrics.get(key, 0.0) + value * weight
@@ -448,8 +467,12 @@ class PPOTrainer(TrainEngineWrapper):
     def save_state_dict(self) -> Path:
         from safetensors.torch import save_file
 
-        sd = self.policy_state_dict()
         path = self.paths.checkpoint_dir / STATE_DICT_DIR / f"version-{self._step:08d}.safetensors"
+        if not self._gathers():
+            return path
+        sd = self.policy_state_dict()
+        if not self._writes():
+            return path
         atomic_write_with(path, lambda tmp: save_file(sd, str(tmp), metadata={"version": str(self._step)}))
         self._prune_state_dicts(keep=self.cfg.synchronizer.max_staleness + 2)
         return path
@@ -461,9 +484,13 @@ class PPOTrainer(TrainEngineWrapper):
             old.unlink(missing_ok=True)
 
     def upload_state_dict(self):
+        """An object-store reference to the current weights (None on ranks that do not write)."""
         import ray
 
-        return ray.put(self.policy_state_dict())
+        if not self._gathers():
+            return None
+        sd = self.policy_state_dict()
+        return ray.put(sd) if self._writes() else None
 
     def sync_weight(self) -> None:
         import ray
@@ -473,9 +500,14 @@ class PPOTrainer(TrainEngineWrapper):
         if self.synchronizer is None:
             raise RuntimeError("sync_weight needs a synchronizer actor")
         if self.cfg.synchronizer.method == "memory":
-            info = WeightsInfo(version=self._step, refs=[self.upload_state_dict()])
+            ref = self.upload_state_dict()
+            if not self._writes():
+                return
+            info = WeightsInfo(version=self._step, refs=[ref])
         else:
             info = WeightsInfo(version=self._step, path=str(self.save_state_dict()))
+            if not self._writes():
+                return
         ray.get(self.synchronizer.publish.remote(info))
 
     # ------------------------------------------------------------ checkpoints
@@ -489,34 +521,50 @@ class PPOTrainer(TrainEngineWrapper):
             trainer_state.json  step, KL controller coefficient;  rng.pt  torch / numpy / random states
 
         The write always blocks (CPU checkpoints are small); ``save_as_hf`` is accepted for the seeds' API and
-        has no effect because the model is always written in Hugging Face format."""
+        has no effect because the model is always written in Hugging Face format. Under FSDP2 every rank
+        calls this (the full tensors are gathered collectively) and rank 0 writes."""
         import random
 
         import numpy as np
 
         step = self._step
+        path = self.paths.checkpoint_dir / f"step_{step}"
+        if not self._gathers():
+            return path
+        plain = self._plain_policy()
+        weights = export_state_dict(plain)
+        optimizer = parallel.optimizer_state(self.module, self.optimizer)
+        critic = None
+        if self.critic is not None:
+            critic = {"model": export_state_dict(self.critic_module),
+                      "optimizer": parallel.optimizer_state(self.critic_module, self.critic_optimizer)}
+        if not self._writes():
+            return path
 
         def fill(tmp: Path) -> None:
             if self.cfg.trainer.lora.enabled:
                 self.module.save_pretrained(tmp / "adapter")  # the trainable state, for resume
-            self._plain_policy().save_pretrained(tmp / "model", safe_serialization=True)
+            plain.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
             for name in TOKENIZER_FILES:
                 src = Path(self.cfg.model.path) / name
                 if src.is_file():
                     (tmp / "model" / name).write_bytes(src.read_bytes())
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(optimizer, tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
                        tmp / "rng.pt")
-            if self.critic is not None:
-                torch.save({"model": self.critic_module.state_dict(), "optimizer": self.critic_optimizer.state_dict()},
-                           tmp / "critic.pt")
-            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "kl_coef": self.kl_ctrl.value}) + "\n")
+            if critic is not None:
+                torch.save(critic, tmp / "critic.pt")
+            (tmp / "trainer_state.json").write_text(json.dumps(
+                {"step": step, "kl_coef": self.kl_ctrl.value, "strategy": self._strategy()}) + "\n")
 
-        path = atomic_publish_dir(self.paths.checkpoint_dir / f"step_{step}", fill)
+        atomic_publish_dir(path, fill)
         atomic_write_text(self.paths.checkpoint_dir / "latest", f"{step}\n")
         self._prune_checkpoints()
         return path
+
+    def _strategy(self) -> str:
+        return "single" if self.dp_world == 1 else self.cfg.trainer.strategy
 
     def _prune_checkpoints(self) -> None:
         keep = self.cfg.trainer.keep_checkpoints
@@ -532,13 +580,20 @@ class PPOTrainer(TrainEngineWrapper):
         return path if path.is_dir() else None
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore everything ``save_checkpoint`` wrote (after ``prepare``)."""
+        """Restore everything ``save_checkpoint`` wrote (after ``prepare`` and, with workers,
+        ``enable_data_parallel``; under FSDP2 every rank calls it)."""
         import random
 
         from safetensors.torch import load_file
 
-        from trinity_like.common.modeling import import_state_dict
+        from trinity_like.common.errors import UserError
 
+        meta = json.loads((path / "trainer_state.json").read_text())
+        saved = meta.get("strategy", "single")
+        if (saved == "fsdp2") != (self._strategy() == "fsdp2"):
+            raise UserError(f"checkpoint {path} was written by a '{saved}' trainer and cannot resume a "
+                            f"'{self._strategy()}' one (their optimizer states differ in layout); resume with "
+                            "the trainer.strategy and trainer.num_workers it was written with")
         if self.cfg.trainer.lora.enabled:
             from peft import set_peft_model_state_dict
 
@@ -547,8 +602,8 @@ class PPOTrainer(TrainEngineWrapper):
             state: dict[str, torch.Tensor] = {}
             for f in sorted((path / "model").glob("*.safetensors")):
                 state.update(load_file(str(f)))
-            import_state_dict(self.module, state)
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+            parallel.load_full_state_dict(self.module, state)
+        parallel.load_optimizer_state(self.module, self.optimizer, torch.load(path / "optimizer.pt", weights_only=False))
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
@@ -558,8 +613,7 @@ class PPOTrainer(TrainEngineWrapper):
         random.setstate(rng["random"])
         if self.critic is not None:
             critic = torch.load(path / "critic.pt", weights_only=False)
-            self.critic_module.load_state_dict(critic["model"])
-            self.critic_optimizer.load_state_dict(critic["optimizer"])
-        meta = json.loads((path / "trainer_state.json").read_text())
+            parallel.load_full_state_dict(self.critic_module, critic["model"])
+            parallel.load_optimizer_state(self.critic_module, self.critic_optimizer, critic["optimizer"])
         self._step = int(meta["step"])
         self.kl_ctrl.value = float(meta["kl_coef"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from trinity_like.buffer import BufferConsumer
+from trinity_like.common.errors import UserError
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.config import Config, RunPaths, namespace_of, redis_stream
@@ -25,7 +26,8 @@ CONSUMER_NAME = "trainer"
 
 class TrainerRole:
     """Runs as a Ray actor. In ``sync`` mode the launcher calls ``step()`` in lock-step with the explorer;
-    in ``async`` mode ``run()`` loops on its own, bounded by ``synchronizer.max_staleness``."""
+    in ``async`` mode ``run()`` loops on its own, bounded by ``synchronizer.max_staleness``; in ``offline``
+    mode ``run()`` replays ``buffer.replay_sources`` epoch after epoch (nothing is consumed or published)."""
 
     def __init__(self, cfg: Config) -> None:
         set_offline_env()
@@ -39,13 +41,23 @@ class TrainerRole:
         self.engine = make_train_engine(self.cfg, self.synchronizer)
         self.engine.prepare()
         b = self.cfg.buffer
-        self.consumer = BufferConsumer(self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy,
+        self.consumer = None if self.cfg.mode == "offline" else BufferConsumer(self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy,
                                        priority=b.priority or None, where=b.where or None,
                                        max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps)
         self.metrics = MetricsWriter(self.paths.metrics, role="trainer")
         self._last_end_check = 0.0
         self.ingester = None
-        if b.transport == "redis":
+        self.replay = None
+        if self.cfg.mode == "offline":
+            from trinity_like.buffer.replay import ReplayReader
+
+            self.replay = ReplayReader(b.replay_sources, where=b.where or None, batch_size=self.cfg.train_batch_size,
+                                       seed=self.cfg.seed)
+            if not len(self.replay):
+                raise UserError(f"buffer.replay_sources hold no rows{' matching buffer.where' if b.where else ''}: "
+                                f"{', '.join(b.replay_sources)}")
+            self._replay_epoch, self._replay_batches = 0, self.replay.epoch(0)
+        elif b.transport == "redis":
             from trinity_like.buffer.redis_transport import IngesterThread, RedisIngester
 
             self.ingester = IngesterThread(RedisIngester(
@@ -58,16 +70,30 @@ class TrainerRole:
             return None
         return self.engine.train_step_num - self.cfg.synchronizer.max_staleness
 
+    def _next_replay_batch(self) -> list:
+        for _ in range(2):
+            batch = next(self._replay_batches, None)
+            if batch is not None:
+                return batch
+            self._replay_epoch += 1
+            self._replay_batches = self.replay.epoch(self._replay_epoch)
+        raise AssertionError("a non-empty replay source yielded no batch")
+
     def step(self) -> dict[str, float]:
         """Read one batch, train on it, commit its consumption, publish weights when the interval says so."""
         wait_start = time.perf_counter()
-        exps = self.consumer.read(self.cfg.train_batch_size, self._min_version(),
-                                  timeout_s=self.cfg.synchronizer.timeout_s, step=self.engine.train_step_num + 1,
-                                  should_stop=self._explorer_ended)
+        if self.replay is not None:
+            exps = self._next_replay_batch()
+        else:
+            exps = self.consumer.read(self.cfg.train_batch_size, self._min_version(),
+                                      timeout_s=self.cfg.synchronizer.timeout_s, step=self.engine.train_step_num + 1,
+                                      should_stop=self._explorer_ended)
         wait_s = time.perf_counter() - wait_start
         metrics = self.engine.train_step(exps)
         step = self.engine.train_step_num
-        if step % self.cfg.synchronizer.interval == 0 or step == self.cfg.trainer.total_steps:
+        if self.replay is not None:
+            metrics["replay/epoch"] = float(self._replay_epoch)
+        elif step % self.cfg.synchronizer.interval == 0 or step == self.cfg.trainer.total_steps:
             sync_start = time.perf_counter()
             self.engine.sync_weight()
             metrics["time/sync_s"] = time.perf_counter() - sync_start
@@ -75,11 +101,13 @@ class TrainerRole:
         if step == self.cfg.trainer.total_steps or (save and step % save == 0):
             # Ledger first, then checkpoint: a crash between the two resumes from the previous checkpoint,
             # whose resume discards this commit, so the rows are trained again rather than lost.
-            self.consumer.commit(step)
+            if self.replay is None:
+                self.consumer.commit(step)
             self.engine.save_checkpoint(block_until_saved=True)
         metrics["time/wait_data_s"] = wait_s
         metrics["trainer/version"] = float(step)
-        metrics.update(self.consumer.stats())
+        if self.consumer is not None:
+            metrics.update(self.consumer.stats())
         self.metrics.write(step, metrics)
         return metrics
 
