@@ -39,8 +39,8 @@ from trinity_like.common.experience import Experience
 from trinity_like.common.fs import atomic_publish_dir, atomic_write_text, atomic_write_with
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import Config, RunPaths
-from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
 from trinity_like.trainer import parallel
+from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
 from trinity_like.trainer.critic import compute_values
 
 STATE_DICT_DIR = "state_dict"
