@@ -20,6 +20,23 @@ def tiny_model_path(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def batch_exps(tiny_model_path):
+    """12 experiences (4 prompts x 3 samples, one group each) sampled from the tiny model, with rewards."""
+    from trinity_like.common.experience import Experience
+    from trinity_like.common.tokenizer import hf_tokenizer
+    from trinity_like.config import SamplingConfig
+    from trinity_like.explorer.engines.hf_engine import HFEngine
+
+    tok = hf_tokenizer(tiny_model_path)
+    engine = HFEngine(tiny_model_path)
+    prompts = [tok.encode(p) for p in ["1+2=", "3+4=", "5+1=", "2+2="] for _ in range(3)]
+    samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=5), list(range(len(prompts))))
+    return [Experience(prompt_ids=p, response_ids=s.response_ids, logprobs=s.logprobs, group_id=f"g{i // 3}",
+                       reward=float(i % 3 == 0), model_version=0)
+            for i, (p, s) in enumerate(zip(prompts, samples, strict=True))]
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     """A real local Ray instance shared by every test that needs one."""
     import ray

@@ -60,7 +60,7 @@ def test_bad_config_names_the_key(override, needle):
 def test_unknown_key_lists_valid_keys():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["synchronizer.methd=memory"])
-    assert "valid keys under 'synchronizer': method, interval, max_staleness" in str(err.value)
+    assert "valid keys under 'synchronizer': method, interval, offset, style, max_staleness" in str(err.value)
 
 
 def _cli(*args):

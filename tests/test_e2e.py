@@ -108,8 +108,11 @@ def test_checkpoint_method_prunes_old_versions(tmp_path, tiny_model_path, ray_se
     cfg = _cfg(tmp_path, tiny_model_path, "prune", "mode=sync", "synchronizer.max_staleness=0",
                "trainer.total_steps=3")
     run(cfg)
-    files = sorted((RunPaths.of(cfg).checkpoint_dir / "state_dict").glob("*.safetensors"))
-    assert [f.name for f in files] == ["version-00000002.safetensors", "version-00000003.safetensors"]
+    root = RunPaths.of(cfg).checkpoint_dir / "state_dict"
+    assert sorted(f.name for f in root.iterdir()) == ["latest", "version-00000002", "version-00000003"]
+    assert (root / "latest").read_text() == "3\n"
+    assert sorted(f.name for f in (root / "version-00000003").iterdir()) == [
+        "manifest.json", "part-00000-of-00001.safetensors"]
 
 
 def test_existing_run_directory_is_refused(tmp_path, tiny_model_path, ray_session):

@@ -7,22 +7,11 @@ from trinity_like.algorithms import compute_grpo_outcome_advantage, compute_poli
 from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.common.tokenizer import hf_tokenizer
-from trinity_like.config import SamplingConfig, load_config
+from trinity_like.config import load_config
 from trinity_like.explorer.engines.base import WeightUpdate
 from trinity_like.explorer.engines.hf_engine import HFEngine
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
 from trinity_like.trainer.ppo import PPOTrainer
-
-
-@pytest.fixture(scope="module")
-def batch_exps(tiny_model_path):
-    tok = hf_tokenizer(tiny_model_path)
-    engine = HFEngine(tiny_model_path)
-    prompts = [tok.encode(p) for p in ["1+2=", "3+4=", "5+1=", "2+2="] for _ in range(3)]
-    samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=5), list(range(len(prompts))))
-    return [Experience(prompt_ids=p, response_ids=s.response_ids, logprobs=s.logprobs, group_id=f"g{i // 3}",
-                       reward=float(i % 3 == 0), model_version=0)
-            for i, (p, s) in enumerate(zip(prompts, samples, strict=True))]
 
 
 def _trainer(tmp_path, model_path, *overrides):
@@ -87,7 +76,7 @@ def test_state_dict_and_checkpoint_files(tmp_path, tiny_model_path, batch_exps):
     t = _trainer(tmp_path, tiny_model_path)
     t.train_step(batch_exps)
     path = t.save_state_dict()
-    assert path.name == "version-00000001.safetensors"
+    assert path.name == "version-00000001" and (path / "manifest.json").is_file()
     engine = HFEngine(tiny_model_path)
     engine.update_weights(WeightUpdate(version=1, path=str(path)))
     trained = export_state_dict(t.model)
@@ -342,17 +331,23 @@ def test_one_and_two_data_parallel_workers_agree(tmp_path, tiny_model_path, batc
 @pytest.mark.slow
 def test_fsdp2_checkpoint_resumes_exactly_and_loads_in_transformers(tmp_path, tiny_model_path, batch_exps,
                                                                     ray_session):
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from trinity_like.common.errors import UserError
+    from trinity_like.synchronizer import read_weights
     from trinity_like.trainer.workers import DataParallelTrainer
 
     overrides = ["algorithm.adv_estimator=gae", "trainer.micro_batch_size=2", "trainer.num_workers=2",
                  "trainer.strategy=fsdp2", "trainer.optimizer.warmup_steps=3"]
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "name=fsdp2",
                              "explorer.repeat_times=3", "trainer.optimizer.lr=0.01", *overrides])
-    straight = DataParallelTrainer(cfg)
+    import ray
+
+    from trinity_like.config import namespace_of
+    from trinity_like.synchronizer import CheckpointMonitor, get_synchronizer
+
+    synchronizer = get_synchronizer(namespace_of(cfg))
+    straight = DataParallelTrainer(cfg, synchronizer)
     straight.prepare()
     try:
         straight.train_step(batch_exps)
@@ -360,9 +355,15 @@ def test_fsdp2_checkpoint_resumes_exactly_and_loads_in_transformers(tmp_path, ti
         path = straight.save_checkpoint()
         straight.train_step(batch_exps)
         after_two = straight.group.execute_all("state_dict")[0]
-        published = load_file(str(straight.save_state_dict()))
+        version = straight.save_state_dict()
+        assert ray.get(CheckpointMonitor.get_actor(namespace_of(cfg)).monitor_step.remote(2, True, 60))
+        published, _ = read_weights(version)
+        assert ray.get(synchronizer.latest.remote()).version == 2  # the monitor published it
     finally:
         straight.shutdown()
+    # both ranks wrote a share of the tensors; the monitor completed the version
+    assert sorted(p.name for p in version.iterdir()) == [
+        "manifest.json", "part-00000-of-00002.safetensors", "part-00001-of-00002.safetensors"]
     assert published.keys() == after_two.keys()
     assert all(torch.equal(published[k], after_two[k]) for k in after_two)  # the gathered shards, whole
 
@@ -372,7 +373,7 @@ def test_fsdp2_checkpoint_resumes_exactly_and_loads_in_transformers(tmp_path, ti
     initial = export_state_dict(load_causal_lm(tiny_model_path))
     assert any(not torch.equal(plain[k], initial[k]) for k in plain)
 
-    resumed = DataParallelTrainer(cfg)
+    resumed = DataParallelTrainer(cfg, synchronizer)
     resumed.prepare()
     try:
         resumed.load_checkpoint(path)
@@ -381,6 +382,8 @@ def test_fsdp2_checkpoint_resumes_exactly_and_loads_in_transformers(tmp_path, ti
         again = resumed.group.execute_all("state_dict")[0]
     finally:
         resumed.shutdown()
+        ray.kill(CheckpointMonitor.get_actor(namespace_of(cfg)))
+        ray.kill(synchronizer)
     for k in after_two:
         torch.testing.assert_close(again[k], after_two[k], rtol=0, atol=1e-6)
 

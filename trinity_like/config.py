@@ -240,7 +240,15 @@ class SynchronizerConfig:
     """How new weights reach the explorers: `checkpoint` (safetensors files), `nccl` (collective
     broadcast), `memory` (Ray object store)."""
     interval: int = _at_least(1, 1)
-    """Publish new weights every N trainer steps."""
+    """Publish new weights every N trainer steps; the explorer loads new weights before step k (k = steps
+    done) when `(k - offset) % interval == 0` (style `fixed`)."""
+    offset: int = _at_least(0, 0)
+    """Explorer steps before the first scheduled load (see `interval`); the explorer always loads the newest
+    version before its first step."""
+    style: str = _choices("fixed", ("fixed", "trainer_driven"))
+    """`fixed`: explorers load on the interval/offset schedule; `trainer_driven`: explorers load whatever
+    the trainer published, at every step boundary. Either way an explorer that would break
+    `max_staleness` waits for and loads a newer version."""
     max_staleness: int = _at_least(1, 0)
     """Largest allowed `trainer version - model_version` of a trained experience (async mode). The explorer
     waits rather than produce data that would exceed it; 0 makes async behave exactly like sync."""

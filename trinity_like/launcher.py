@@ -24,6 +24,7 @@ from trinity_like.common.fs import atomic_write_json, atomic_write_text
 from trinity_like.common.metrics import read_metrics
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.config import Config, RunPaths, namespace_of, to_yaml
+from trinity_like.synchronizer.monitor import MONITOR_NAME
 
 
 class RunError(UserError):
@@ -183,10 +184,21 @@ def run(cfg: Config) -> dict[str, Any]:
                 print(f"warning: a role did not shut down cleanly: {type(e).__name__}", file=sys.stderr)
             for actor in (*actors, roles.synchronizer):
                 ray.kill(actor)
+            _kill_named(MONITOR_NAME, namespace_of(cfg))
         summary = _summary(cfg, progress.records, time.time() - start, exit_reason)
         atomic_write_json(paths.summary, summary)
     print("summary: " + json.dumps(summary), flush=True)
     return summary
+
+
+def _kill_named(name: str, namespace: str) -> None:
+    """Kill a detached helper actor of the run, if it exists."""
+    import ray
+
+    try:
+        ray.kill(ray.get_actor(name, namespace=namespace))
+    except ValueError:
+        pass
 
 
 def _summary(cfg: Config, records: list[dict[str, Any]], wall_s: float, exit_reason: str) -> dict[str, Any]:

@@ -36,9 +36,10 @@ def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature
     return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def export_state_dict(model) -> dict[str, torch.Tensor]:
+def export_state_dict(model, copy: bool = True) -> dict[str, torch.Tensor]:
     """The model's weights as full tensors with aliases dropped (a tied ``lm_head.weight`` is the embedding),
-    detached and contiguous, ready for safetensors or the object store. Shards of a module under FSDP2
+    detached and contiguous, ready for safetensors or the object store; copies unless ``copy=False`` (then
+    tensors may share memory with the model: write them out before the next update). Shards of a module under FSDP2
     (DTensors) are gathered, which is a collective: every rank of the group must call it."""
     from torch.distributed.tensor import DTensor
 
@@ -48,9 +49,24 @@ def export_state_dict(model) -> dict[str, torch.Tensor]:
         if id(t) in seen:
             continue
         seen.add(id(t))
-        full = t.full_tensor() if isinstance(t, DTensor) else t
-        out[name] = full.detach().contiguous().clone()
+        if isinstance(t, DTensor):
+            out[name] = t.full_tensor().detach().contiguous()  # a fresh tensor already
+        else:
+            out[name] = t.detach().contiguous().clone() if copy else t.detach().contiguous()
     return out
+
+
+def state_dict_digest(state_dict: dict[str, torch.Tensor]) -> str:
+    """A short hex digest of weights (names, dtypes, shapes and bytes) to tell versions apart in tests and
+    status; aliases of one tensor count once."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def import_state_dict(model, state_dict: dict[str, torch.Tensor]) -> None:

@@ -35,6 +35,10 @@ class EngineCallFailed(RuntimeError):
     """A generate/chat call failed on every engine it was tried on."""
 
 
+class WeightsLoadFailed(RuntimeError):
+    """Some engines could not load a version (damaged or deleted files); they keep serving their previous one."""
+
+
 class EngineActor:
     """Hosts one rollout engine in its own process. Calls run one at a time (actor concurrency 1)."""
 
@@ -50,15 +54,20 @@ class EngineActor:
     def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
         return self.engine.chat(messages, sampling, seed)
 
-    def update_weights(self, version: int, path: str | None, refs: list[Any]) -> int:
+    def update_weights(self, version: int, path: str | None, refs: list[Any]) -> dict[str, int]:
+        """Load a version; all its tensors are read (and checked) before any is applied, so a failure leaves
+        the previous version serving."""
         import ray
 
         state_dict = ray.get(refs[0]) if refs else None
         self.engine.update_weights(WeightUpdate(version=version, path=path, state_dict=state_dict))
-        return self.engine.model_version
+        return {"version": self.engine.model_version, "bytes": self.engine.last_load_bytes}
 
     def health(self) -> dict[str, Any]:
         return self.engine.health()
+
+    def weights_digest(self) -> str:
+        return self.engine.weights_digest()
 
     def pid(self) -> int:
         import os
@@ -91,7 +100,8 @@ class _Slot:
     in_flight: int = 0
     version: int = 0
     """Version the fleet knows this engine holds; reset to -1 when the engine died (it restarts from the
-    initial weights), so the next call brings it up to date first."""
+    initial weights), so the next call brings it up to date first. May be ahead of the fleet's version when
+    other engines failed to load the newer one."""
 
 
 class EngineFleet:
@@ -105,7 +115,7 @@ class EngineFleet:
         self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
         self.max_retries = cfg.explorer.max_retries
         self._weights: tuple[int, str | None, list[Any]] = (0, None, [])
-        """The latest weights handed to the fleet: (version, path, refs). Restarted engines get these."""
+        """The newest weights every engine loaded: (version, path, refs). Restarted engines get these."""
         self._lock = asyncio.Lock()
         """Serialises weight updates with the catch-up of restarted engines."""
         self.restarts = 0
@@ -117,17 +127,30 @@ class EngineFleet:
     def version(self) -> int:
         return self._weights[0]
 
-    async def update_weights(self, version: int, path: str | None = None, refs: list[Any] | None = None) -> None:
-        """Load version ``version`` into every engine (concurrently); returns when all hold it."""
+    async def update_weights(self, version: int, path: str | None = None, refs: list[Any] | None = None) -> int:
+        """Load version ``version`` into every engine (concurrently); return the bytes loaded. If any engine
+        fails (a damaged or deleted file), the error is logged, that engine keeps its previous version, the
+        fleet's version stays the old one, and ``WeightsLoadFailed`` is raised; calling again retries only the
+        engines that do not hold it yet."""
         async with self._lock:
-            self._weights = (version, path, list(refs or []))
-            await asyncio.gather(*(self._sync_slot(s) for s in self.slots))
+            weights = (version, path, list(refs or []))
+            results = await asyncio.gather(*(self._sync_slot(s, weights) for s in self.slots), return_exceptions=True)
+            errors = [(s.index, r) for s, r in zip(self.slots, results, strict=True) if isinstance(r, BaseException)]
+            for index, err in errors:
+                logger.error("engine %d could not load version %d from %s: %s", index, version, path or "memory", err)
+            if errors:
+                raise WeightsLoadFailed(f"{len(errors)} of {len(self.slots)} engines could not load version {version}: "
+                                        f"{errors[0][1]}")
+            self._weights = weights
+            return sum(results)
 
-    async def _sync_slot(self, slot: _Slot) -> None:
-        version, path, refs = self._weights
-        if slot.version != version:
-            await slot.actor.update_weights.remote(version, path, refs)
-            slot.version = version
+    async def _sync_slot(self, slot: _Slot, weights: tuple[int, str | None, list[Any]] | None = None) -> int:
+        version, path, refs = weights or self._weights
+        if slot.version >= version:
+            return 0
+        loaded = await slot.actor.update_weights.remote(version, path, refs)
+        slot.version = version
+        return loaded["bytes"]
 
     def _pick(self, exclude: set[int]) -> _Slot:
         candidates = [s for s in self.slots if s.index not in exclude] or self.slots
@@ -142,7 +165,7 @@ class EngineFleet:
             slot = self.slots[engine] if attempt == 0 and engine is not None else self._pick(tried)
             slot.in_flight += 1
             try:
-                if slot.version != self.version:
+                if slot.version < self.version:
                     async with self._lock:
                         await self._sync_slot(slot)
                 return await getattr(slot.actor, method).remote(*args)

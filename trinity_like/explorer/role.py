@@ -17,7 +17,9 @@ import asyncio
 import json
 import logging
 import math
+import os
 import random
+import socket
 import time
 
 import numpy as np
@@ -31,7 +33,9 @@ from trinity_like.common.modeling import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config, RunPaths, namespace_of, redis_stream
 from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
+from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
+from trinity_like.synchronizer.synchronizer import Heartbeat, sync_due
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +61,10 @@ class ExplorerRole:
         from trinity_like.synchronizer import get_synchronizer
 
         self.synchronizer = get_synchronizer(namespace_of(self.cfg))
+        self.role_id = f"explorer-{socket.gethostname()}-{os.getpid()}"
+        await self.synchronizer.register.remote("explorer", self.role_id, {"engines": self.cfg.explorer.num_engines})
+        self._sync_state = "running"
+        self.sync_failures = 0
         self.tokenizer = hf_tokenizer(self.cfg.model.path)
         self.fleet = EngineFleet(self.cfg)
         await self.fleet.ready()
@@ -72,25 +80,49 @@ class ExplorerRole:
                                       timeout_s=self.cfg.synchronizer.timeout_s)
         self.metrics = MetricsWriter(self.paths.metrics, role="explorer")
         self.eval_tasks = prepare_eval_tasksets(self.cfg)
+        self.heartbeat = Heartbeat(self.synchronizer, self.role_id,
+                                   lambda: {"version": self.fleet.version, "state": self._sync_state}).start()
         self._order: list[int] = []
         self._epoch = -1
         self._stragglers: list[asyncio.Task] = []
         """Tasks of earlier steps still running (over-rollout); each yields (step, position, task, group)."""
 
     # ------------------------------------------------------------ admission and weights
-    async def _admit_and_sync(self, step: int) -> float:
-        """Wait until this step is within the staleness bound, load the newest weights; return seconds waited."""
+    async def _admit_and_sync(self, step: int) -> dict[str, float]:
+        """Wait until this step is within the staleness bound; load the newest weights when the schedule says
+        so (or the bound needs them); return ``sync/*`` metrics. A version that fails to load (damaged file)
+        is logged and retried; the previous version keeps serving while the bound allows."""
+        sc = self.cfg.synchronizer
         start = time.perf_counter()
+        need = 0
         if self.cfg.mode == "sync":
             info = await self.synchronizer.latest.remote()
         else:
             rows_per_step = self.cfg.explorer.batch_size * self.cfg.explorer.repeat_times
             consumer_step = step * rows_per_step // self.cfg.train_batch_size
-            need = max(0, consumer_step - self.cfg.synchronizer.max_staleness)
-            info = await self.synchronizer.wait_for_version.remote(need, self.cfg.synchronizer.timeout_s)
-        if info.version > self.fleet.version:
-            await self.fleet.update_weights(info.version, info.path, info.refs)
-        return time.perf_counter() - start
+            need = max(0, consumer_step - sc.max_staleness)
+            if self.fleet.version < need:
+                self._sync_state = "require_sync"
+            info = await self.synchronizer.wait_for_version.remote(need, sc.timeout_s)
+        metrics = {"sync/wait_s": time.perf_counter() - start}
+        due = self.cfg.mode == "sync" or sc.style == "trainer_driven" or sync_due(step, sc.interval, sc.offset)
+        load_start = time.perf_counter()
+        while info.version > self.fleet.version and (due or self.fleet.version < need):
+            try:
+                metrics["sync/bytes"] = float(await self.fleet.update_weights(info.version, info.path, info.refs))
+                metrics["sync/seconds"] = time.perf_counter() - load_start
+                await self.synchronizer.heartbeat.remote(self.role_id, version=info.version, state="running")
+            except WeightsLoadFailed:
+                self.sync_failures += 1
+                if self.fleet.version >= need:
+                    break  # the version in use is still within the bound: go on, retry at the next boundary
+                if time.perf_counter() - start > sc.timeout_s:
+                    raise
+                await asyncio.sleep(1.0)
+                info = await self.synchronizer.latest.remote()
+        self._sync_state = "running"
+        metrics.update({"sync/version": float(self.fleet.version), "sync/failures": float(self.sync_failures)})
+        return metrics
 
     # ------------------------------------------------------------ tasks
     def _tasks_for_step(self, step: int) -> list[Task]:
@@ -171,13 +203,13 @@ class ExplorerRole:
 
     async def step(self) -> dict[str, float]:
         step = self.explore_step_num
-        wait_s = await self._admit_and_sync(step)
+        sync_metrics = await self._admit_and_sync(step)
         interval = self.cfg.explorer.eval_interval
         eval_metrics = await self.evaluate() if interval and step % interval == 0 else {}
         start = time.perf_counter()
         finished = await self._rollout(step, self._tasks_for_step(step))
         metrics = await self._write(step, finished, start)
-        metrics.update({"rollout/admission_wait_s": wait_s, **eval_metrics})
+        metrics.update({"rollout/admission_wait_s": sync_metrics["sync/wait_s"], **sync_metrics, **eval_metrics})
         self.metrics.write(self.explore_step_num, metrics)
         return metrics
 
@@ -252,12 +284,14 @@ class ExplorerRole:
                 await self.step()
             await self.drain()
         except BaseException as e:
-            await self.synchronizer.mark_ended.remote("explorer", f"failed: {type(e).__name__}: {e}")
+            await self.synchronizer.mark_ended.remote("explorer", f"failed: {type(e).__name__}: {e}", self.role_id)
             raise
-        await self.synchronizer.mark_ended.remote("explorer", "finished")
+        await self.synchronizer.mark_ended.remote("explorer", "finished", self.role_id)
         return self.explore_step_num
 
     async def shutdown(self) -> None:
+        if getattr(self, "heartbeat", None) is not None:
+            self.heartbeat.stop()
         if getattr(self, "fleet", None) is not None:
             self.fleet.kill()
         if getattr(self, "sender", None) is not None:

@@ -36,16 +36,21 @@ from trinity_like.algorithms import (
 )
 from trinity_like.algorithms.registry import Registry
 from trinity_like.common.experience import Experience
-from trinity_like.common.fs import atomic_publish_dir, atomic_write_text, atomic_write_with
+from trinity_like.common.fs import atomic_publish_dir, atomic_write_text
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import Config, RunPaths
 from trinity_like.trainer import parallel
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
 from trinity_like.trainer.critic import compute_values
 
-STATE_DICT_DIR = "state_dict"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
+
+
+def ray_get(ref):
+    import ray
+
+    return ray.get(ref)
 
 
 class TrainEngineWrapper(abc.ABC):
@@ -112,9 +117,18 @@ class PPOTrainer(TrainEngineWrapper):
         """Data-parallel position: each rank trains on rows ``rank::world`` of every mini-batch."""
         self.module = None
         """The policy without a DDP wrapper (for no-grad passes and weights); set in ``prepare``."""
+        self.monitor = None
+        """The run's CheckpointMonitor when running under Ray with a synchronizer."""
+        self.last_sync_bytes = 0
 
     # ------------------------------------------------------------ setup
     def prepare(self) -> None:
+        if self.synchronizer is not None:
+            from trinity_like.config import namespace_of
+            from trinity_like.synchronizer import CheckpointMonitor
+
+            self.monitor = CheckpointMonitor.get_actor(namespace_of(self.cfg), str(self.paths.checkpoint_dir),
+                                                       self._keep_versions())
         torch.set_num_threads(self.cfg.trainer.num_threads)
         torch.manual_seed(self.cfg.seed)
         self.model = load_causal_lm(self.cfg.model.path, train=True)
@@ -464,24 +478,32 @@ class PPOTrainer(TrainEngineWrapper):
         return float((micro_mask.sum(-1) > 0).sum() / (mini_mask.sum(-1) > 0).sum().clamp(min=1))
 
     # ------------------------------------------------------------ weights out
+    def _keep_versions(self) -> int:
+        """Weight versions kept on disk: an explorer only ever loads one of the newest few."""
+        return self.cfg.synchronizer.max_staleness + 2
+
     def save_state_dict(self) -> Path:
-        from safetensors.torch import save_file
+        """Write this version's weights as ``state_dict/version-<k>/``: every data-parallel rank writes its
+        share of the tensors in parallel (``weights_files``); the CheckpointMonitor completes the version (its
+        manifest) and publishes it once the last part is in. Without a monitor (standalone use) the single
+        writer completes it itself. Returns the version folder."""
+        from trinity_like.synchronizer.monitor import STATE_DICT_DIR, complete_version
+        from trinity_like.synchronizer.weights_files import split_for_writers, version_dir, write_part
 
-        path = self.paths.checkpoint_dir / STATE_DICT_DIR / f"version-{self._step:08d}.safetensors"
-        if not self._gathers():
-            return path
-        sd = self.policy_state_dict()
-        if not self._writes():
-            return path
-        atomic_write_with(path, lambda tmp: save_file(sd, str(tmp), metadata={"version": str(self._step)}))
-        self._prune_state_dicts(keep=self.cfg.synchronizer.max_staleness + 2)
-        return path
-
-    def _prune_state_dicts(self, keep: int) -> None:
-        """Delete old version files; an explorer only ever loads one of the newest few."""
-        files = sorted((self.paths.checkpoint_dir / STATE_DICT_DIR).glob("version-*.safetensors"))
-        for old in files[:-keep]:
-            old.unlink(missing_ok=True)
+        root = self.paths.checkpoint_dir / STATE_DICT_DIR
+        version = self._step
+        sd = export_state_dict(self._plain_policy(), copy=False)  # FSDP2: gathered on every rank
+        share = split_for_writers(sd, self.dp_world)[self.dp_rank]
+        if self.monitor is not None:
+            ray_get(self.monitor.register_thread_count.remote(version, state_dict_thread_count=self.dp_world))
+        part = write_part(version_dir(root, version), self.dp_rank, self.dp_world, {k: sd[k] for k in share})
+        self.last_sync_bytes = part["bytes"]
+        if self.monitor is not None:
+            ray_get(self.monitor.notify_finished.remote(version, is_state_dict=True, part=part))
+            return version_dir(root, version)
+        if self.dp_world > 1:
+            raise RuntimeError("data-parallel writers need a CheckpointMonitor to complete a version")
+        return complete_version(root, version, [part], self._keep_versions())
 
     def upload_state_dict(self):
         """An object-store reference to the current weights (None on ranks that do not write)."""
@@ -490,25 +512,35 @@ class PPOTrainer(TrainEngineWrapper):
         if not self._gathers():
             return None
         sd = self.policy_state_dict()
+        self.last_sync_bytes = sum(t.numel() * t.element_size() for t in sd.values())
         return ray.put(sd) if self._writes() else None
 
-    def sync_weight(self) -> None:
-        import ray
-
+    def sync_weight(self) -> dict[str, float]:
+        """Publish the current weights (version = step); return ``sync/*`` metrics. ``checkpoint``: every rank
+        writes its part and rank 0 waits until the monitor has published the version; ``memory``: rank 0
+        puts the state dict in the object store and publishes the reference."""
         from trinity_like.synchronizer import WeightsInfo
 
         if self.synchronizer is None:
             raise RuntimeError("sync_weight needs a synchronizer actor")
+        start = time.perf_counter()
         if self.cfg.synchronizer.method == "memory":
             ref = self.upload_state_dict()
             if not self._writes():
-                return
-            info = WeightsInfo(version=self._step, refs=[ref])
+                return {}
+            size = self.last_sync_bytes
+            ray_get(self.synchronizer.publish.remote(WeightsInfo(version=self._step, refs=[ref], bytes=size,
+                                                                 method="memory")))
         else:
-            info = WeightsInfo(version=self._step, path=str(self.save_state_dict()))
+            self.save_state_dict()
+            size = self.last_sync_bytes
             if not self._writes():
-                return
-        ray.get(self.synchronizer.publish.remote(info))
+                return {"sync/bytes": float(size)}
+            if not ray_get(self.monitor.monitor_step.remote(self._step, True, self.cfg.synchronizer.timeout_s)):
+                raise TimeoutError(f"version {self._step} was not completed by every writer within "
+                                   f"{self.cfg.synchronizer.timeout_s:.0f}s")
+        return {"sync/version": float(self._step), "sync/seconds": time.perf_counter() - start,
+                "sync/bytes": float(size)}
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> Path:
@@ -559,7 +591,11 @@ class PPOTrainer(TrainEngineWrapper):
                 {"step": step, "kl_coef": self.kl_ctrl.value, "strategy": self._strategy()}) + "\n")
 
         atomic_publish_dir(path, fill)
-        atomic_write_text(self.paths.checkpoint_dir / "latest", f"{step}\n")
+        if self.monitor is not None:
+            ray_get(self.monitor.register_thread_count.remote(step, checkpoint_thread_count=1))
+            ray_get(self.monitor.notify_finished.remote(step))
+        else:
+            atomic_write_text(self.paths.checkpoint_dir / "latest", f"{step}\n")
         self._prune_checkpoints()
         return path
 

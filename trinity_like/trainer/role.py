@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 from trinity_like.buffer import BufferConsumer
@@ -35,11 +37,17 @@ class TrainerRole:
         self.paths = RunPaths.of(cfg)
 
     def setup(self) -> None:
-        from trinity_like.synchronizer import get_synchronizer
+        import ray
+
+        from trinity_like.synchronizer import Heartbeat, get_synchronizer
 
         self.synchronizer = get_synchronizer(namespace_of(self.cfg))
+        self.role_id = f"trainer-{socket.gethostname()}-{os.getpid()}"
+        ray.get(self.synchronizer.register.remote("trainer", self.role_id, {"workers": self.cfg.trainer.num_workers}))
         self.engine = make_train_engine(self.cfg, self.synchronizer)
         self.engine.prepare()
+        self.heartbeat = Heartbeat(self.synchronizer, self.role_id,
+                                   lambda: {"version": self.engine.train_step_num}).start()
         b = self.cfg.buffer
         self.consumer = None if self.cfg.mode == "offline" else BufferConsumer(self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy,
                                        priority=b.priority or None, where=b.where or None,
@@ -95,7 +103,7 @@ class TrainerRole:
             metrics["replay/epoch"] = float(self._replay_epoch)
         elif step % self.cfg.synchronizer.interval == 0 or step == self.cfg.trainer.total_steps:
             sync_start = time.perf_counter()
-            self.engine.sync_weight()
+            metrics.update(self.engine.sync_weight() or {})
             metrics["time/sync_s"] = time.perf_counter() - sync_start
         save = self.cfg.trainer.save_interval
         if step == self.cfg.trainer.total_steps or (save and step % save == 0):
@@ -136,6 +144,8 @@ class TrainerRole:
 
     def shutdown(self) -> None:
         """Stop the helpers this role started (the Redis ingester, data-parallel workers); safe to call twice."""
+        if getattr(self, "heartbeat", None) is not None:
+            self.heartbeat.stop()
         if self.ingester is not None:
             self.ingester.stop()
         if hasattr(self.engine, "shutdown"):
@@ -145,4 +155,4 @@ class TrainerRole:
         import ray
 
         self.shutdown()
-        ray.get(self.synchronizer.mark_ended.remote("trainer", reason))
+        ray.get(self.synchronizer.mark_ended.remote("trainer", reason, self.role_id))

@@ -184,8 +184,10 @@ class DataParallelTrainer:
     def upload_state_dict(self):
         return self.group.execute_all("call", "upload_state_dict")[0]
 
-    def sync_weight(self) -> None:
-        self.group.execute_all("call", "sync_weight")
+    def sync_weight(self) -> dict[str, float]:
+        results = self.group.execute_all("call", "sync_weight")
+        written = sum(r.get("sync/bytes", 0.0) for r in results[1:]) if self.cfg.synchronizer.method != "memory" else 0
+        return {**results[0], "sync/bytes": results[0].get("sync/bytes", 0.0) + written}
 
     def shutdown(self) -> None:
         self.group.kill()

@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from trinity_like.common.modeling import import_state_dict, load_causal_lm, logprobs_from_logits
+from trinity_like.common.modeling import (
+    export_state_dict,
+    import_state_dict,
+    load_causal_lm,
+    logprobs_from_logits,
+    state_dict_digest,
+)
 from trinity_like.config import SamplingConfig
 from trinity_like.explorer.engines.base import ChatByGenerate, Sample, WeightUpdate
 
@@ -58,20 +64,28 @@ class HFEngine(ChatByGenerate):
         self._lock = threading.Lock()
         self._tokenizer = None
         self._served = 0
+        self.last_load_bytes = 0
+        """Bytes read by the last weight update."""
 
     # ------------------------------------------------------------ weights
     def update_weights(self, update: WeightUpdate) -> None:
         if (update.path is None) == (update.state_dict is None):
             raise ValueError("a WeightUpdate needs exactly one of path and state_dict")
         if update.path is not None:
-            from safetensors.torch import load_file
+            from trinity_like.synchronizer.weights_files import read_weights
 
-            state_dict = load_file(update.path)
+            state_dict, self.last_load_bytes = read_weights(update.path)  # checked against its manifest
         else:
             state_dict = update.state_dict
+            self.last_load_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())
         with self._lock:
             import_state_dict(self.model, state_dict)
             self.model_version = update.version
+
+    def weights_digest(self) -> str:
+        """``state_dict_digest`` of the weights being served (tied aliases dropped, as the trainer sends them)."""
+        with self._lock:
+            return state_dict_digest(export_state_dict(self.model, copy=False))
 
     def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "model_version": self.model_version, "served": self._served,

@@ -69,9 +69,9 @@ class WeightSyncExtension:
         backend it keeps a packed copy of the old embedding for its matmul (measured: log-probs off by tens of
         nats after an update), so it is processed again here from the new, shared weight."""
         if path is not None:
-            from safetensors.torch import load_file
+            from trinity_like.synchronizer.weights_files import read_weights
 
-            state_dict = load_file(path, device="cpu")
+            state_dict, _ = read_weights(path)  # a version folder is checked against its manifest first
         else:
             from safetensors.torch import load
 
@@ -199,6 +199,8 @@ class VLLMEngine(ChatByGenerate):
         self._lock = threading.Lock()
         self._tokenizer = None
         self._served = 0
+        self.last_load_bytes = 0
+        """Bytes read by the last weight update."""
 
     # ------------------------------------------------------------ weights
     def update_weights(self, update: WeightUpdate) -> None:
@@ -207,9 +209,13 @@ class VLLMEngine(ChatByGenerate):
         if (update.path is None) == (update.state_dict is None):
             raise ValueError("a WeightUpdate needs exactly one of path and state_dict")
         if update.path is not None:
-            if not Path(update.path).is_file():
-                raise FileNotFoundError(f"no weights file at '{update.path}'")
-            self._check_names(_file_names(update.path))
+            from trinity_like.synchronizer.weights_files import read_manifest, tensor_names
+
+            if not Path(update.path).exists():
+                raise FileNotFoundError(f"no weights at '{update.path}'")
+            self._check_names(tensor_names(update.path))
+            path = Path(update.path)
+            self.last_load_bytes = read_manifest(path)["bytes"] if path.is_dir() else path.stat().st_size
             kwargs: dict[str, Any] = {"path": str(update.path), "tied": self._tied}
         else:
             self._check_names(update.state_dict)
@@ -220,6 +226,7 @@ class VLLMEngine(ChatByGenerate):
             # A tied lm_head is the embedding (vLLM skips it anyway); safetensors refuses shared tensors.
             data = save({k: v.detach().to("cpu").contiguous() for k, v in update.state_dict.items()
                          if k not in self._optional_names})
+            self.last_load_bytes = len(data)
             kwargs = {"data": data, "tied": self._tied}
         with self._lock:
             self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)

@@ -1,0 +1,258 @@
+"""Weight sync: schedule, CheckpointMonitor, version folders, fleets of engines, faults (real Ray, real processes,
+SIGKILL, the real tiny model)."""
+
+import asyncio
+import logging
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from trinity_like.common.modeling import export_state_dict, load_causal_lm, state_dict_digest
+from trinity_like.config import SamplingConfig, load_config, namespace_of
+from trinity_like.synchronizer import CorruptWeightsError, read_weights, sync_due
+from trinity_like.synchronizer.weights_files import split_for_writers, write_part
+
+
+def _cfg(tmp_path, model_path, name, *overrides):
+    return load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "project=sync",
+                              f"name={name}", "explorer.sampling.max_new_tokens=4", "explorer.batch_size=2",
+                              "explorer.repeat_times=2", *overrides])
+
+
+def test_schedule_of_interval_and_offset():
+    # the documented table: explorer step k (steps done) loads when (k - offset) % interval == 0, k >= offset,
+    # and always before its first step
+    assert [k for k in range(10) if sync_due(k, 1, 0)] == list(range(10))
+    assert [k for k in range(10) if sync_due(k, 2, 0)] == [0, 2, 4, 6, 8]
+    assert [k for k in range(10) if sync_due(k, 3, 1)] == [0, 1, 4, 7]
+    assert [k for k in range(10) if sync_due(k, 2, 5)] == [0, 5, 7, 9]
+
+
+def test_version_files_split_over_writers_and_refuse_damage(tmp_path, tiny_model_path):
+    sd = export_state_dict(load_causal_lm(tiny_model_path))
+    shares = split_for_writers(sd, 3)
+    assert sorted(n for s in shares for n in s) == sorted(sd)  # every tensor exactly once
+    sizes = [sum(sd[n].numel() for n in s) for s in shares]
+    assert max(sizes) - min(sizes) <= max(t.numel() for t in sd.values())  # balanced within one tensor
+    from trinity_like.synchronizer.monitor import complete_version
+
+    parts = [write_part(tmp_path / "version-00000001", r, 3, {n: sd[n] for n in s}) for r, s in enumerate(shares)]
+    with pytest.raises(FileNotFoundError, match="never completed"):
+        read_weights(tmp_path / "version-00000001")  # no manifest yet: not a version
+    vdir = complete_version(tmp_path, 1, parts, keep=2)
+    loaded, size = read_weights(vdir)
+    assert state_dict_digest(loaded) == state_dict_digest(sd) and size == sum(p["bytes"] for p in parts)
+    part = vdir / parts[1]["file"]
+    data = bytearray(part.read_bytes())
+    data[-3] ^= 0xFF  # one flipped bit pattern in the tensor data: safetensors itself would not notice
+    part.write_bytes(bytes(data))
+    with pytest.raises(CorruptWeightsError, match="damaged"):
+        read_weights(vdir)
+    part.write_bytes(bytes(data[:100]))  # torn
+    with pytest.raises(CorruptWeightsError):
+        read_weights(vdir)
+
+
+@pytest.mark.slow
+def test_two_explorers_with_two_engines_receive_versions_by_checkpoint(tmp_path, tiny_model_path, ray_session,
+                                                                       batch_exps):
+    from trinity_like.explorer.fleet import EngineFleet
+    from trinity_like.synchronizer import CheckpointMonitor, get_synchronizer
+    from trinity_like.trainer.ppo import PPOTrainer
+
+    cfg = _cfg(tmp_path, tiny_model_path, "fleets", "explorer.num_engines=2", "explorer.repeat_times=3",
+               "trainer.optimizer.lr=0.01")
+    sync = get_synchronizer(namespace_of(cfg))
+    trainer = PPOTrainer(cfg, sync)
+    trainer.prepare()
+
+    async def main():
+        fleets = [EngineFleet(cfg), EngineFleet(cfg)]
+        await asyncio.gather(*(f.ready() for f in fleets))
+        try:
+            digests = []
+            for _ in range(2):
+                trainer.train_step(batch_exps)
+                metrics = trainer.sync_weight()
+                assert metrics["sync/version"] == trainer.train_step_num and metrics["sync/bytes"] > 0
+                info = await sync.latest.remote()
+                assert info.version == trainer.train_step_num and info.method == "checkpoint"
+                for f in fleets:
+                    assert await f.update_weights(info.version, info.path, info.refs) == 2 * info.bytes
+                want = state_dict_digest(trainer.policy_state_dict())
+                for f in fleets:
+                    got = await asyncio.gather(*(s.actor.weights_digest.remote() for s in f.slots))
+                    assert got == [want, want]
+                    assert [h["model_version"] for h in await f.health()] == [info.version] * 2
+                digests.append(want)
+            assert digests[0] != digests[1]
+        finally:
+            for f in fleets:
+                f.kill()
+
+    try:
+        asyncio.run(main())
+    finally:
+        ray.kill(CheckpointMonitor.get_actor(namespace_of(cfg)))
+        ray.kill(sync)
+
+
+@pytest.mark.slow
+def test_corrupted_version_is_refused_logged_and_the_old_one_keeps_serving(tmp_path, tiny_model_path, ray_session,
+                                                                          batch_exps, caplog):
+    from trinity_like.explorer.fleet import EngineFleet, WeightsLoadFailed
+    from trinity_like.trainer.ppo import PPOTrainer
+
+    cfg = _cfg(tmp_path, tiny_model_path, "corrupt", "explorer.num_engines=2", "explorer.repeat_times=3",
+               "trainer.optimizer.lr=0.01")
+    trainer = PPOTrainer(cfg)  # standalone: it completes its versions itself
+    trainer.prepare()
+    initial = state_dict_digest(trainer.policy_state_dict())
+    trainer.train_step(batch_exps)
+    good = trainer.save_state_dict()
+    bad_dir = good.parent / "version-00000002"
+    bad_dir.mkdir()
+    for f in good.iterdir():
+        (bad_dir / f.name).write_bytes(f.read_bytes())
+    part = next(bad_dir.glob("part-*.safetensors"))
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    part.write_bytes(bytes(data))
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        await fleet.ready()
+        try:
+            with caplog.at_level(logging.ERROR, logger="trinity_like.explorer.fleet"):
+                with pytest.raises(WeightsLoadFailed, match="could not load version 2"):
+                    await fleet.update_weights(2, str(bad_dir))
+            assert "could not load version 2" in caplog.text and "damaged" in caplog.text
+            assert fleet.version == 0
+            assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [initial] * 2
+            samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
+            assert samples[0].model_version == 0  # still serving, with the version it really used
+            await fleet.update_weights(1, str(good))  # a good version loads
+            assert fleet.version == 1
+        finally:
+            fleet.kill()
+
+    asyncio.run(main())
+
+
+def _pid(actor) -> int:
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+@pytest.mark.slow
+def test_trainer_killed_mid_publish_leaves_every_explorer_on_the_previous_version(tmp_path, tiny_model_path,
+                                                                                  ray_session, batch_exps):
+    from trinity_like.explorer.fleet import EngineFleet
+    from trinity_like.synchronizer import CheckpointMonitor, get_synchronizer
+    from trinity_like.trainer.workers import DataParallelTrainer
+
+    cfg = _cfg(tmp_path, tiny_model_path, "killed", "explorer.num_engines=2", "explorer.repeat_times=3",
+               "trainer.num_workers=2", "trainer.micro_batch_size=2", "trainer.optimizer.lr=0.01")
+    ns = namespace_of(cfg)
+    sync = get_synchronizer(ns)
+    trainer = DataParallelTrainer(cfg, sync)
+    trainer.prepare()
+    monitor = CheckpointMonitor.get_actor(ns)
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        await fleet.ready()
+        try:
+            trainer.train_step(batch_exps)
+            trainer.sync_weight()  # version 1, both ranks' parts, published by the monitor
+            info = await sync.latest.remote()
+            await fleet.update_weights(info.version, info.path, info.refs)
+            v1 = await fleet.slots[0].actor.weights_digest.remote()
+
+            trainer.train_step(batch_exps)
+            rank0, rank1 = trainer.group.workers
+            ray.get(rank0.call.remote("save_state_dict"))  # rank 0 wrote its part of version 2 ...
+            os.kill(_pid(rank1), signal.SIGKILL)  # ... and rank 1 dies before writing its own
+            time.sleep(1.0)
+            vdir = tmp_path / "sync" / "killed" / "checkpoints" / "state_dict" / "version-00000002"
+            assert [p.name for p in vdir.iterdir()] == ["part-00000-of-00002.safetensors"]
+            assert not await monitor.monitor_step.remote(2, True, 2.0)  # never completed
+            info = await sync.latest.remote()
+            assert info.version == 1  # nothing half-written was published
+            await fleet.update_weights(info.version, info.path, info.refs)  # explorers sync: still version 1
+            assert fleet.version == 1
+            assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [v1, v1]
+            samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
+            assert samples[0].model_version == 1
+
+            # a restarted (single-writer) trainer publishes version 3; the torn version 2 folder is swept away
+            sd = export_state_dict(load_causal_lm(tiny_model_path))
+            await monitor.register_thread_count.remote(3, state_dict_thread_count=1)
+            part = write_part(vdir.parent / "version-00000003", 0, 1, sd)
+            await monitor.notify_finished.remote(3, is_state_dict=True, part=part)
+            info = await sync.latest.remote()
+            assert info.version == 3 and not vdir.exists()
+            await fleet.update_weights(info.version, info.path, info.refs)
+            assert fleet.version == 3
+        finally:
+            fleet.kill()
+
+    try:
+        asyncio.run(main())
+    finally:
+        trainer.shutdown()
+        ray.kill(monitor)
+        ray.kill(sync)
+
+
+@pytest.mark.slow
+def test_explorer_restarted_mid_run_rejoins_with_the_latest_version_and_the_dead_one_is_reported(
+        tmp_path, tiny_model_path, ray_session):
+    from trinity_like.explorer.role import ExplorerRole
+    from trinity_like.launcher import prepare_run_dir
+    from trinity_like.synchronizer import WeightsInfo, get_synchronizer
+
+    cfg = _cfg(tmp_path, tiny_model_path, "rejoin", "mode=async", "synchronizer.max_staleness=4",
+               "synchronizer.interval=2", "synchronizer.method=memory")
+    prepare_run_dir(cfg)
+    sync = get_synchronizer(namespace_of(cfg), heartbeat_timeout_s=3.0, exit_grace_s=10.0)
+    sd = export_state_dict(load_causal_lm(tiny_model_path))
+    role_cls = ray.remote(num_cpus=0)(ExplorerRole)
+    first = role_cls.remote(cfg)
+    try:
+        ray.get(first.setup.remote())
+        versions = []
+        for v in range(1, 5):  # a new version before every step: the fixed schedule loads at steps 0, 2
+            bumped = {k: t + v * 1e-3 for k, t in sd.items()}
+            ray.get(sync.publish.remote(WeightsInfo(version=v, refs=[ray.put(bumped)], method="memory")))
+            versions.append(ray.get(first.step.remote(), timeout=60)["sync/version"])
+        assert versions == [1.0, 1.0, 3.0, 3.0]
+        first_id = [rid for rid in ray.get(sync.status.remote())["roles"]][0]
+        os.kill(_pid(first), signal.SIGKILL)  # the explorer process dies mid-run
+
+        second = role_cls.remote(cfg)
+        ray.get(second.setup.remote())
+        metrics = ray.get(second.step.remote(), timeout=60)
+        assert metrics["sync/version"] == 4.0 and metrics["rollout/model_version"] == 4.0  # the latest, at once
+        deadline = time.monotonic() + 20
+        while ray.get(sync.status.remote())["roles"][first_id]["state"] != "dead":
+            assert time.monotonic() < deadline, "the killed explorer was never reported dead"
+            time.sleep(0.5)
+        status = ray.get(sync.status.remote())
+        alive = [r for rid, r in status["roles"].items() if rid != first_id]
+        assert [(r["kind"], r["state"], r["version"]) for r in alive] == [("explorer", "running", 4)]
+        ray.get(second.shutdown.remote())
+        ray.get(sync.mark_ended.remote("explorer", "finished", [rid for rid in status["roles"] if rid != first_id][0]))
+        deadline = time.monotonic() + 30  # no role left: the synchronizer exits on its own
+        while True:
+            try:
+                ray.get(sync.status.remote(), timeout=5)
+            except ray.exceptions.RayActorError:
+                break
+            assert time.monotonic() < deadline, "the synchronizer outlived every role"
+            time.sleep(0.5)
+    finally:
+        for actor in (first, sync):
+            ray.kill(actor)

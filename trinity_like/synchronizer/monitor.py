@@ -1,0 +1,160 @@
+"""CheckpointMonitor: knows when every writer of a step has finished, and only then makes the step visible.
+
+A named Ray actor (``checkpoint_monitor``) in the run's namespace, with the API of Trinity-RFT's monitor.
+Writers (the trainer's data-parallel ranks) call ``register_thread_count`` for a step, write their files, and
+call ``notify_finished``. When the last writer of a step is in:
+
+- a weights version (``is_state_dict=True``): the monitor writes the version's ``manifest.json`` (the
+  moment the version exists for readers), moves the ``state_dict/latest`` pointer, deletes old versions
+  (keeping the newest ``keep_state_dicts``), and publishes the version to the Synchronizer;
+- a full checkpoint: it moves the ``checkpoints/latest`` pointer.
+
+``monitor_step`` waits for a step to complete. Pointers live on disk, so a restarted role (or monitor)
+finds them. A writer that dies before ``notify_finished`` leaves its step incomplete: nothing is published,
+every reader stays on the previous version, and the partial folder is deleted once a newer version completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import ray
+
+from trinity_like.common.fs import atomic_write_text
+from trinity_like.synchronizer.weights_files import MANIFEST, version_dir, version_of, write_manifest
+
+MONITOR_NAME = "checkpoint_monitor"
+STATE_DICT_DIR = "state_dict"
+
+logger = logging.getLogger(__name__)
+
+
+def _read_pointer(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def prune_versions(root: Path, keep: int, latest: int) -> None:
+    """Keep the newest ``keep`` complete versions under ``root``; delete older ones, and incomplete folders
+    older than ``latest`` (left by a writer that died)."""
+    complete, partial = [], []
+    for d in root.glob("version-*"):
+        v = version_of(d)
+        if v is not None:
+            (complete if (d / MANIFEST).is_file() or d.is_file() else partial).append((v, d))
+    complete.sort()
+    for _, d in complete[:-keep] + [(v, d) for v, d in partial if v < latest]:
+        if d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            d.unlink(missing_ok=True)
+
+
+def complete_version(root: Path, version: int, parts: list[dict], keep: int) -> Path:
+    """Make a version visible: its manifest, then the ``latest`` pointer, then pruning. Returns its folder."""
+    vdir = version_dir(root, version)
+    write_manifest(vdir, version, parts)
+    if version >= _read_pointer(root / "latest"):
+        atomic_write_text(root / "latest", f"{version}\n")
+    prune_versions(root, keep, version)
+    return vdir
+
+
+class CheckpointMonitor:
+    def __init__(self, checkpoint_dir: str, keep_state_dicts: int = 3, namespace: str | None = None) -> None:
+        self.dir = Path(checkpoint_dir)
+        self.state_dict_root = self.dir / STATE_DICT_DIR
+        self.keep_state_dicts = max(1, keep_state_dicts)
+        self.namespace = namespace
+        self.latest_checkpoint_step = _read_pointer(self.dir / "latest")
+        self.latest_state_dict_step = _read_pointer(self.state_dict_root / "latest")
+        self._expected: dict[tuple[int, bool], int] = {}
+        self._parts: dict[tuple[int, bool], list[dict]] = {}
+        self._done: dict[tuple[int, bool], asyncio.Event] = {}
+        self.writers: dict[str, dict] = {}
+        """node_id -> {job_id, since}: the processes that announced themselves with ``notify_started``."""
+
+    # ------------------------------------------------------------ pointers
+    def update_latest_checkpoint_step(self, step: int) -> None:
+        if step >= self.latest_checkpoint_step:
+            atomic_write_text(self.dir / "latest", f"{step}\n")
+            self.latest_checkpoint_step = step
+
+    def update_latest_state_dict_step(self, step: int) -> None:
+        if step >= self.latest_state_dict_step:
+            atomic_write_text(self.state_dict_root / "latest", f"{step}\n")
+            self.latest_state_dict_step = step
+        prune_versions(self.state_dict_root, self.keep_state_dicts, self.latest_state_dict_step)
+
+    # ------------------------------------------------------------ writers
+    def _event(self, key: tuple[int, bool]) -> asyncio.Event:
+        return self._done.setdefault(key, asyncio.Event())
+
+    async def register_thread_count(self, step: int, *, state_dict_thread_count: int = 0,
+                                    checkpoint_thread_count: int = 0) -> None:
+        """How many writers a step has. Every writer may call it (the same count again is a no-op)."""
+        for is_sd, count in ((True, state_dict_thread_count), (False, checkpoint_thread_count)):
+            if not count:
+                continue
+            key = (step, is_sd)
+            known = self._expected.get(key)
+            if known is not None and known != count and not self._event(key).is_set():
+                raise ValueError(f"step {step} was registered with {known} writers, now {count}")
+            if known is None or self._event(key).is_set():  # a step written again (after a trainer restart)
+                self._expected[key] = count
+                self._parts[key] = []
+                self._done[key] = asyncio.Event()
+
+    async def notify_started(self, node_id: str, job_id: str) -> None:
+        self.writers[node_id] = {"job_id": job_id, "since": time.time()}
+
+    async def notify_finished(self, step: int, is_state_dict: bool = False, part: dict | None = None) -> None:
+        """One writer of ``step`` is done (``part``: its manifest entry for a weights version)."""
+        key = (step, is_state_dict)
+        if key not in self._expected:
+            raise ValueError(f"step {step} ({'weights' if is_state_dict else 'checkpoint'}) finished without "
+                             "register_thread_count")
+        self._parts[key].append(part or {})
+        if len(self._parts[key]) < self._expected[key]:
+            return
+        if is_state_dict:
+            await self._complete_version(step, self._parts[key])
+        else:
+            self.update_latest_checkpoint_step(step)
+        self._event(key).set()
+
+    async def _complete_version(self, step: int, parts: list[dict]) -> None:
+        from trinity_like.synchronizer.synchronizer import SYNCHRONIZER_NAME, WeightsInfo
+
+        vdir = complete_version(self.state_dict_root, step, parts, self.keep_state_dicts)
+        self.latest_state_dict_step = max(self.latest_state_dict_step, step)
+        if self.namespace is not None:
+            sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
+            await sync.publish.remote(WeightsInfo(version=step, path=str(vdir), bytes=sum(p["bytes"] for p in parts),
+                                                  method="checkpoint"))
+
+    async def monitor_step(self, step: int, is_state_dict: bool = False, timeout_s: float | None = None) -> bool:
+        """Wait until every writer of ``step`` has finished; False if ``timeout_s`` passed first."""
+        try:
+            await asyncio.wait_for(self._event((step, is_state_dict)).wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def latest(self) -> dict[str, int]:
+        return {"checkpoint": self.latest_checkpoint_step, "state_dict": self.latest_state_dict_step}
+
+    @classmethod
+    def get_actor(cls, namespace: str, checkpoint_dir: str | None = None, keep_state_dicts: int = 3):
+        """The run's monitor, created by the first caller (which must give ``checkpoint_dir``)."""
+        if checkpoint_dir is None:
+            return ray.get_actor(MONITOR_NAME, namespace=namespace)
+        return ray.remote(num_cpus=0)(cls).options(
+            name=MONITOR_NAME, namespace=namespace, get_if_exists=True, lifetime="detached",
+            max_concurrency=64).remote(checkpoint_dir, keep_state_dicts, namespace)

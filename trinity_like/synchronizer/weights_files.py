@@ -1,0 +1,125 @@
+"""The on-disk form of one published policy version (method ``checkpoint``).
+
+    checkpoints/state_dict/version-00000005/
+        part-00000-of-00002.safetensors     written by trainer rank 0 (its share of the tensors)
+        part-00001-of-00002.safetensors     written by trainer rank 1
+        manifest.json                       written last, by the CheckpointMonitor, once every part is in
+
+Every data-parallel rank holds the full weights (DDP replicas, or FSDP2 after its gather), so the tensors are
+split by size over the ranks and written in parallel, each part atomically (temp file, fsync, rename). A
+version exists for readers only once ``manifest.json`` does; it records each part's size and CRC-32, and a
+reader checks both before it hands any tensor to an engine, so a torn or corrupted file is refused
+(``CorruptWeightsError``) instead of loaded. A single ``.safetensors`` file is also accepted as a version.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import torch
+
+from trinity_like.common.fs import atomic_write_bytes, atomic_write_json
+
+MANIFEST = "manifest.json"
+
+
+class CorruptWeightsError(ValueError):
+    """A published version's files do not match its manifest (size or CRC-32), or cannot be parsed."""
+
+
+def version_dir(root: str | Path, version: int) -> Path:
+    return Path(root) / f"version-{version:08d}"
+
+
+def version_of(path: str | Path) -> int | None:
+    name = Path(path).name
+    if not name.startswith("version-"):
+        return None
+    try:
+        return int(name.split("-", 1)[1].split(".")[0])
+    except ValueError:
+        return None
+
+
+def split_for_writers(state_dict: dict[str, torch.Tensor], world: int) -> list[list[str]]:
+    """The tensor names each of ``world`` writers stores: largest first onto the least-loaded writer, ties
+    broken by name, so every rank computes the same split from the same weights."""
+    loads = [0] * world
+    shares: list[list[str]] = [[] for _ in range(world)]
+    for name in sorted(state_dict, key=lambda n: (-state_dict[n].numel() * state_dict[n].element_size(), n)):
+        w = min(range(world), key=lambda i: (loads[i], i))
+        shares[w].append(name)
+        loads[w] += state_dict[name].numel() * state_dict[name].element_size()
+    return shares
+
+
+def write_part(vdir: str | Path, rank: int, world: int, tensors: dict[str, torch.Tensor]) -> dict:
+    """Write one writer's tensors atomically; return the part's manifest entry."""
+    from safetensors.torch import save
+
+    data = save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
+    name = f"part-{rank:05d}-of-{world:05d}.safetensors"
+    Path(vdir).mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(Path(vdir) / name, data)
+    return {"file": name, "bytes": len(data), "crc32": zlib.crc32(data), "tensors": sorted(tensors)}
+
+
+def write_manifest(vdir: str | Path, version: int, parts: list[dict]) -> Path:
+    """Complete a version: after this, readers may load it."""
+    parts = sorted(parts, key=lambda p: p["file"])
+    return atomic_write_json(Path(vdir) / MANIFEST, {
+        "version": version, "parts": parts, "bytes": sum(p["bytes"] for p in parts)})
+
+
+def read_manifest(vdir: str | Path) -> dict:
+    path = Path(vdir) / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"version folder '{vdir}' has no {MANIFEST}: it was never completed") from None
+    except json.JSONDecodeError as e:
+        raise CorruptWeightsError(f"{path}: unreadable manifest ({e})") from None
+
+
+def tensor_names(path: str | Path) -> list[str]:
+    """Names of the tensors of a version (folder with a manifest, or one safetensors file)."""
+    path = Path(path)
+    if path.is_dir():
+        return [n for p in read_manifest(path)["parts"] for n in p["tensors"]]
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return list(f.keys())
+
+
+def read_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch.Tensor], int]:
+    """All tensors of a version and the bytes read, every part checked against the manifest first."""
+    from safetensors.torch import load, load_file
+
+    path = Path(path)
+    if not path.is_dir():
+        if not path.is_file():
+            raise FileNotFoundError(f"no weights at '{path}'")
+        try:
+            return load_file(str(path), device=device), path.stat().st_size
+        except Exception as e:  # safetensors raises its own error type for a bad header
+            raise CorruptWeightsError(f"{path}: {e}") from None
+    manifest = read_manifest(path)
+    out: dict[str, torch.Tensor] = {}
+    total = 0
+    for part in manifest["parts"]:
+        file = path / part["file"]
+        data = file.read_bytes()
+        if len(data) != part["bytes"] or zlib.crc32(data) != part["crc32"]:
+            raise CorruptWeightsError(f"{file}: {len(data)} bytes with CRC-32 {zlib.crc32(data):#010x}, the "
+                                      f"manifest says {part['bytes']} bytes with {part['crc32']:#010x}; the file "
+                                      "is damaged and this version is refused")
+        try:
+            tensors = load(data)
+        except Exception as e:
+            raise CorruptWeightsError(f"{file}: {e}") from None
+        out.update({k: v.to(device) for k, v in tensors.items()} if device != "cpu" else tensors)
+        total += len(data)
+    return out, total
