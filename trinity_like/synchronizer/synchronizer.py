@@ -202,6 +202,8 @@ class Synchronizer:
             "latest_version": self._latest.version,
             "latest_path": self._latest.path,
             "ended": dict(self._ended),
+            "collective": {"generation": self._generation, "rounds": self._round, "members": list(self._members),
+                           "waiting": sorted(self._ready)},
             "roles": {rid: {"kind": r.kind, "state": r.state, "version": r.version,
                             "seconds_since_heartbeat": round(now - r.last_seen, 1), **r.info}
                       for rid, r in self.roles.items()},

@@ -120,6 +120,8 @@ class PPOTrainer(TrainEngineWrapper):
         self.monitor = None
         """The run's CheckpointMonitor when running under Ray with a synchronizer."""
         self.last_sync_bytes = 0
+        self.broadcaster = None
+        """Method ``nccl``: rank 0's WeightBroadcaster, started at the first sync."""
 
     # ------------------------------------------------------------ setup
     def prepare(self) -> None:
@@ -524,6 +526,8 @@ class PPOTrainer(TrainEngineWrapper):
         if self.synchronizer is None:
             raise RuntimeError("sync_weight needs a synchronizer actor")
         start = time.perf_counter()
+        if self.cfg.synchronizer.method == "nccl":
+            return self._offer_for_broadcast(start)
         if self.cfg.synchronizer.method == "memory":
             ref = self.upload_state_dict()
             if not self._writes():
@@ -541,6 +545,30 @@ class PPOTrainer(TrainEngineWrapper):
                                    f"{self.cfg.synchronizer.timeout_s:.0f}s")
         return {"sync/version": float(self._step), "sync/seconds": time.perf_counter() - start,
                 "sync/bytes": float(size)}
+
+    def _offer_for_broadcast(self, start: float) -> dict[str, float]:
+        """Method ``nccl``: snapshot the weights into the broadcaster (rank 0), publish the version; the
+        broadcaster's thread sends it to the engines when they come for it, while training goes on."""
+        from trinity_like.synchronizer import WeightsInfo
+        from trinity_like.synchronizer.collective import WeightBroadcaster
+
+        if not self._gathers():
+            return {}
+        sd = export_state_dict(self._plain_policy(), copy=False)  # FSDP2: gathered on every rank
+        if not self._writes():
+            return {}
+        sc = self.cfg.synchronizer
+        if self.broadcaster is None:
+            self.broadcaster = WeightBroadcaster(self.synchronizer, sc.bucket_mb, sc.timeout_s)
+        size = self.broadcaster.offer(self._step, sd)
+        ray_get(self.synchronizer.publish.remote(WeightsInfo(version=self._step, bytes=size, method="nccl")))
+        last = {f"sync/broadcast_{k.split('/')[1]}": v for k, v in self.broadcaster.last_round.items()}
+        return {"sync/version": float(self._step), "sync/seconds": time.perf_counter() - start,
+                "sync/bytes": float(size), **last, "sync/broadcast_failures": float(self.broadcaster.failures)}
+
+    def shutdown(self) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.close()
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> Path:

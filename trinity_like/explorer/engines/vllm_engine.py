@@ -76,6 +76,24 @@ class WeightSyncExtension:
             from safetensors.torch import load
 
             state_dict = load(data)
+        return self._trinity_apply(state_dict, tied)
+
+    def trinity_receive_weights(self, spec: dict, tied: bool = False, timeout_s: float = 600.0) -> int:
+        """Method ``nccl``: join the broadcast round ``spec`` from this worker process (NCCL into GPU memory on
+        GPU, gloo on CPU), receive the whole version into a staging buffer, then load it; return the bytes."""
+        import torch
+
+        from trinity_like.synchronizer.collective import WeightReceiver
+
+        receiver = getattr(self, "_trinity_receiver", None)
+        if receiver is None:
+            receiver = self._trinity_receiver = WeightReceiver(timeout_s)
+        device = "cuda" if spec["backend"] == "nccl" and torch.cuda.is_available() else "cpu"
+        state_dict, size = receiver.receive(spec, device=device)
+        self._trinity_apply(state_dict, tied)
+        return size
+
+    def _trinity_apply(self, state_dict, tied: bool) -> int:
         if not state_dict:
             raise ValueError("no weights given")
         self.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
@@ -233,6 +251,19 @@ class VLLMEngine(ChatByGenerate):
             # Cached KV blocks were computed with the old weights.
             self.llm.reset_prefix_cache()
             self.model_version = update.version
+
+    def receive_collective(self, spec: dict, timeout_s: float) -> int:
+        """Method ``nccl``: the worker joins the round and loads the version; requests wait meanwhile. Only
+        one worker per engine (tensor parallel size 1) takes part in a round."""
+        if spec.get("meta") is not None:
+            self._check_names(m["name"] for m in spec["meta"])
+        with self._lock:
+            sizes = self.llm.collective_rpc("trinity_receive_weights",
+                                            kwargs={"spec": spec, "tied": self._tied, "timeout_s": timeout_s})
+            self.llm.reset_prefix_cache()
+            self.model_version = spec["version"]
+        self.last_load_bytes = int(sizes[0])
+        return self.last_load_bytes
 
     def _check_names(self, names) -> None:
         given = set(names)
