@@ -157,12 +157,19 @@ class WeightBroadcaster:
                     version, [m.__dict__ for m in meta], self.addr, self.port, self.bucket_bytes, self.backend, 1.0,
                     self._failed_generation))
             except Exception as e:  # the synchronizer restarting: try again
+                if self._stop:
+                    return
                 logger.warning("weight broadcaster could not reach the synchronizer: %s", type(e).__name__)
                 time.sleep(1.0)
                 continue
-            if spec is None:
-                continue  # nobody waiting for this version yet; look for a newer snapshot
+            if spec is None:  # nobody waits for this version (yet), or someone wants a newer one
+                self._wait_for_newer(version, 0.2)
+                continue
             self._run_round(spec, flat)
+
+    def _wait_for_newer(self, version: int, timeout_s: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._stop or self._snapshot[0] != version, timeout=timeout_s)
 
     def _run_round(self, spec: dict, flat: torch.Tensor) -> None:
         start = time.perf_counter()

@@ -159,14 +159,15 @@ class Synchronizer:
     async def collective_next_round(self, version: int, meta: list[dict], addr: str, port: int, bucket_bytes: int,
                                     backend: str, wait_s: float, failed_generation: int = -1) -> dict | None:
         """The trainer's broadcaster asks for the next round of ``version``: None if no engine waits for it
-        within ``wait_s``; otherwise the engines that are ready (after a short gathering window) become the
+        within ``wait_s``, or at once if an engine waits for a newer version (the broadcaster should take its
+        newer snapshot); otherwise the engines that are ready (after a short gathering window) become the
         round's members and each gets its rank. Same members as before: same generation (the group is
         reused); otherwise, or after a failed round, a new generation."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while not self._waiting_for(version):
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or any(need > version for need, fut in self._ready.values() if not fut.done()):
                 return None
             self._ready_event.clear()
             try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -126,11 +127,15 @@ class PPOTrainer(TrainEngineWrapper):
     # ------------------------------------------------------------ setup
     def prepare(self) -> None:
         if self.synchronizer is not None:
+            import ray
+
             from trinity_like.config import namespace_of
             from trinity_like.synchronizer import CheckpointMonitor
 
             self.monitor = CheckpointMonitor.get_actor(namespace_of(self.cfg), str(self.paths.checkpoint_dir),
                                                        self._keep_versions())
+            ctx = ray.get_runtime_context()
+            self.monitor.notify_started.remote(f"{ctx.get_node_id()}/pid{os.getpid()}", ctx.get_job_id())
         torch.set_num_threads(self.cfg.trainer.num_threads)
         torch.manual_seed(self.cfg.seed)
         self.model = load_causal_lm(self.cfg.model.path, train=True)
@@ -540,9 +545,12 @@ class PPOTrainer(TrainEngineWrapper):
             size = self.last_sync_bytes
             if not self._writes():
                 return {"sync/bytes": float(size)}
+            wait_start = time.perf_counter()
             if not ray_get(self.monitor.monitor_step.remote(self._step, True, self.cfg.synchronizer.timeout_s)):
                 raise TimeoutError(f"version {self._step} was not completed by every writer within "
                                    f"{self.cfg.synchronizer.timeout_s:.0f}s")
+            return {"sync/version": float(self._step), "sync/seconds": time.perf_counter() - start,
+                    "sync/bytes": float(size), "sync/wait_s": time.perf_counter() - wait_start}
         return {"sync/version": float(self._step), "sync/seconds": time.perf_counter() - start,
                 "sync/bytes": float(size)}
 

@@ -1,0 +1,227 @@
+"""Weight sync: each method of the synchronizer against the bare operation it is built on, same bytes, same run.
+
+Two weight sets: the tiny model's and a ~100M-parameter Qwen2-shaped state dict (random weights, float32,
+~0.4 GB; ``--large-hidden``/``--large-layers`` change it). For each:
+
+- checkpoint: trainer side ``write_part`` (safetensors bytes + CRC-32, atomic write with fsync) by one writer,
+  ``complete_version`` (manifest, pointer, pruning), then the explorer side ``read_weights`` (read, size +
+  CRC check, parse). Raw: a bare ``safetensors.torch.save_file`` + ``load_file`` of the same tensors (no
+  fsync, no checks). ``vs_raw`` = our seconds / raw seconds (target <= 1.5).
+- nccl (gloo on this CPU machine): the trainer's ``WeightBroadcaster`` and ``--receivers`` engines as Ray
+  actors, each running the engine's ``WeightReceiver`` inside a Synchronizer round; timed is the transfer
+  as the broadcaster records it (group reused from a warm-up round, all slices of ``--bucket-mb``, from the
+  moment the round is fixed, so the receivers' arrival is included), after the snapshot copy, which is
+  reported on its own. Raw: one ``broadcast`` of a single flat tensor of the same bytes in a bare gloo group
+  among the same processes, timed on the sender with every receiver already waiting (its best case). ``vs_raw`` = our bandwidth / raw bandwidth (target
+  >= 0.8). The baseline design, one broadcast per parameter, is timed too.
+- memory: ``ray.put`` of the state dict and ``ray.get`` in each receiver actor (no raw counterpart).
+
+gbps is gigabytes per second (1e9 B/s) of weights delivered to one receiver. Medians of ``--repeats``.
+
+    .venv/bin/python bench/sync.py [--receivers 2] [--bucket-mb 64] [--repeats 3] [--skip-large]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+import torch
+import torch.distributed as dist
+
+
+def qwen2_like(hidden: int, layers: int, vocab: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    sd = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=g), "model.norm.weight": torch.ones(hidden)}
+    kv = hidden // 4
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name, shape in (("self_attn.q_proj.weight", (hidden, hidden)), ("self_attn.k_proj.weight", (kv, hidden)),
+                            ("self_attn.v_proj.weight", (kv, hidden)), ("self_attn.o_proj.weight", (hidden, hidden)),
+                            ("mlp.gate_proj.weight", (inter, hidden)), ("mlp.up_proj.weight", (inter, hidden)),
+                            ("mlp.down_proj.weight", (hidden, inter))):
+            sd[p + name] = torch.randn(*shape, generator=g) * 0.02
+        for name, n in (("self_attn.q_proj.bias", hidden), ("self_attn.k_proj.bias", kv), ("self_attn.v_proj.bias", kv)):
+            sd[p + name] = torch.zeros(n)
+        sd[p + "input_layernorm.weight"] = torch.ones(hidden)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
+    return sd
+
+
+def nbytes(sd: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in sd.values())
+
+
+# ------------------------------------------------------------------ checkpoint
+def bench_checkpoint(sd: dict[str, torch.Tensor], folder: Path, repeats: int) -> dict[str, float]:
+    from safetensors.torch import load_file, save_file
+
+    from trinity_like.synchronizer.monitor import complete_version
+    from trinity_like.synchronizer.weights_files import read_weights, write_part
+
+    ours, raw = [], []
+    for r in range(repeats):
+        for order in ((0, 1) if r % 2 == 0 else (1, 0)):
+            start = time.perf_counter()
+            if order == 0:
+                part = write_part(folder / f"version-{r + 1:08d}", 0, 1, sd)
+                vdir = complete_version(folder, r + 1, [part], keep=2)
+                loaded, _ = read_weights(vdir)
+                ours.append(time.perf_counter() - start)
+            else:
+                path = folder / f"raw-{r}.safetensors"
+                save_file(sd, str(path))
+                loaded = load_file(str(path))
+                raw.append(time.perf_counter() - start)
+                path.unlink()
+            assert len(loaded) == len(sd)
+    return {"seconds": statistics.median(ours), "raw_seconds": statistics.median(raw)}
+
+
+# ------------------------------------------------------------------ nccl (gloo) and memory
+@ray.remote(num_cpus=0)
+class Receiver:
+    def __init__(self, namespace: str, key: str) -> None:
+        from trinity_like.synchronizer.collective import WeightReceiver
+
+        self.namespace, self.key = namespace, key
+        self.receiver = WeightReceiver(timeout_s=300)
+
+    def round(self, min_version: int) -> float:
+        from trinity_like.synchronizer.synchronizer import SYNCHRONIZER_NAME
+
+        sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
+        spec = ray.get(sync.collective_ready.remote(self.key, min_version, 300))
+        start = time.perf_counter()
+        _, size = self.receiver.receive(spec, device="cpu")
+        return time.perf_counter() - start
+
+    def join_raw(self, addr: str, port: int, rank: int, world: int) -> None:
+        store = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=300))
+        self.raw = dist.ProcessGroupGloo(dist.PrefixStore("raw", store), rank, world, datetime.timedelta(seconds=300))
+
+    def raw_flat(self, size: int) -> None:
+        buf = torch.empty(size, dtype=torch.uint8)
+        self.raw.broadcast(buf, 0).wait()
+
+    def raw_per_param(self, shapes: list[tuple[int, ...]]) -> None:
+        for shape in shapes:
+            self.raw.broadcast(torch.empty(shape), 0).wait()
+
+    def memory(self, refs: list) -> int:
+        sd = ray.get(refs[0])
+        return len(sd)
+
+
+def bench_broadcast(sd, receivers: int, bucket_mb: float, repeats: int, namespace: str) -> dict[str, float]:
+    from trinity_like.synchronizer import get_synchronizer
+    from trinity_like.synchronizer.collective import WeightBroadcaster
+
+    sync = get_synchronizer(namespace)
+    broadcaster = WeightBroadcaster(sync, bucket_mb, timeout_s=300)
+    actors = [Receiver.remote(namespace, f"engine-{i}") for i in range(receivers)]
+    # the bare group among the same processes
+    raw_store = dist.TCPStore(broadcaster.addr, 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=300))
+    joins = [a.join_raw.remote(broadcaster.addr, raw_store.port, i + 1, receivers + 1) for i, a in enumerate(actors)]
+    raw_pg = dist.ProcessGroupGloo(dist.PrefixStore("raw", raw_store), 0, receivers + 1, datetime.timedelta(seconds=300))
+    ray.get(joins)
+    size = nbytes(sd)
+    flat = torch.empty(size, dtype=torch.uint8)
+    names = sorted(sd)
+    out: dict[str, list[float]] = {"ours": [], "raw": [], "per_param": [], "snapshot": [], "round": [], "memory": []}
+    try:
+        for r in range(repeats + 1):  # round 0 forms the group (a new generation): warm-up, not timed
+            start = time.perf_counter()
+            broadcaster.offer(r + 1, sd)
+            snapshot = time.perf_counter() - start
+            start = time.perf_counter()
+            ray.get([a.round.remote(r + 1) for a in actors])
+            round_s = time.perf_counter() - start
+            ours = broadcaster.last_round["sync/seconds"]
+            # raw: the receivers are already waiting in the broadcast when the sender starts (best case)
+            works = [a.raw_flat.remote(size) for a in actors]
+            time.sleep(0.3)
+            start = time.perf_counter()
+            raw_pg.broadcast(flat, 0).wait()
+            raw = time.perf_counter() - start
+            ray.get(works)
+            works = [a.raw_per_param.remote([tuple(sd[n].shape) for n in names]) for a in actors]
+            time.sleep(0.3)
+            start = time.perf_counter()
+            for n in names:
+                raw_pg.broadcast(sd[n], 0).wait()
+            per_param = time.perf_counter() - start
+            ray.get(works)
+            start = time.perf_counter()
+            ref = ray.put(sd)
+            ray.get([a.memory.remote([ref]) for a in actors])
+            memory = time.perf_counter() - start
+            del ref
+            if r == 0:
+                continue
+            for key, value in (("ours", ours), ("raw", raw), ("per_param", per_param), ("snapshot", snapshot),
+                               ("round", round_s), ("memory", memory)):
+                out[key].append(value)
+        assert broadcaster.failures == 0
+    finally:
+        broadcaster.close()
+        for a in actors:
+            ray.kill(a)
+        ray.kill(sync)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--receivers", type=int, default=2)
+    parser.add_argument("--bucket-mb", type=float, default=64.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--large-hidden", type=int, default=768)
+    parser.add_argument("--large-layers", type=int, default=12)
+    parser.add_argument("--skip-large", action="store_true")
+    args = parser.parse_args()
+
+    from trinity_like.common.modeling import export_state_dict, load_causal_lm
+    from trinity_like.common.tiny_model import make_tiny_model
+
+    torch.set_num_threads(1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    sets = []
+    with tempfile.TemporaryDirectory() as tmp:
+        sets.append(("tiny", export_state_dict(load_causal_lm(str(make_tiny_model(Path(tmp) / "tiny", seed=0))))))
+        if not args.skip_large:
+            sets.append(("100m", qwen2_like(args.large_hidden, args.large_layers, vocab=32000, inter=2048)))
+        lines = []
+        for name, sd in sets:
+            size = nbytes(sd)
+            params = sum(t.numel() for t in sd.values())
+            ck = bench_checkpoint(sd, Path(tmp) / f"ck-{name}", args.repeats)
+            bc = bench_broadcast(sd, args.receivers, args.bucket_mb, args.repeats, f"bench-sync-{name}-{os.getpid()}")
+            gb = size / 1e9
+            print(f"{name}: {params / 1e6:.1f}M params, {size / 2**20:.1f} MiB")
+            print(f"  checkpoint  ours {ck['seconds']:.3f}s  raw save+load {ck['raw_seconds']:.3f}s")
+            print(f"  nccl(gloo)  transfer {bc['ours']:.3f}s  raw flat broadcast {bc['raw']:.3f}s  one-param-at-a-time "
+                  f"{bc['per_param']:.3f}s  snapshot copy {bc['snapshot']:.3f}s  whole round from ready "
+                  f"{bc['round']:.3f}s")
+            print(f"  memory      put + get in {args.receivers} actors {bc['memory']:.3f}s")
+            lines.append(f"RESULT sync model={name} method=checkpoint seconds={ck['seconds']:.4f} "
+                         f"gbps={gb / ck['seconds']:.3f} vs_raw={ck['seconds'] / ck['raw_seconds']:.3f}")
+            lines.append(f"RESULT sync model={name} method=nccl seconds={bc['ours']:.4f} gbps={gb / bc['ours']:.3f} "
+                         f"vs_raw={bc['raw'] / bc['ours']:.3f} per_param_seconds={bc['per_param']:.4f} "
+                         f"vs_per_param={bc['per_param'] / bc['ours']:.2f} snapshot_seconds={bc['snapshot']:.4f} "
+                         f"round_seconds={bc['round']:.4f}")
+            lines.append(f"RESULT sync model={name} method=memory seconds={bc['memory']:.4f} "
+                         f"gbps={gb / bc['memory']:.3f}")
+    ray.shutdown()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
