@@ -7,6 +7,7 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from trinity_like.common.errors import UserError
@@ -32,13 +33,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 0
     from trinity_like.launcher import run
 
-    summary = run(cfg)
-    return 0 if summary["exit_reason"] == "completed" else 1
+    summary = run(cfg, role=args.role, resume=args.resume, address=args.address)
+    return 0 if summary["exit_reason"] in ("completed", "stopped") else 1
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from trinity_like.status import format_status, gather_status
+
+    report = gather_status(args.config, args.namespace, args.address)
+    print(json.dumps(report, indent=2) if args.json else format_status(report))
+    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    import json
-
     from trinity_like.config import load_config
     from trinity_like.explorer.evaluation import bench
 
@@ -73,7 +80,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a YAML config file (e.g. configs/quickstart.yaml) and dotted overrides such as "
                         "trainer.total_steps=5 mode=sync, in any order")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--role", choices=("all", "explorer", "trainer"), default="all",
+                   help="run every part in this job (all), or one part as an independent job that meets the "
+                        "others through the run directory and the Ray namespace <project>/<name>")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in its run directory: the trainer loads its latest checkpoint and the "
+                        "buffer re-delivers what was consumed after it")
+    p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, set by `ray job submit`; "
+                                     "none = start a local Ray instance)")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("status", help="roles alive, their versions, the buffer's unconsumed rows and staleness")
+    p.add_argument("config", nargs="?", help="the run's config file (or give --namespace)")
+    p.add_argument("--namespace", help="the run's Ray namespace <project>/<name>")
+    p.add_argument("--address", help="Ray cluster (default: RAY_ADDRESS, else the local one started by `ray start`)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("bench", help="evaluate a model or checkpoint on the config's eval task sets")
     p.add_argument("items", nargs="+", metavar="CONFIG | key=value")

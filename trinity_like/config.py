@@ -254,7 +254,11 @@ class SynchronizerConfig:
     """Largest allowed `trainer version - model_version` of a trained experience (async mode). The explorer
     waits rather than produce data that would exceed it; 0 makes async behave exactly like sync."""
     timeout_s: float = _at_least(600.0, 0.0)
-    """How long a role waits for the other (new weights, new data) before giving up."""
+    """How long a role waits for the other (new weights, new data; a role started alone waits this long for
+    the other to join) before giving up."""
+    heartbeat_timeout_s: float = _at_least(30.0, 1.0)
+    """A role silent for this long is reported dead; the explorer steps it had claimed are redone by another
+    explorer."""
     bucket_mb: float = _at_least(64.0, 0.001)
     """Method `nccl`: size of the slices the flat weight buffer is broadcast in (MiB)."""
 
@@ -438,6 +442,8 @@ class RunPaths:
     metrics: Path
     summary: Path
     config: Path
+    run_id: Path
+    """A random id written when the run directory is first prepared; names this run to its Synchronizer."""
 
     @classmethod
     def of(cls, cfg: Config) -> RunPaths:
@@ -451,7 +457,22 @@ class RunPaths:
             metrics=run_dir / "metrics.jsonl",
             summary=run_dir / "summary.json",
             config=run_dir / "config.yaml",
+            run_id=run_dir / "run_id",
         )
+
+
+def explore_steps_needed(cfg: Config) -> int:
+    """Explorer steps whose output covers ``trainer.total_steps`` trainer batches."""
+    rows_per_step = cfg.explorer.batch_size * cfg.explorer.repeat_times
+    return -(-cfg.trainer.total_steps * cfg.train_batch_size // rows_per_step)
+
+
+def read_run_id(paths: RunPaths) -> str | None:
+    """The run's id (None before the run directory is prepared)."""
+    try:
+        return paths.run_id.read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def namespace_of(cfg: Config) -> str:

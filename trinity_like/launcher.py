@@ -1,49 +1,137 @@
 """Modes and roles: prepare the run directory, start Ray and the parts, drive or wait, shut down cleanly.
 
+Modes (``mode`` in the config):
 - ``sync``: lock-step. Explorer steps run until the buffer holds trainer step k's batch, then trainer step k;
   with ``synchronizer.interval: 1`` explorer step k uses version k (strict on-policy).
 - ``async``: explorer and trainer loop concurrently in their own actors; the explorer's admission rule keeps
   every trained row within ``synchronizer.max_staleness`` versions.
 - ``offline``: no explorer; the trainer replays ``buffer.replay_sources`` for ``trainer.total_steps`` steps.
 
-While the roles work, the launcher tails ``metrics.jsonl`` and prints one progress line per step.
+Roles (``--role``): ``all`` runs every part in this job; ``trainer`` and ``explorer`` run one part each, so that
+they can be independent Ray jobs (``ray job submit -- trinity-like run CFG --role trainer``) that start in
+either order, meet through the run directory and the named actors of the namespace ``<project>/<name>``, and
+restart on their own. Several explorer jobs may join one trainer. With separate roles ``sync`` runs as the
+same lock-step schedule enforced by the explorer's admission rule (each explorer step waits for the version it
+must use).
+
+A job's SIGINT / SIGTERM asks its roles to stop after the step in progress: the trainer commits the ledger and
+writes a checkpoint, explorers write what they generated; the job then exits with status 0 and
+``exit_reason: stopped``. A second signal abandons the step.
+
+While the roles work, the launcher tails ``metrics.jsonl`` and prints one progress line per step; a role that
+waits for the other role while none is running says so once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from trinity_like.buffer.segments import list_segments
 from trinity_like.common.errors import UserError
-from trinity_like.common.fs import atomic_write_json, atomic_write_text
+from trinity_like.common.fs import atomic_write_json, atomic_write_text, fsync_path
 from trinity_like.common.metrics import read_metrics
 from trinity_like.common.modeling import set_offline_env
-from trinity_like.config import Config, RunPaths, namespace_of, to_yaml
+from trinity_like.config import Config, RunPaths, load_config, namespace_of, to_yaml
 from trinity_like.synchronizer.monitor import MONITOR_NAME
+
+ROLES = ("all", "explorer", "trainer")
+TRAINER_NAME = "trainer"
+"""The trainer role's actor name in the run's namespace (one trainer per run)."""
+PER_JOB_KEYS = ("explorer.num_engines", "explorer.num_threads", "explorer.engine", "explorer.vllm",
+                "trainer.num_threads", "synchronizer.timeout_s")
+"""Settings that may differ between the jobs of one run (resources of one job); every other key must match
+the run's ``config.yaml``."""
 
 
 class RunError(UserError):
     """A run that could not start or finish for a reason the user can fix; the message says which."""
 
 
-def prepare_run_dir(cfg: Config, allow_existing: bool = False) -> RunPaths:
+def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_flat(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def config_differences(a: Config, b: Config) -> list[str]:
+    """Keys whose values differ between two configs, leaving out the per-job keys."""
+    fa, fb = _flat(a), _flat(b)
+    return [k for k in fa if fa[k] != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in PER_JOB_KEYS)]
+
+
+def _ensure_run_id(paths: RunPaths) -> None:
+    """Write the run's id once; of two roles preparing at once, the first link wins and both read it."""
+    if paths.run_id.exists():
+        return
+    tmp = paths.run_dir / f".run_id.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    tmp.write_text(uuid.uuid4().hex + "\n")
+    fsync_path(tmp)
+    try:
+        os.link(tmp, paths.run_id)  # fails if it exists: never replaces another role's id
+        fsync_path(paths.run_dir)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+
+
+def _check_same_config(cfg: Config, paths: RunPaths, role: str, resume: bool) -> None:
+    """A role joining a run must run its config; ``--role all --resume`` may change it (and saves it)."""
+    if not paths.config.is_file():
+        atomic_write_text(paths.config, to_yaml(cfg))
+        return
+    saved = load_config(paths.config)
+    diff = config_differences(saved, cfg)
+    if not diff:
+        return
+    if role == "all" and resume:
+        print(f"note: resuming with changed settings: {', '.join(diff)}", flush=True)
+        atomic_write_text(paths.config, to_yaml(cfg))
+        return
+    raise RunError(f"the run in '{paths.run_dir}' runs another config (differs in {', '.join(diff[:6])}"
+                   f"{' ...' if len(diff) > 6 else ''}); start this {role} with the run's config.yaml, or pick "
+                   "another name")
+
+
+def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all", resume: bool = False) -> RunPaths:
     """Create the run directory, save the resolved config, build the tiny model and the task set if asked.
-    ``allow_existing`` lets read-only users (``bench``) open a directory that already holds a run."""
+
+    ``role='all'`` refuses a directory that already holds a run unless ``resume``; a ``trainer`` refuses one
+    with checkpoints unless ``resume``; an ``explorer`` joins whatever is there. A joining role must bring the
+    run's config. ``allow_existing`` lets read-only users (``bench``) open any run directory."""
     from trinity_like.common.tasks import generate_arithmetic, load_taskset, write_taskset
     from trinity_like.common.tiny_model import ensure_tiny_model
+    from trinity_like.trainer.role import latest_checkpoint
 
+    if role not in ROLES:
+        raise RunError(f"bad role {role!r}; allowed: {', '.join(ROLES)}")
     paths = RunPaths.of(cfg)
-    if not allow_existing and (paths.summary.exists() or list_segments(paths.buffer_dir)):
-        raise RunError(f"run directory '{paths.run_dir}' already holds a run; pick another name (name=...) or "
-                       "delete that folder")
+    if not allow_existing and not resume:
+        ckpt = latest_checkpoint(paths.checkpoint_dir)
+        if role == "all" and (paths.summary.exists() or list_segments(paths.buffer_dir) or ckpt):
+            raise RunError(f"run directory '{paths.run_dir}' already holds a run; continue it with --resume, pick "
+                           "another name (name=...) or delete that folder")
+        if role == "trainer" and ckpt is not None:
+            raise RunError(f"run directory '{paths.run_dir}' holds trainer checkpoints (latest {ckpt.name}); "
+                           "restart the trainer with --resume, or pick another name")
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     if not allow_existing:
-        atomic_write_text(paths.config, to_yaml(cfg))
+        _check_same_config(cfg, paths, role, resume)
+        _ensure_run_id(paths)
     if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         if not cfg.model.build_tiny_if_missing:
             raise RunError(f"model.path '{cfg.model.path}' has no model; point it at a Hugging Face model folder, "
@@ -63,48 +151,72 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False) -> RunPaths:
     return paths
 
 
-def init_ray(cfg: Config) -> None:
-    """Join a running Ray instance (tests share one), or start a local one."""
+def init_ray(cfg: Config, address: str | None = None) -> None:
+    """Join the Ray cluster at ``address`` (or ``RAY_ADDRESS``, which ``ray job submit`` sets for its jobs);
+    without one, start a local instance for this job. A test session's instance is reused as it is."""
     import ray
 
     if ray.is_initialized():
         return
-    ray.init(namespace=namespace_of(cfg), include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    address = address or os.environ.get("RAY_ADDRESS")
+    kwargs = dict(namespace=namespace_of(cfg), log_to_driver=False, configure_logging=False)
+    if not address:
+        ray.init(address="local", include_dashboard=False, **kwargs)
+        return
+    try:
+        ray.init(address=address, **kwargs)
+    except (ConnectionError, RuntimeError) as e:
+        raise RunError(f"cannot reach the Ray cluster at '{address}' ({str(e).splitlines()[0][:120]}); start one "
+                       "with `ray start --head` or give its address with --address / RAY_ADDRESS") from None
 
 
 @dataclass
 class _Roles:
     synchronizer: Any
-    explorer: Any
-    trainer: Any
+    explorer: Any = None
+    trainer: Any = None
+    ids: dict[str, str] = field(default_factory=dict)
+    """role kind -> role id registered with the Synchronizer."""
+
+    @property
+    def actors(self) -> list[Any]:
+        return [a for a in (self.trainer, self.explorer) if a is not None]
 
 
-def _start_roles(cfg: Config) -> _Roles:
+def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
     import ray
 
+    from trinity_like.config import read_run_id
     from trinity_like.explorer.role import ExplorerRole
     from trinity_like.synchronizer import get_synchronizer
     from trinity_like.trainer.role import TrainerRole
 
     ns = namespace_of(cfg)
-    sync = get_synchronizer(ns)
-    explorer = None
-    if cfg.mode != "offline":
-        explorer = ray.remote(num_cpus=0, max_concurrency=4)(ExplorerRole).options(
-            name="explorer", namespace=ns).remote(cfg)
-    trainer = ray.remote(num_cpus=0, max_concurrency=2)(TrainerRole).options(
-        name="trainer", namespace=ns).remote(cfg)
-    ray.get([role.setup.remote() for role in (explorer, trainer) if role is not None])
-    return _Roles(sync, explorer, trainer)
+    if role == "explorer" and cfg.mode == "offline":
+        raise RunError("mode 'offline' has no explorer; run the trainer (--role trainer or all)")
+    if role in ("all", "trainer") and _actor_exists(TRAINER_NAME, ns):
+        raise RunError(f"a trainer is already running in namespace '{ns}'; a run has one trainer")
+    roles = _Roles(get_synchronizer(ns, cfg.synchronizer.heartbeat_timeout_s, run_id=read_run_id(RunPaths.of(cfg))))
+    if role in ("all", "explorer") and cfg.mode != "offline":
+        roles.explorer = ray.remote(num_cpus=0, max_concurrency=4)(ExplorerRole).options(
+            name=f"explorer-{uuid.uuid4().hex[:8]}", namespace=ns).remote(cfg)
+    if role in ("all", "trainer"):
+        roles.trainer = ray.remote(num_cpus=0, max_concurrency=2)(TrainerRole).options(
+            name=TRAINER_NAME, namespace=ns).remote(cfg, resume)
+    ray.get([a.setup.remote() for a in roles.actors])
+    for kind, actor in (("explorer", roles.explorer), ("trainer", roles.trainer)):
+        if actor is not None:
+            roles.ids[kind] = ray.get(actor.role_info.remote())["role_id"]
+    return roles
 
 
 class _Progress:
-    """Prints one line per step record that appears in metrics.jsonl."""
+    """Prints one line per step record of ``kinds`` that appears in metrics.jsonl."""
 
-    def __init__(self, paths: RunPaths, total_steps: int, stream=sys.stdout) -> None:
+    def __init__(self, paths: RunPaths, total_steps: int, kinds: tuple[str, ...], stream=sys.stdout) -> None:
         self.paths = paths
         self.total_steps = total_steps
+        self.kinds = kinds
         self.offset = paths.metrics.stat().st_size if paths.metrics.is_file() else 0
         self.stream = stream
         self.records: list[dict[str, Any]] = []
@@ -112,8 +224,9 @@ class _Progress:
     def poll(self) -> None:
         new, self.offset = read_metrics(self.paths.metrics, self.offset)
         for r in new:
-            self.records.append(r)
-            print(self.format(r), file=self.stream, flush=True)
+            if r["role"] in self.kinds:
+                self.records.append(r)
+                print(self.format(r), file=self.stream, flush=True)
 
     def format(self, r: dict[str, Any]) -> str:
         if r["role"] == "trainer":
@@ -124,71 +237,175 @@ class _Progress:
                 f"version {int(r['rollout/model_version'])}  {r['time/explore_step_s']:.2f}s")
 
 
-def _run_sync(cfg: Config, roles: _Roles, progress: _Progress) -> None:
+class _WaitNotes:
+    """Says once, each time it starts, that a role of this job waits for the other kind while none runs."""
+
+    OTHER = {"explorer": "trainer", "trainer": "explorer"}
+    WAITING = {"explorer": "require_sync", "trainer": "waiting_data"}
+    POLL_S = 1.0
+
+    def __init__(self, cfg: Config, roles: _Roles) -> None:
+        self.cfg, self.roles = cfg, roles
+        self.noted: set[str] = set()
+        self.last = 0.0
+
+    def poll(self) -> None:
+        import ray
+
+        if time.monotonic() - self.last < self.POLL_S or len(self.roles.ids) != 1:
+            return  # with both roles in this job, neither waits for an absent one
+        self.last = time.monotonic()
+        try:
+            status = ray.get(self.roles.synchronizer.status.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - a note is best effort; the roles report real failures
+            return
+        for kind, rid in self.roles.ids.items():
+            other = self.OTHER[kind]
+            waiting = status["roles"].get(rid, {}).get("state") == self.WAITING[kind]
+            absent = not any(r["kind"] == other and r["state"] not in ("stopped", "dead")
+                             for r in status["roles"].values())
+            if waiting and absent and kind not in self.noted:
+                self.noted.add(kind)
+                what = "new weights" if kind == "explorer" else "experiences"
+                print(f"{kind}: waiting for {what}: no {other} is running in namespace '{namespace_of(self.cfg)}'; "
+                      f"start one (--role {other}); giving up after {self.cfg.synchronizer.timeout_s:.0f}s",
+                      flush=True)
+            elif not waiting:
+                self.noted.discard(kind)
+
+
+class _StopSignals:
+    """SIGINT / SIGTERM set ``requested`` (the roles then stop after their step); a second one raises
+    KeyboardInterrupt. Handlers are installed only in the main thread and restored on exit."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested is not None:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+        print(f"{self.requested}: stopping after the step in progress (checkpoint and commit); signal again "
+              "to abandon it", flush=True)
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _run_sync(cfg: Config, roles: _Roles, progress: _Progress, stop: _StopSignals) -> None:
     import ray
 
     rows_per_step = cfg.explorer.batch_size * cfg.explorer.repeat_times
     explored = 0
     for k in range(cfg.trainer.total_steps):
         while explored * rows_per_step < (k + 1) * cfg.train_batch_size:
+            if stop.requested:
+                break
             ray.get(roles.explorer.step.remote())
             explored += 1
             progress.poll()
+        if stop.requested:
+            break
         ray.get(roles.trainer.step.remote())
         progress.poll()
+    if stop.requested:
+        ray.get(roles.trainer.request_stop.remote())
+        ray.get(roles.trainer.run.remote())  # ends at once: saves the step reached and marks itself stopped
 
 
-def _run_async(roles: _Roles, progress: _Progress) -> None:
-    """Both roles loop on their own (offline: the trainer alone) until they finish or one fails."""
+def _run_loops(roles: _Roles, progress: _Progress, stop: _StopSignals, notes: _WaitNotes) -> None:
+    """Each role of this job loops on its own until it finishes, fails, or is asked to stop."""
     import ray
 
-    pending = [role.run.remote() for role in (roles.trainer, roles.explorer) if role is not None]
+    pending = [role.run.remote() for role in roles.actors]
+    asked = False
     while pending:
         done, pending = ray.wait(pending, timeout=0.2)
         for ref in done:
             ray.get(ref)  # re-raises a role's failure here
+        if stop.requested and not asked:
+            ray.get([a.request_stop.remote() for a in roles.actors])
+            asked = True
         progress.poll()
+        notes.poll()
 
 
-def run(cfg: Config) -> dict[str, Any]:
-    """Run a whole job in ``cfg.mode`` on a local (or already joined) Ray instance; return the summary."""
+def run(cfg: Config, role: str = "all", resume: bool = False, address: str | None = None) -> dict[str, Any]:
+    """Run ``role`` of the job in ``cfg.mode`` on a local Ray instance or the cluster at ``address``; return
+    the summary (also written to ``summary.json`` by a job that runs the trainer)."""
     import ray
 
     set_offline_env()
-    paths = prepare_run_dir(cfg)
+    paths = prepare_run_dir(cfg, role=role, resume=resume)
     start = time.time()
-    init_ray(cfg)
-    progress = _Progress(paths, cfg.trainer.total_steps)
-    print(f"run directory: {paths.run_dir}  mode: {cfg.mode}", flush=True)
+    init_ray(cfg, address)
+    kinds = ("trainer", "explorer") if role == "all" else (role,)
+    progress = _Progress(paths, cfg.trainer.total_steps, kinds)
+    print(f"run directory: {paths.run_dir}  mode: {cfg.mode}  role: {role}  namespace: {namespace_of(cfg)}",
+          flush=True)
     roles = None
     exit_reason = "completed"
-    try:
-        roles = _start_roles(cfg)
-        if cfg.mode == "sync":
-            _run_sync(cfg, roles, progress)
-        else:
-            _run_async(roles, progress)
-    except KeyboardInterrupt:
-        exit_reason = "interrupted"
-        raise
-    except BaseException as e:
-        exit_reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        raise
-    finally:
-        progress.poll()
-        if roles is not None:
-            actors = [a for a in (roles.explorer, roles.trainer) if a is not None]
-            try:
-                ray.get([a.shutdown.remote() for a in actors], timeout=60)
-            except Exception as e:  # a role that died cannot shut down; killing it below is all there is
-                print(f"warning: a role did not shut down cleanly: {type(e).__name__}", file=sys.stderr)
-            for actor in (*actors, roles.synchronizer):
-                ray.kill(actor)
-            _kill_named(MONITOR_NAME, namespace_of(cfg))
-        summary = _summary(cfg, progress.records, time.time() - start, exit_reason)
-        atomic_write_json(paths.summary, summary)
+    resumed_from = None
+    with _StopSignals() as stop:
+        try:
+            roles = _start_roles(cfg, role, resume)
+            if roles.trainer is not None:
+                resumed_from = ray.get(roles.trainer.role_info.remote())["resumed_from"]
+            if cfg.mode == "sync" and role == "all":
+                _run_sync(cfg, roles, progress, stop)
+            else:
+                _run_loops(roles, progress, stop, _WaitNotes(cfg, roles))
+            if stop.requested:
+                exit_reason = "stopped"
+        except KeyboardInterrupt:
+            exit_reason = "interrupted"
+            raise
+        except BaseException as e:
+            exit_reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            raise
+        finally:
+            progress.poll()
+            if roles is not None:
+                _shutdown(cfg, roles, role)
+            summary = _summary(cfg, role, progress.records, time.time() - start, exit_reason, resumed_from)
+            if role != "explorer":
+                atomic_write_json(paths.summary, summary)
     print("summary: " + json.dumps(summary), flush=True)
     return summary
+
+
+def _shutdown(cfg: Config, roles: _Roles, role: str) -> None:
+    """Stop this job's roles. A job that runs every role also ends the run's detached helpers; a job of one
+    role leaves them to the others (the Synchronizer exits on its own once no role is left)."""
+    import ray
+
+    try:
+        ray.get([a.shutdown.remote() for a in roles.actors], timeout=60)
+    except Exception as e:  # a role that died cannot shut down; killing it below is all there is
+        print(f"warning: a role did not shut down cleanly: {type(e).__name__}", file=sys.stderr)
+    for actor in roles.actors:
+        ray.kill(actor)
+    if role == "all":
+        ray.kill(roles.synchronizer)
+        _kill_named(MONITOR_NAME, namespace_of(cfg))
+
+
+def _actor_exists(name: str, namespace: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
 
 
 def _kill_named(name: str, namespace: str) -> None:
@@ -201,14 +418,17 @@ def _kill_named(name: str, namespace: str) -> None:
         pass
 
 
-def _summary(cfg: Config, records: list[dict[str, Any]], wall_s: float, exit_reason: str) -> dict[str, Any]:
+def _summary(cfg: Config, role: str, records: list[dict[str, Any]], wall_s: float, exit_reason: str,
+             resumed_from: int | None) -> dict[str, Any]:
     trainer = [r for r in records if r["role"] == "trainer"]
     explorer = [r for r in records if r["role"] == "explorer"]
     return {
         "mode": cfg.mode,
+        "role": role,
+        "resumed_from": resumed_from,
         "trainer_steps": len(trainer),
         "explorer_steps": len(explorer),
-        "final_version": int(trainer[-1]["trainer/version"]) if trainer else 0,
+        "final_version": int(trainer[-1]["trainer/version"]) if trainer else (resumed_from or 0),
         "reward_first": trainer[0]["train/reward_mean"] if trainer else None,
         "reward_last": trainer[-1]["train/reward_mean"] if trainer else None,
         "reward_mean_first_10": _mean(r["train/reward_mean"] for r in trainer[:10]),

@@ -6,6 +6,10 @@ train_batch_size)``; it may start only once the published version is >= ``c(j) -
 writes can be staler than the bound when trained. Weights are swapped only at a step boundary, so one step's
 samples all come from one version.
 
+Several explorers (in one job or in independent Ray jobs) share one run: each claims the next step of the
+run's global step sequence from the Synchronizer, so step j's tasks, seeds and admission rule are the same
+whichever explorer runs it, and the steps of an explorer that dies are redone by another.
+
 A task whose workflow raises or times out (``explorer.task_timeout_s``) is retried up to
 ``explorer.max_retries`` times, then recorded as failed (``failed_tasks.jsonl`` in the run directory and
 ``rollout/failed_tasks``) and the step goes on with the others.
@@ -31,7 +35,14 @@ from trinity_like.common.fs import append_line
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
-from trinity_like.config import Config, RunPaths, namespace_of, redis_stream
+from trinity_like.config import (
+    Config,
+    RunPaths,
+    explore_steps_needed,
+    namespace_of,
+    read_run_id,
+    redis_stream,
+)
 from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
@@ -40,10 +51,15 @@ from trinity_like.synchronizer.synchronizer import Heartbeat, sync_due
 logger = logging.getLogger(__name__)
 
 
-def explore_steps_needed(cfg: Config) -> int:
-    """Explorer steps whose output covers ``trainer.total_steps`` trainer batches."""
-    rows_per_step = cfg.explorer.batch_size * cfg.explorer.repeat_times
-    return math.ceil(cfg.trainer.total_steps * cfg.train_batch_size / rows_per_step)
+def written_explore_steps(paths: RunPaths) -> list[int]:
+    """The explorer steps whose experiences the buffer holds (an explorer's restart continues after them)."""
+    from trinity_like.buffer import list_segments, read_only_sql
+
+    if not list_segments(paths.buffer_dir):
+        return []
+    table = read_only_sql(paths.buffer_dir, "SELECT DISTINCT CAST(json_extract(info, '$.explore_step') AS BIGINT) "
+                                            "AS s FROM experiences WHERE s IS NOT NULL")
+    return sorted(table.column("s").to_pylist())
 
 
 class ExplorerRole:
@@ -54,15 +70,23 @@ class ExplorerRole:
         self.cfg = cfg
         self.paths = RunPaths.of(cfg)
         self.explore_step_num = 0
+        """The next step when ``step()`` is called without one (lock-step driving); ``run()`` claims steps."""
+        self.steps_done = 0
+        """Steps this explorer ran."""
+        self._stop = False
+        """Set by ``request_stop``: ``run()`` ends after the step in progress."""
 
     async def setup(self) -> None:
         from trinity_like.common.tokenizer import hf_tokenizer
         from trinity_like.explorer.fleet import EngineFleet
         from trinity_like.synchronizer import get_synchronizer
 
-        self.synchronizer = get_synchronizer(namespace_of(self.cfg))
+        sc = self.cfg.synchronizer
+        self.synchronizer = get_synchronizer(namespace_of(self.cfg), sc.heartbeat_timeout_s, run_id=read_run_id(self.paths))
         self.role_id = f"explorer-{socket.gethostname()}-{os.getpid()}"
-        await self.synchronizer.register.remote("explorer", self.role_id, {"engines": self.cfg.explorer.num_engines})
+        await self.synchronizer.register.remote("explorer", self.role_id, {"engines": self.cfg.explorer.num_engines,
+                                                                           "run_dir": str(self.paths.run_dir)})
+        await self.synchronizer.init_explore_steps.remote(await asyncio.to_thread(written_explore_steps, self.paths))
         self._sync_state = "running"
         self.sync_failures = 0
         self.tokenizer = hf_tokenizer(self.cfg.model.path)
@@ -94,16 +118,15 @@ class ExplorerRole:
         is logged and retried; the previous version keeps serving while the bound allows."""
         sc = self.cfg.synchronizer
         start = time.perf_counter()
-        need = 0
-        if self.cfg.mode == "sync":
-            info = await self.synchronizer.latest.remote()
+        rows_per_step = self.cfg.explorer.batch_size * self.cfg.explorer.repeat_times
+        consumer_step = step * rows_per_step // self.cfg.train_batch_size
+        if self.cfg.mode == "sync":  # the newest version published before the consuming trainer step
+            need = consumer_step - consumer_step % sc.interval
         else:
-            rows_per_step = self.cfg.explorer.batch_size * self.cfg.explorer.repeat_times
-            consumer_step = step * rows_per_step // self.cfg.train_batch_size
             need = max(0, consumer_step - sc.max_staleness)
-            if self.fleet.version < need:
-                self._sync_state = "require_sync"
-            info = await self.synchronizer.wait_for_version.remote(need, sc.timeout_s)
+        if self.fleet.version < need:
+            self._sync_state = "require_sync"
+        info = await self.synchronizer.wait_for_version.remote(need, sc.timeout_s)
         metrics = {"sync/wait_s": time.perf_counter() - start}
         due = self.cfg.mode == "sync" or sc.style == "trainer_driven" or sync_due(step, sc.interval, sc.offset)
         load_start = time.perf_counter()
@@ -144,7 +167,8 @@ class ExplorerRole:
         base = (self.cfg.seed * 1_000_003 + step) * 10_007 + position * repeat
         return WorkflowContext(sampling=self.cfg.explorer.sampling, repeat_times=repeat,
                                seeds=[base + j for j in range(repeat)], tokenizer=self.tokenizer,
-                               reward_manager=self.reward_manager, max_turns=self.cfg.explorer.max_turns)
+                               reward_manager=self.reward_manager, max_turns=self.cfg.explorer.max_turns,
+                               explore_step=step)
 
     async def _run_task(self, task: Task, ctx: WorkflowContext) -> list[Experience] | None:
         """The workflow on one task, with timeout and retries; None when it failed for good."""
@@ -156,7 +180,7 @@ class ExplorerRole:
                 error = f"{type(e).__name__}: {e}"
                 logger.warning("task %s failed (attempt %d): %s", task.task_id, attempt + 1, error)
         append_line(self.paths.run_dir / "failed_tasks.jsonl", json.dumps(
-            {"task_id": task.task_id, "explore_step": self.explore_step_num, "error": error,
+            {"task_id": task.task_id, "explore_step": ctx.explore_step, "error": error,
              "attempts": self.cfg.explorer.max_retries + 1}))
         return None
 
@@ -202,8 +226,10 @@ class ExplorerRole:
         self._stragglers = [t for t in self._stragglers if not t.done()] + list(pending)
         return [t.result() for t in late + done]
 
-    async def step(self) -> dict[str, float]:
-        step = self.explore_step_num
+    async def step(self, step: int | None = None) -> dict[str, float]:
+        """Run explorer step ``step`` (default: the next one of this explorer) and write its experiences."""
+        if step is None:
+            step = self.explore_step_num
         sync_metrics = await self._admit_and_sync(step)
         interval = self.cfg.explorer.eval_interval
         eval_metrics = await self.evaluate() if interval and step % interval == 0 else {}
@@ -211,7 +237,7 @@ class ExplorerRole:
         finished = await self._rollout(step, self._tasks_for_step(step))
         metrics = await self._write(step, finished, start)
         metrics.update({"rollout/admission_wait_s": sync_metrics["sync/wait_s"], **sync_metrics, **eval_metrics})
-        self.metrics.write(self.explore_step_num, metrics)
+        self.metrics.write(step + 1, metrics)
         return metrics
 
     async def _write(self, step: int, finished, start: float) -> dict[str, float]:
@@ -238,7 +264,8 @@ class ExplorerRole:
                 buffer_wait_s = await asyncio.to_thread(self.writer.wait_for_room, self.cfg.synchronizer.timeout_s)
                 await asyncio.to_thread(self.writer.write, exps)
         elapsed = time.perf_counter() - start - buffer_wait_s
-        self.explore_step_num += 1
+        self.explore_step_num = step + 1
+        self.steps_done += 1
         metrics = self._metrics(exps, elapsed)
         metrics.update({"rollout/failed_tasks": float(failed), "rollout/filtered_groups": float(filtered),
                         "rollout/engine_restarts": float(self.fleet.restarts),
@@ -276,19 +303,31 @@ class ExplorerRole:
         }
 
     async def run(self, num_steps: int | None = None) -> int:
-        """Explore until enough data for the trainer's steps, or until the trainer ends; return steps done."""
+        """Claim and run steps of the run's sequence until all that the trainer's steps need are handed out,
+        the trainer finishes, or ``request_stop``; return the steps this explorer ran."""
         total = explore_steps_needed(self.cfg) if num_steps is None else num_steps
         try:
-            while self.explore_step_num < total:
-                if "trainer" in await self.synchronizer.ended.remote():
+            while not self._stop:
+                if (await self.synchronizer.ended.remote()).get("trainer") == "finished":
                     break
-                await self.step()
+                step = await self.synchronizer.claim_explore_step.remote(self.role_id, total)
+                if step is None:
+                    break
+                await self.step(step)
+                await self.synchronizer.finish_explore_step.remote(step)
             await self.drain()
         except BaseException as e:
             await self.synchronizer.mark_ended.remote("explorer", f"failed: {type(e).__name__}: {e}", self.role_id)
             raise
-        await self.synchronizer.mark_ended.remote("explorer", "finished", self.role_id)
-        return self.explore_step_num
+        await self.synchronizer.mark_ended.remote("explorer", "stopped" if self._stop else "finished", self.role_id)
+        return self.steps_done
+
+    async def request_stop(self) -> None:
+        """Finish the step in progress, write it, and end ``run()`` (SIGINT / SIGTERM of the job)."""
+        self._stop = True
+
+    async def role_info(self) -> dict:
+        return {"role_id": self.role_id, "state": self._sync_state, "version": self.fleet.version}
 
     async def shutdown(self) -> None:
         if getattr(self, "heartbeat", None) is not None:

@@ -49,6 +49,8 @@ class WorkflowContext:
     tokenizer: Any
     reward_manager: Any
     max_turns: int = 4
+    explore_step: int = 0
+    """The explorer step this task belongs to."""
     info: dict[str, Any] = field(default_factory=dict)
 
 

@@ -92,6 +92,20 @@ class CheckpointMonitor:
             self.latest_state_dict_step = step
         prune_versions(self.state_dict_root, self.keep_state_dicts, self.latest_state_dict_step)
 
+    def rollback(self, step: int) -> None:
+        """A trainer resumed from checkpoint ``step``: delete the weight versions above it (written by the
+        run it replaces) and move ``state_dict/latest`` back, so that its own versions take their place."""
+        for d in self.state_dict_root.glob("version-*"):
+            v = version_of(d)
+            if v is not None and v > step:
+                shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+        if self.latest_state_dict_step > step:
+            self.latest_state_dict_step = step
+            if self.state_dict_root.is_dir():
+                atomic_write_text(self.state_dict_root / "latest", f"{step}\n")
+        for key in [k for k in self._expected if k[0] > step]:  # steps of the replaced run, not yet complete
+            self._expected.pop(key), self._parts.pop(key, None), self._done.pop(key, None)
+
     # ------------------------------------------------------------ writers
     def _event(self, key: tuple[int, bool]) -> asyncio.Event:
         return self._done.setdefault(key, asyncio.Event())

@@ -6,9 +6,23 @@ step boundary, or wait until one is new enough for their staleness bound. No wei
 actor's memory: it holds a path or a reference only.
 
 It also keeps the roles: each registers (``register``), sends heartbeats with its loaded version and state
-(running / require_sync / stopped), and ends (``mark_ended``). A role whose heartbeats stop is reported
-dead (logged, and in ``status``). Created by whichever role starts first (``get_if_exists``); it exits on its
-own once every role that registered has ended or died and none came back for ``exit_grace_s``.
+(running / require_sync / waiting_data / stopped), and ends (``mark_ended``). A role whose heartbeats stop is
+reported dead (logged, and in ``status``). Created by whichever role starts first (``get_if_exists``); it exits
+on its own once every role that registered has ended or died and none came back for ``exit_grace_s``. It
+carries the run's id (``run_id``, a file in the run directory), so a role of a new run never joins a
+synchronizer left over from an earlier run of the same name.
+
+Explorer steps are one global sequence shared by every explorer of the run (several explorer jobs may join one
+trainer): an explorer claims the next step (``claim_explore_step``) and reports it written
+(``finish_explore_step``). The steps a dead or stopped explorer had claimed are handed out again first, so a
+killed explorer's step is redone by whichever explorer comes next. The sequence starts from what the buffer
+already holds (``init_explore_steps``), so it survives the synchronizer itself being restarted.
+
+A trainer that resumes from checkpoint s after it had published versions above s (it was killed between
+checkpoints) calls ``trainer_resumed(s)``: the next version it publishes may then be lower than the latest
+one. Explorers keep the weights they hold until the trainer publishes a version above them; the rows they
+generated from the discarded versions stay in the buffer with their behaviour log-probs (valid off-policy
+data, corrected like any other).
 
 ``sync_due`` is the explorer's schedule: it loads new weights before step k (k = steps done) when
 ``(k - offset) % interval == 0`` and ``k >= offset``, and always before its first step.
@@ -55,6 +69,28 @@ class WeightsInfo:
 
 
 @dataclass
+class ExploreSteps:
+    """The run's global sequence of explorer steps. Invariant: every step below ``next`` is written, claimed
+    (in ``claims``) or waiting to be handed out again (in ``returned``)."""
+
+    next: int = 0
+    """The lowest step never handed out."""
+    claims: dict[int, str] = field(default_factory=dict)
+    """step -> role id of the explorer running it."""
+    returned: list[int] = field(default_factory=list)
+    """Steps whose explorer died or stopped before writing them, lowest first."""
+    initialized: bool = False
+    """Set by the first explorer from the buffer's contents (``init_explore_steps``)."""
+
+    def release(self, role_id: str) -> list[int]:
+        steps = sorted(s for s, rid in self.claims.items() if rid == role_id)
+        for s in steps:
+            del self.claims[s]
+        self.returned = sorted({*self.returned, *steps})
+        return steps
+
+
+@dataclass
 class RoleRecord:
     kind: str
     """``trainer`` or ``explorer``."""
@@ -71,10 +107,15 @@ class Synchronizer:
     """State: the latest ``WeightsInfo`` and the roles that ended. All methods run on the actor's event
     loop, one at a time, so no lock is needed; ``_changed`` wakes waiters when either changes."""
 
-    def __init__(self, heartbeat_timeout_s: float = 30.0, exit_grace_s: float = 120.0) -> None:
+    def __init__(self, heartbeat_timeout_s: float = 30.0, exit_grace_s: float = 120.0, run_id: str = "") -> None:
+        self.run_id = run_id
         self._latest = WeightsInfo(version=0)
+        self._resume_floor: int | None = None
+        """Set by ``trainer_resumed(s)``: the next publish may go back to a version >= s."""
         self._ended: dict[str, str] = {}
-        """role -> "finished" or the error text of a failed role."""
+        """role kind -> "finished", "stopped" or the error text of a failed role, until one of that kind
+        registers again."""
+        self._steps = ExploreSteps()
         self._changed = asyncio.Event()
         self.roles: dict[str, RoleRecord] = {}
         self.heartbeat_timeout_s, self.exit_grace_s = heartbeat_timeout_s, exit_grace_s
@@ -89,9 +130,15 @@ class Synchronizer:
         self._round = 0
 
     # ------------------------------------------------------------ roles
+    async def claim_run(self, run_id: str) -> bool:
+        """Whether this synchronizer serves run ``run_id`` (one created without an id takes it)."""
+        self.run_id = self.run_id or run_id
+        return self.run_id == run_id
+
     async def register(self, kind: str, role_id: str, info: dict[str, Any] | None = None) -> None:
         """A role (re)joins; a restarted role replaces its dead record and clears its ended mark."""
         self.roles[role_id] = RoleRecord(kind=kind, role_id=role_id, info=dict(info or {}))
+        logger.info("%s %s joined", kind, role_id)
         self._ended.pop(kind, None)
         self._empty_since = None
         if self._watchdog is None:
@@ -119,8 +166,9 @@ class Synchronizer:
             for r in self.roles.values():
                 if r.state not in ("stopped", "dead") and now - r.last_seen > self.heartbeat_timeout_s:
                     r.state = "dead"
-                    logger.error("role %s (%s) sent no heartbeat for %.0fs: reported dead", r.role_id, r.kind,
-                                 now - r.last_seen)
+                    returned = self._steps.release(r.role_id)
+                    logger.error("role %s (%s) sent no heartbeat for %.0fs: reported dead%s", r.role_id, r.kind,
+                                 now - r.last_seen, f"; its explorer steps {returned} will be redone" if returned else "")
                     self._notify()
             trainers = [r for r in self.roles.values() if r.kind == "trainer"]
             if self._ready and trainers and all(r.state in ("stopped", "dead") for r in trainers):
@@ -131,6 +179,12 @@ class Synchronizer:
                 self._empty_since = now
             elif now - self._empty_since > self.exit_grace_s:
                 logger.warning("no role left for %.0fs: the synchronizer exits", self.exit_grace_s)
+                from trinity_like.synchronizer.monitor import MONITOR_NAME
+
+                try:  # the run's CheckpointMonitor goes with it
+                    ray.kill(ray.get_actor(MONITOR_NAME, namespace=ray.get_runtime_context().namespace))
+                except ValueError:
+                    pass
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     # ------------------------------------------------------------ collective rounds (method nccl)
@@ -200,9 +254,12 @@ class Synchronizer:
     async def status(self) -> dict[str, Any]:
         now = time.monotonic()
         return {
+            "run_id": self.run_id,
             "latest_version": self._latest.version,
             "latest_path": self._latest.path,
             "ended": dict(self._ended),
+            "explore_steps": {"next": self._steps.next, "claimed": sorted(self._steps.claims),
+                              "returned": list(self._steps.returned)},
             "collective": {"generation": self._generation, "rounds": self._round, "members": list(self._members),
                            "waiting": sorted(self._ready)},
             "roles": {rid: {"kind": r.kind, "state": r.state, "version": r.version,
@@ -216,9 +273,57 @@ class Synchronizer:
 
     async def publish(self, info: WeightsInfo) -> None:
         if info.version < self._latest.version:
-            raise ValueError(f"version {info.version} is older than the published {self._latest.version}")
+            if self._resume_floor is None or info.version < self._resume_floor:
+                raise ValueError(f"version {info.version} is older than the published {self._latest.version}")
+            logger.warning("the resumed trainer publishes version %d after %d: versions above %d are discarded",
+                           info.version, self._latest.version, info.version)
+        self._resume_floor = None
         self._latest = info
         self._notify()
+
+    async def trainer_resumed(self, step: int) -> None:
+        """The trainer restarted from checkpoint ``step``: let its next publish go back to ``step``."""
+        self._resume_floor = step if step < self._latest.version else None
+
+    # ------------------------------------------------------------ the global sequence of explorer steps
+    async def init_explore_steps(self, written: list[int]) -> None:
+        """Start the sequence after the steps the buffer already holds (first explorer only); a step below the
+        highest written one that is missing (its explorer died, or the synchronizer did) is done again."""
+        if self._steps.initialized:
+            return
+        done = set(written)
+        self._steps.next = max(done) + 1 if done else 0
+        self._steps.returned = sorted(set(range(self._steps.next)) - done)
+        self._steps.initialized = True
+
+    async def claim_explore_step(self, role_id: str, total: int) -> int | None:
+        """The next explorer step for ``role_id`` (a returned one first), or None when all ``total`` are
+        handed out."""
+        if not self._steps.initialized:
+            raise RuntimeError("init_explore_steps must come before the first claim")
+        if self._steps.returned:
+            step = self._steps.returned.pop(0)
+        elif self._steps.next < total:
+            step = self._steps.next
+            self._steps.next += 1
+        else:
+            return None
+        self._steps.claims[step] = role_id
+        return step
+
+    async def finish_explore_step(self, step: int) -> None:
+        """The step's experiences are in the buffer."""
+        self._steps.claims.pop(step, None)
+        self._notify()
+
+    async def explore_finished(self, total: int) -> bool:
+        """Every one of ``total`` explorer steps is written: no more experiences will come."""
+        s = self._steps
+        return s.initialized and s.next >= total and not s.claims and not s.returned
+
+    async def alive(self, kind: str) -> int:
+        """How many roles of ``kind`` are registered and neither stopped nor dead."""
+        return sum(r.kind == kind and r.state not in ("stopped", "dead") for r in self.roles.values())
 
     async def latest(self) -> WeightsInfo:
         return self._latest
@@ -229,9 +334,8 @@ class Synchronizer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self._latest.version < min_version:
-            if "trainer" in self._ended:
-                raise RuntimeError(f"trainer ended ({self._ended['trainer']}) before publishing version "
-                                   f"{min_version}")
+            if self._ended.get("trainer") == "finished":
+                raise RuntimeError(f"the trainer finished before publishing version {min_version}")
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError(f"no policy version >= {min_version} was published within {timeout_s:.0f}s "
@@ -244,21 +348,47 @@ class Synchronizer:
         return self._latest
 
     async def mark_ended(self, role: str, reason: str = "finished", role_id: str | None = None) -> None:
+        """A role ends: ``finished`` (its work is done), ``stopped`` (asked to stop; it may come back) or a
+        failure's text. A trainer that did not finish leaves explorers waiting for its restart."""
         self._ended[role] = reason
         if role_id in self.roles:
             self.roles[role_id].state = "stopped"
+            self._steps.release(role_id)
         self._notify()
 
     async def ended(self) -> dict[str, str]:
         return dict(self._ended)
 
 
-def get_synchronizer(namespace: str, heartbeat_timeout_s: float = 30.0, exit_grace_s: float = 120.0):
+def get_synchronizer(namespace: str, heartbeat_timeout_s: float = 30.0, exit_grace_s: float = 120.0,
+                     run_id: str | None = None):
     """The run's Synchronizer actor, created by whichever role asks first. Detached: it outlives the job
-    that created it, so explorer and trainer jobs can come and go."""
+    that created it, so explorer and trainer jobs can come and go. With ``run_id``, a synchronizer left over
+    from an earlier run of the same namespace (another id) is replaced."""
     actor_cls = ray.remote(num_cpus=0)(Synchronizer)
-    return actor_cls.options(name=SYNCHRONIZER_NAME, namespace=namespace, get_if_exists=True, lifetime="detached",
-                             max_concurrency=64).remote(heartbeat_timeout_s, exit_grace_s)
+
+    def get():
+        return actor_cls.options(name=SYNCHRONIZER_NAME, namespace=namespace, get_if_exists=True,
+                                 lifetime="detached", max_concurrency=64).remote(
+            heartbeat_timeout_s, exit_grace_s, run_id or "")
+
+    actor = get()
+    if run_id is not None:
+        try:
+            ours = ray.get(actor.claim_run.remote(run_id), timeout=60)
+        except ray.exceptions.RayActorError:  # it was exiting (no role left): start a new one
+            ours = False
+        if not ours:
+            logger.warning("replacing the synchronizer of an earlier run in namespace %s", namespace)
+            ray.kill(actor, no_restart=True)
+            for _ in range(50):  # the name is freed once the kill is processed
+                try:
+                    ray.get_actor(SYNCHRONIZER_NAME, namespace=namespace)
+                except ValueError:
+                    break
+                time.sleep(0.1)
+            actor = get()
+    return actor
 
 
 class Heartbeat:

@@ -1,17 +1,37 @@
-"""The trainer role: setup -> run -> shutdown. Reads batches from the buffer, trains, publishes weights."""
+"""The trainer role: setup -> run -> shutdown. Reads batches from the buffer, trains, publishes weights.
+
+Resume (``resume=True``): the trainer loads the newest full checkpoint (step s; none = step 0), the buffer's
+ledger forgets every hand-out after s, so exactly the rows consumed after s are delivered again, and the
+Synchronizer and CheckpointMonitor are told that versions above s are replaced (the trainer republishes s).
+
+Stop (``request_stop``, from the job's SIGINT / SIGTERM): the step in progress finishes (a wait for data is
+abandoned), then the ledger is committed and a checkpoint written, so a later resume loses nothing.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import time
+from pathlib import Path
 
 from trinity_like.buffer import BufferConsumer
 from trinity_like.common.errors import UserError
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
-from trinity_like.config import Config, RunPaths, namespace_of, redis_stream
+from trinity_like.config import (
+    Config,
+    RunPaths,
+    explore_steps_needed,
+    namespace_of,
+    read_run_id,
+    redis_stream,
+)
 from trinity_like.trainer.ppo import TRAINERS
+
+logger = logging.getLogger(__name__)
 
 
 def make_train_engine(cfg: Config, synchronizer=None):
@@ -26,32 +46,55 @@ def make_train_engine(cfg: Config, synchronizer=None):
 CONSUMER_NAME = "trainer"
 
 
+def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest complete full checkpoint (``checkpoints/latest`` points at it), or None."""
+    pointer = Path(checkpoint_dir) / "latest"
+    try:
+        path = Path(checkpoint_dir) / f"step_{int(pointer.read_text())}"
+    except (FileNotFoundError, ValueError):
+        return None
+    return path if (path / "trainer_state.json").is_file() else None
+
+
 class TrainerRole:
     """Runs as a Ray actor. In ``sync`` mode the launcher calls ``step()`` in lock-step with the explorer;
     in ``async`` mode ``run()`` loops on its own, bounded by ``synchronizer.max_staleness``; in ``offline``
     mode ``run()`` replays ``buffer.replay_sources`` epoch after epoch (nothing is consumed or published)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, resume: bool = False) -> None:
         set_offline_env()
         self.cfg = cfg
         self.paths = RunPaths.of(cfg)
+        self.resume = resume
+        self.state = "starting"
+        """running, waiting_data (for the explorers), stopped: sent with the heartbeats."""
+        self._stop = threading.Event()
+        """Set by ``request_stop`` (another thread of this actor): end after the step in progress."""
+        self._saved_step = -1
+        """The step of the last checkpoint this role wrote or loaded."""
+        self.resumed_from: int | None = None
 
     def setup(self) -> None:
         import ray
 
         from trinity_like.synchronizer import Heartbeat, get_synchronizer
 
-        self.synchronizer = get_synchronizer(namespace_of(self.cfg))
+        sc = self.cfg.synchronizer
+        self.synchronizer = get_synchronizer(namespace_of(self.cfg), sc.heartbeat_timeout_s,
+                                             run_id=read_run_id(self.paths))
         self.role_id = f"trainer-{socket.gethostname()}-{os.getpid()}"
-        ray.get(self.synchronizer.register.remote("trainer", self.role_id, {"workers": self.cfg.trainer.num_workers}))
+        ray.get(self.synchronizer.register.remote("trainer", self.role_id, {"workers": self.cfg.trainer.num_workers,
+                                                                            "run_dir": str(self.paths.run_dir)}))
         self.engine = make_train_engine(self.cfg, self.synchronizer)
         self.engine.prepare()
+        resume_step = self._load_checkpoint() if self.resume else None
         self.heartbeat = Heartbeat(self.synchronizer, self.role_id,
-                                   lambda: {"version": self.engine.train_step_num}).start()
+                                   lambda: {"version": self.engine.train_step_num, "state": self.state}).start()
         b = self.cfg.buffer
-        self.consumer = None if self.cfg.mode == "offline" else BufferConsumer(self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy,
-                                       priority=b.priority or None, where=b.where or None,
-                                       max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps)
+        self.consumer = None if self.cfg.mode == "offline" else BufferConsumer(
+            self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy, priority=b.priority or None,
+            where=b.where or None, max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps,
+            resume_step=resume_step)
         self.metrics = MetricsWriter(self.paths.metrics, role="trainer")
         self._last_end_check = 0.0
         self.ingester = None
@@ -65,12 +108,39 @@ class TrainerRole:
                 raise UserError(f"buffer.replay_sources hold no rows{' matching buffer.where' if b.where else ''}: "
                                 f"{', '.join(b.replay_sources)}")
             self._replay_epoch, self._replay_batches = 0, self.replay.epoch(0)
+            for _ in range(self.engine.train_step_num):  # a resumed replay goes on where it stopped
+                self._next_replay_batch()
         elif b.transport == "redis":
             from trinity_like.buffer.redis_transport import IngesterThread, RedisIngester
 
             self.ingester = IngesterThread(RedisIngester(
                 b.redis_url, redis_stream(self.cfg), self.paths.buffer_dir,
                 timeout_s=self.cfg.synchronizer.timeout_s)).start()
+
+        if resume_step is not None and self.replay is None:
+            self._republish(resume_step)
+        self.state = "running"
+
+    def _load_checkpoint(self) -> int:
+        """Load the newest checkpoint (if any) and return its step: the step the ledger resumes from."""
+        path = latest_checkpoint(self.paths.checkpoint_dir)
+        if path is not None:
+            self.engine.load_checkpoint(path)
+            self._saved_step = self.engine.train_step_num
+            logger.warning("trainer resumed from %s (step %d)", path, self.engine.train_step_num)
+        self.resumed_from = self.engine.train_step_num
+        return self.engine.train_step_num
+
+    def _republish(self, step: int) -> None:
+        """Versions above ``step`` came from the run this one replaces: let the Synchronizer take this
+        trainer's versions from ``step`` on, drop the replaced version files, and publish ``step`` again."""
+        import ray
+
+        ray.get(self.synchronizer.trainer_resumed.remote(step))
+        if self.cfg.synchronizer.method == "checkpoint" and getattr(self.engine, "monitor", None) is not None:
+            ray.get(self.engine.monitor.rollback.remote(step))
+        if step > 0 and ray.get(self.synchronizer.latest.remote()).version != step:
+            self.engine.sync_weight()
 
     def _min_version(self) -> int | None:
         """Oldest model_version this step may train on. In sync mode the lock-step schedule decides."""
@@ -93,9 +163,7 @@ class TrainerRole:
         if self.replay is not None:
             exps = self._next_replay_batch()
         else:
-            exps = self.consumer.read(self.cfg.train_batch_size, self._min_version(),
-                                      timeout_s=self.cfg.synchronizer.timeout_s, step=self.engine.train_step_num + 1,
-                                      should_stop=self._explorer_ended)
+            exps = self._read_batch()
         wait_s = time.perf_counter() - wait_start
         metrics = self.engine.train_step(exps)
         step = self.engine.train_step_num
@@ -107,11 +175,7 @@ class TrainerRole:
             metrics["time/sync_s"] = time.perf_counter() - sync_start
         save = self.cfg.trainer.save_interval
         if step == self.cfg.trainer.total_steps or (save and step % save == 0):
-            # Ledger first, then checkpoint: a crash between the two resumes from the previous checkpoint,
-            # whose resume discards this commit, so the rows are trained again rather than lost.
-            if self.replay is None:
-                self.consumer.commit(step)
-            self.engine.save_checkpoint(block_until_saved=True)
+            self.save()
         metrics["time/wait_data_s"] = wait_s
         metrics["trainer/version"] = float(step)
         if self.consumer is not None:
@@ -119,28 +183,69 @@ class TrainerRole:
         self.metrics.write(step, metrics)
         return metrics
 
-    def _explorer_ended(self) -> bool:
-        """Asked on every buffer poll; asks the synchronizer at most once a second."""
+    def save(self) -> None:
+        """Commit the ledger, then write a full checkpoint of the current step. Ledger first: a crash between
+        the two resumes from the previous checkpoint, whose resume discards this commit, so the rows are
+        trained again rather than lost."""
+        step = self.engine.train_step_num
+        if self.replay is None:
+            self.consumer.commit(step)
+        self.engine.save_checkpoint(block_until_saved=True)
+        self._saved_step = step
+
+    def _read_batch(self) -> list:
+        """The next batch from the buffer; while none is ready the role's state says it waits for data.
+        InterruptedError when no explorer will write more, or when asked to stop."""
+        self.state = "waiting_data"
+        try:
+            return self.consumer.read(self.cfg.train_batch_size, self._min_version(),
+                                      timeout_s=self.cfg.synchronizer.timeout_s, step=self.engine.train_step_num + 1,
+                                      should_stop=self._no_more_data)
+        finally:
+            self.state = "running"
+
+    def _no_more_data(self) -> bool:
+        """Asked on every buffer poll: stop requested, or every explorer step written and read (asks the
+        synchronizer at most once a second). A dead explorer is not an end: the trainer waits for another."""
         import ray
 
+        if self._stop.is_set():
+            return True
         if self.ingester is not None and self.ingester.error is not None:
             raise RuntimeError(f"the redis ingester stopped: {self.ingester.error}")
         now = time.monotonic()
         if now - self._last_end_check < 1.0:
             return False
         self._last_end_check = now
-        return "explorer" in ray.get(self.synchronizer.ended.remote())
+        return ray.get(self.synchronizer.explore_finished.remote(explore_steps_needed(self.cfg)))
 
     def run(self) -> int:
-        """Train until ``trainer.total_steps``; return the final version."""
+        """Train until ``trainer.total_steps`` or ``request_stop``; return the final version."""
         try:
-            while self.engine.train_step_num < self.cfg.trainer.total_steps:
-                self.step()
+            while self.engine.train_step_num < self.cfg.trainer.total_steps and not self._stop.is_set():
+                try:
+                    self.step()
+                except InterruptedError:
+                    if not self._stop.is_set():
+                        raise
         except BaseException as e:
             self._end(f"failed: {type(e).__name__}: {e}")
             raise
-        self._end("finished")
+        if self._stop.is_set() and self.engine.train_step_num < self.cfg.trainer.total_steps:
+            if self._saved_step != self.engine.train_step_num:
+                self.save()
+            self._end("stopped")
+        else:
+            self._end("finished")
         return self.engine.train_step_num
+
+    def request_stop(self) -> None:
+        """End ``run()`` cleanly after the step in progress (SIGINT / SIGTERM of the job)."""
+        self._stop.set()
+
+    def role_info(self) -> dict:
+        return {"role_id": self.role_id, "state": self.state, "version": self.engine.train_step_num,
+                "resumed_from": self.resumed_from}
 
     def shutdown(self) -> None:
         """Stop the helpers this role started (the Redis ingester, data-parallel workers); safe to call twice."""
@@ -154,5 +259,6 @@ class TrainerRole:
     def _end(self, reason: str) -> None:
         import ray
 
+        self.state = "stopped"
         self.shutdown()
         ray.get(self.synchronizer.mark_ended.remote("trainer", reason, self.role_id))

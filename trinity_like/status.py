@@ -1,0 +1,157 @@
+"""``trinity-like status``: what a run is doing now, from its Synchronizer and its run directory.
+
+Roles alive (kind, id, state, policy version, seconds since the last heartbeat), the latest published
+version, the global explorer step sequence, and the buffer: rows written, rows the trainer has not consumed
+yet, and how stale those would be if trained now (trainer version - model_version). Works without a Ray
+cluster too (then only the run directory is read).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from trinity_like.common.errors import UserError
+
+
+def _connect(address: str | None, namespace: str) -> str | None:
+    """Join the cluster (``address``, RAY_ADDRESS, or the one `ray start` left on this machine); the error
+    text when there is none."""
+    import ray
+
+    if ray.is_initialized():
+        return None
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=target, namespace=namespace, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        return f"no Ray cluster reachable at '{target}' ({str(e).splitlines()[0][:100]})"
+    return None
+
+
+def _synchronizer_status(namespace: str) -> dict[str, Any] | None:
+    import ray
+
+    from trinity_like.synchronizer import SYNCHRONIZER_NAME
+
+    try:
+        actor = ray.get_actor(SYNCHRONIZER_NAME, namespace=namespace)
+        return ray.get(actor.status.remote(), timeout=30)
+    except (ValueError, ray.exceptions.RayError):
+        return None
+
+
+def buffer_status(buffer_dir: Path, trainer_version: int | None) -> dict[str, Any]:
+    """Rows written, rows the trainer has not consumed (committed or pending), their versions and staleness."""
+    from trinity_like.buffer import list_segments, read_only_sql
+
+    if not list_segments(buffer_dir):
+        return {"rows": 0, "unconsumed": 0}
+    table = read_only_sql(buffer_dir, """
+        SELECT count(*) AS rows,
+               count(*) FILTER (WHERE eid NOT IN (SELECT eid FROM consumption WHERE consumer = 'trainer'))
+                 AS unconsumed,
+               min(model_version) FILTER (WHERE eid NOT IN (SELECT eid FROM consumption WHERE consumer = 'trainer'))
+                 AS min_version,
+               max(model_version) FILTER (WHERE eid NOT IN (SELECT eid FROM consumption WHERE consumer = 'trainer'))
+                 AS max_version
+        FROM experiences""").to_pylist()[0]
+    out = {k: table[k] for k in ("rows", "unconsumed")}
+    if table["unconsumed"] and table["min_version"] is not None:
+        out["unconsumed_versions"] = [table["min_version"], table["max_version"]]
+        if trainer_version is not None:
+            out["unconsumed_staleness"] = [max(0, trainer_version - table["max_version"]),
+                                           max(0, trainer_version - table["min_version"])]
+    return out
+
+
+def _last_trainer_record(metrics: Path) -> dict[str, Any] | None:
+    from trinity_like.common.metrics import read_metrics
+
+    if not metrics.is_file():
+        return None
+    records, _ = read_metrics(metrics, 0)
+    trainer = [r for r in records if r["role"] == "trainer"]
+    return trainer[-1] if trainer else None
+
+
+def gather_status(config: str | None, namespace: str | None, address: str | None) -> dict[str, Any]:
+    from trinity_like.config import RunPaths, load_config, namespace_of
+
+    paths = None
+    total = None
+    if config:
+        cfg = load_config(config)
+        namespace = namespace or namespace_of(cfg)
+        paths, total = RunPaths.of(cfg), cfg.trainer.total_steps
+    if not namespace:
+        raise UserError("status needs the run's CONFIG file or --namespace <project>/<name>")
+    report: dict[str, Any] = {"namespace": namespace}
+    error = _connect(address, namespace)
+    sync = None if error else _synchronizer_status(namespace)
+    report["cluster"] = error or "connected"
+    report["synchronizer"] = sync is not None
+    roles = (sync or {}).get("roles", {})
+    report["roles"] = [{"role_id": rid, **r} for rid, r in roles.items()]
+    if sync is not None:
+        report["latest_version"] = sync["latest_version"]
+        report["explore_steps"] = sync.get("explore_steps")
+    if paths is None:  # --namespace only: the roles say where the run directory is
+        run_dirs = {r.get("run_dir") for r in roles.values() if r.get("run_dir")}
+        if len(run_dirs) == 1:
+            from trinity_like.config import Config
+
+            run_dir = Path(run_dirs.pop())
+            paths = RunPaths.of(Config(checkpoint_root_dir=str(run_dir.parent.parent), project=run_dir.parent.name,
+                                       name=run_dir.name))
+    last = _last_trainer_record(paths.metrics) if paths is not None else None
+    trainer_version = None
+    trainers = [r for r in roles.values() if r["kind"] == "trainer" and r["state"] != "dead"]
+    if trainers:
+        trainer_version = max(r["version"] for r in trainers)
+    elif last is not None:
+        trainer_version = int(last["trainer/version"])
+    report["trainer_version"] = trainer_version
+    if paths is not None:
+        report["run_dir"] = str(paths.run_dir)
+        report["buffer"] = buffer_status(paths.buffer_dir, trainer_version)
+        if last is not None:
+            report["last_trainer_step"] = {"step": last["step"], "total_steps": total,
+                                           "reward_mean": last.get("train/reward_mean"),
+                                           "staleness_mean": last.get("train/staleness_mean")}
+    return report
+
+
+def format_status(report: dict[str, Any]) -> str:
+    lines = [f"namespace {report['namespace']}" + (f"   run dir {report['run_dir']}" if "run_dir" in report else "")]
+    if report["cluster"] != "connected":
+        lines.append(report["cluster"])
+    elif not report["synchronizer"]:
+        lines.append("no synchronizer in this namespace: no role of this run is running")
+    if report["roles"]:
+        lines.append("roles:")
+        for r in sorted(report["roles"], key=lambda r: (r["kind"], r["role_id"])):
+            lines.append(f"  {r['kind']:<9}{r['role_id']:<36}{r['state']:<14}version {r['version']:<6}"
+                         f"heartbeat {r['seconds_since_heartbeat']:.1f}s ago")
+    if "latest_version" in report:
+        steps = report.get("explore_steps") or {}
+        lines.append(f"latest published version {report['latest_version']}   explorer steps handed out "
+                     f"{steps.get('next', 0)}, running {steps.get('claimed', [])}, to redo {steps.get('returned', [])}")
+    b = report.get("buffer")
+    if b is not None:
+        text = f"buffer: {b['rows']} rows, {b['unconsumed']} not yet trained"
+        if "unconsumed_versions" in b:
+            lo, hi = b["unconsumed_versions"]
+            text += f" (model versions {lo}-{hi}"
+            if "unconsumed_staleness" in b:
+                s_lo, s_hi = b["unconsumed_staleness"]
+                text += f", staleness {s_lo}-{s_hi} at trainer version {report['trainer_version']}"
+            text += ")"
+        lines.append(text)
+    last = report.get("last_trainer_step")
+    if last is not None:
+        total = f"/{last['total_steps']}" if last["total_steps"] else ""
+        lines.append(f"last trainer step {last['step']}{total}: reward {last['reward_mean']:.3f}, "
+                     f"staleness mean {last['staleness_mean']:.2f}")
+    return "\n".join(lines)
