@@ -102,3 +102,90 @@ def redis_server(tmp_path):
     server.start()
     yield server
     server.kill()
+
+
+class RayCluster:
+    """A real Ray cluster started with `ray start --head` on loopback, with every port chosen free (the
+    defaults, e.g. 6379 and the dashboard agent's 52365, may be taken by another instance on the machine)
+    and its own temp dir; stopped by killing its process group, never by `ray stop` (which would kill every
+    Ray instance of the machine, the test session's own included)."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.temp_dir = tempfile.mkdtemp(prefix="tlray-", dir="/tmp")  # short: Ray's socket paths are limited
+        self.ports = _free_ports(9)
+        self.address = f"127.0.0.1:{self.ports[0]}"
+        self.dashboard = f"http://127.0.0.1:{self.ports[1]}"
+        self.proc = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment of a process that talks to this cluster (drivers, the job CLI)."""
+        return {**os.environ, "RAY_ADDRESS": self.address, "RAY_API_SERVER_ADDRESS": self.dashboard,
+                "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1"}
+
+    def start(self) -> None:
+        import subprocess
+        import sys
+        import time
+        from pathlib import Path
+
+        p = self.ports
+        ray_bin = str(Path(sys.executable).parent / "ray")
+        env = {k: v for k, v in self.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+        self.proc = subprocess.Popen(
+            [ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={p[0]}",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={p[1]}", f"--dashboard-agent-listen-port={p[2]}",
+             f"--dashboard-agent-grpc-port={p[3]}", f"--metrics-export-port={p[4]}",
+             f"--runtime-env-agent-port={p[5]}", f"--node-manager-port={p[6]}", f"--object-manager-port={p[7]}",
+             f"--ray-client-server-port={p[8]}", f"--temp-dir={self.temp_dir}", "--num-cpus=2",
+             "--disable-usage-stats"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while subprocess.run([ray_bin, "job", "list"], env=self.env, capture_output=True).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("ray start --head did not come up")
+            time.sleep(2)
+
+    def stop(self) -> None:
+        import shutil
+        import signal
+        import subprocess
+
+        if self.proc is not None and self.proc.poll() is None:
+            for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                    self.proc.wait(timeout=wait_s)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A `ray start --head` cluster on loopback for tests of independent Ray jobs."""
+    cluster = RayCluster()
+    cluster.start()
+    yield cluster
+    cluster.stop()

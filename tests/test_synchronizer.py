@@ -326,3 +326,65 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
     finally:
         trainer.shutdown()
         ray.kill(sync)
+
+
+def test_explorer_steps_form_one_sequence_and_a_dead_explorers_steps_are_redone(ray_session):
+    from trinity_like.synchronizer import get_synchronizer
+
+    sync = get_synchronizer("sync/steps", heartbeat_timeout_s=1.0, exit_grace_s=60.0, run_id="run-a")
+    try:
+        # the buffer already holds steps 0, 1 and 3: step 2 was lost (its explorer died) and goes first
+        ray.get(sync.init_explore_steps.remote([0, 1, 3, 3]))
+        ray.get(sync.init_explore_steps.remote([]))  # only the first explorer's view counts
+        for rid in ("e1", "e2"):
+            ray.get(sync.register.remote("explorer", rid))
+        claims = [ray.get(sync.claim_explore_step.remote(rid, 7)) for rid in ("e1", "e2", "e1", "e2")]
+        assert claims == [2, 4, 5, 6]
+        assert ray.get(sync.claim_explore_step.remote("e1", 7)) is None  # all 7 handed out
+        ray.get([sync.finish_explore_step.remote(s) for s in (2, 4, 5)])
+        assert not ray.get(sync.explore_finished.remote(7))  # step 6 is still running
+        # e2 stops heartbeating: it is reported dead and its step 6 is handed out again
+        deadline = time.monotonic() + 20
+        while ray.get(sync.status.remote())["roles"]["e2"]["state"] != "dead":
+            ray.get(sync.heartbeat.remote("e1"))
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert ray.get(sync.status.remote())["explore_steps"]["returned"] == [6]
+        assert ray.get(sync.claim_explore_step.remote("e3", 7)) == 6
+        ray.get(sync.finish_explore_step.remote(6))
+        assert ray.get(sync.explore_finished.remote(7))
+        # a stopped explorer gives its claims back at once
+        assert ray.get(sync.claim_explore_step.remote("e1", 8)) == 7
+        ray.get(sync.mark_ended.remote("explorer", "stopped", "e1"))
+        assert ray.get(sync.status.remote())["explore_steps"]["returned"] == [7]
+    finally:
+        ray.kill(sync)
+
+
+def test_resumed_trainer_may_go_back_once_and_a_stale_synchronizer_is_replaced(ray_session):
+    from trinity_like.synchronizer import WeightsInfo, get_synchronizer
+
+    sync = get_synchronizer("sync/resume", run_id="run-a")
+    try:
+        for v in (1, 2, 3):
+            ray.get(sync.publish.remote(WeightsInfo(version=v)))
+        with pytest.raises(ray.exceptions.RayTaskError, match="older than the published 3"):
+            ray.get(sync.publish.remote(WeightsInfo(version=2)))
+        ray.get(sync.trainer_resumed.remote(2))  # restarted from checkpoint 2
+        with pytest.raises(ray.exceptions.RayTaskError, match="older"):
+            ray.get(sync.publish.remote(WeightsInfo(version=1)))  # never below the checkpoint
+        ray.get(sync.publish.remote(WeightsInfo(version=2, path="/new/2")))
+        assert ray.get(sync.latest.remote()).path == "/new/2"
+        with pytest.raises(ray.exceptions.RayTaskError, match="older"):
+            ray.get(sync.publish.remote(WeightsInfo(version=1)))  # the window closed with that publish
+        # the same namespace, a new run (another id): the old synchronizer is replaced, not joined
+        assert get_synchronizer("sync/resume", run_id="run-a") is not None
+        fresh = get_synchronizer("sync/resume", run_id="run-b")
+        assert ray.get(fresh.latest.remote()).version == 0
+        assert ray.get(fresh.status.remote())["run_id"] == "run-b"
+    finally:
+        for name in ("sync/resume",):
+            try:
+                ray.kill(ray.get_actor("synchronizer", namespace=name))
+            except ValueError:
+                pass

@@ -304,8 +304,8 @@ def _run_sync(cfg: Config, roles: _Roles, progress: _Progress, stop: _StopSignal
     import ray
 
     rows_per_step = cfg.explorer.batch_size * cfg.explorer.repeat_times
-    explored = 0
-    for k in range(cfg.trainer.total_steps):
+    explored = ray.get(roles.explorer.role_info.remote())["next_step"]  # > 0 when resuming
+    for k in range(ray.get(roles.trainer.role_info.remote())["version"], cfg.trainer.total_steps):
         while explored * rows_per_step < (k + 1) * cfg.train_batch_size:
             if stop.requested:
                 break

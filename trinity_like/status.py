@@ -112,6 +112,8 @@ def gather_status(config: str | None, namespace: str | None, address: str | None
         trainer_version = max(r["version"] for r in trainers)
     elif last is not None:
         trainer_version = int(last["trainer/version"])
+    elif sync is not None:  # no trainer yet: the version the explorers generate from
+        trainer_version = sync["latest_version"]
     report["trainer_version"] = trainer_version
     if paths is not None:
         report["run_dir"] = str(paths.run_dir)

@@ -62,6 +62,10 @@ def written_explore_steps(paths: RunPaths) -> list[int]:
     return sorted(table.column("s").to_pylist())
 
 
+class StepAbandoned(Exception):
+    """A step given up before it generated anything (a stop request came while it waited for weights)."""
+
+
 class ExplorerRole:
     """Runs as an async Ray actor; the engines are actors of their own (``EngineFleet``)."""
 
@@ -86,7 +90,9 @@ class ExplorerRole:
         self.role_id = f"explorer-{socket.gethostname()}-{os.getpid()}"
         await self.synchronizer.register.remote("explorer", self.role_id, {"engines": self.cfg.explorer.num_engines,
                                                                            "run_dir": str(self.paths.run_dir)})
-        await self.synchronizer.init_explore_steps.remote(await asyncio.to_thread(written_explore_steps, self.paths))
+        written = await asyncio.to_thread(written_explore_steps, self.paths)
+        await self.synchronizer.init_explore_steps.remote(written)
+        self.explore_step_num = max(written) + 1 if written else 0  # lock-step driving resumes after them
         self._sync_state = "running"
         self.sync_failures = 0
         self.tokenizer = hf_tokenizer(self.cfg.model.path)
@@ -126,9 +132,17 @@ class ExplorerRole:
             need = max(0, consumer_step - sc.max_staleness)
         if self.fleet.version < need:
             self._sync_state = "require_sync"
-        info = await self.synchronizer.wait_for_version.remote(need, sc.timeout_s)
+        info = None
+        while info is None:  # in short waits, so that a stop request ends a long one
+            if self._stop:
+                raise StepAbandoned(f"stop requested while step {step} waited for version {need}")
+            if time.perf_counter() - start > sc.timeout_s:
+                raise TimeoutError(f"no policy version >= {need} was published within {sc.timeout_s:.0f}s: is the "
+                                   "trainer running?")
+            info = await self.synchronizer.wait_for_version.remote(need, 1.0, False)
         metrics = {"sync/wait_s": time.perf_counter() - start}
-        due = self.cfg.mode == "sync" or sc.style == "trainer_driven" or sync_due(step, sc.interval, sc.offset)
+        due = (self.cfg.mode == "sync" or sc.style == "trainer_driven" or self.steps_done == 0  # a (re)started explorer
+               or sync_due(step, sc.interval, sc.offset))
         load_start = time.perf_counter()
         while info.version > self.fleet.version and (due or self.fleet.version < need):
             try:
@@ -313,7 +327,10 @@ class ExplorerRole:
                 step = await self.synchronizer.claim_explore_step.remote(self.role_id, total)
                 if step is None:
                     break
-                await self.step(step)
+                try:
+                    await self.step(step)
+                except StepAbandoned:
+                    break  # the claim goes back to the run's sequence when this role ends as stopped
                 await self.synchronizer.finish_explore_step.remote(step)
             await self.drain()
         except BaseException as e:
@@ -327,7 +344,8 @@ class ExplorerRole:
         self._stop = True
 
     async def role_info(self) -> dict:
-        return {"role_id": self.role_id, "state": self._sync_state, "version": self.fleet.version}
+        return {"role_id": self.role_id, "state": self._sync_state, "version": self.fleet.version,
+                "next_step": self.explore_step_num}
 
     async def shutdown(self) -> None:
         if getattr(self, "heartbeat", None) is not None:

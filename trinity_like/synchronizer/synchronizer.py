@@ -328,9 +328,10 @@ class Synchronizer:
     async def latest(self) -> WeightsInfo:
         return self._latest
 
-    async def wait_for_version(self, min_version: int, timeout_s: float) -> WeightsInfo:
-        """Return the latest info once its version is >= ``min_version``. Raise TimeoutError after
-        ``timeout_s``, or RuntimeError if the trainer ended without publishing it."""
+    async def wait_for_version(self, min_version: int, timeout_s: float, raise_timeout: bool = True) -> WeightsInfo | None:
+        """Return the latest info once its version is >= ``min_version``. After ``timeout_s`` raise
+        TimeoutError (or return None with ``raise_timeout=False``); raise RuntimeError if the trainer
+        finished without publishing it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self._latest.version < min_version:
@@ -338,6 +339,8 @@ class Synchronizer:
                 raise RuntimeError(f"the trainer finished before publishing version {min_version}")
             remaining = deadline - loop.time()
             if remaining <= 0:
+                if not raise_timeout:
+                    return None
                 raise TimeoutError(f"no policy version >= {min_version} was published within {timeout_s:.0f}s "
                                    f"(latest is {self._latest.version})")
             event = self._changed

@@ -1,0 +1,293 @@
+"""Explorer and trainer as independent Ray jobs on a real `ray start --head` cluster, and their faults.
+
+Jobs are real processes: submitted with `ray job submit`, or drivers started with `trinity-like run --role ...
+--address ...` (a driver connected to a cluster is a Ray job too) so that a test can SIGKILL or SIGTERM it.
+Every test ends with the ledger check: each experience trained in exactly one committed step, nothing trained
+twice, and what was written but not trained still in the buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trinity_like.buffer import query
+from trinity_like.buffer.ledger import Ledger
+from trinity_like.buffer.sql import consumption_table
+from trinity_like.common.metrics import read_metrics
+from trinity_like.config import RunPaths, load_config
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+BATCH = 8  # 2 tasks x 4 samples: one explorer step is one trainer batch
+
+
+def _write_cfg(tmp_path, model_path, name, **over) -> Path:
+    cfg = {
+        "project": "jobs", "name": name, "checkpoint_root_dir": str(tmp_path / "runs"), "mode": "async",
+        "model": {"path": model_path},
+        "explorer": {"batch_size": 2, "repeat_times": 4, "sampling": {"max_new_tokens": 4},
+                     "taskset": {"size": 16, "max_operand": 9}},
+        "trainer": {"total_steps": 5, "micro_batch_size": 8, "optimizer": {"lr": 0.01}},
+        "synchronizer": {"max_staleness": 1, "timeout_s": 180, "heartbeat_timeout_s": 3},
+    }
+    for dotted, value in over.items():
+        node = cfg
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class Proc:
+    """A child process whose output is collected by a thread (so it never blocks on a full pipe)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            raise AssertionError(f"{self.args} did not end within {timeout}s; output:\n{self.output}") from None
+        self._reader.join(timeout=10)
+        return rc
+
+    def signal(self, sig: int) -> None:
+        """Signal the driver only (SIGTERM/SIGINT as a user's ^C or `kill` would)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL the driver: its job's actors (roles, engines, trainer workers) die with it."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+def _driver(cluster, cfg_path: Path, role: str, *extra: str) -> Proc:
+    return Proc([str(BIN / "trinity-like"), "run", str(cfg_path), "--role", role, "--address", cluster.address,
+                 *extra], cluster.env)
+
+
+def _submit(cluster, cfg_path: Path, role: str) -> Proc:
+    """`ray job submit` (blocking: streams the job's log, exits with the job's status)."""
+    return Proc([str(BIN / "ray"), "job", "submit", "--", str(BIN / "trinity-like"), "run", str(cfg_path),
+                 "--role", role], cluster.env)
+
+
+def _records(cfg_path: Path, role: str | None = None) -> list[dict]:
+    records, _ = read_metrics(RunPaths.of(load_config(cfg_path)).metrics)
+    return [r for r in records if role is None or r["role"] == role]
+
+
+def _wait_until(predicate, timeout: float, what: str, procs=(), poll_s: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        for p in procs:
+            if p.proc.poll() is not None:
+                raise AssertionError(f"{p.args[-3:]} ended ({p.proc.returncode}) while waiting for {what}:\n{p.output}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll_s)
+
+
+def _status(cluster, cfg_path: Path) -> dict:
+    out = subprocess.run([str(BIN / "trinity-like"), "status", str(cfg_path), "--json", "--address", cluster.address],
+                         env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def check_ledger(cfg_path: Path) -> list[dict]:
+    """Each trained experience in exactly one committed step, every step a full batch, nothing pending; every
+    experience written is still in the buffer (trained or not). Returns the ledger rows."""
+    cfg = load_config(cfg_path)
+    paths = RunPaths.of(cfg)
+    ledger = consumption_table(paths.buffer_dir).to_pylist()
+    assert ledger and all(r["committed"] and r["consumer"] == "trainer" for r in ledger)
+    eids = [r["eid"] for r in ledger]
+    assert len(eids) == len(set(eids)) == cfg.trainer.total_steps * BATCH, "an experience trained twice or lost"
+    per_step: dict[int, int] = {}
+    for r in ledger:
+        per_step[r["step"]] = per_step.get(r["step"], 0) + 1
+    assert per_step == {k: BATCH for k in range(1, cfg.trainer.total_steps + 1)}
+    stored = query(paths.buffer_dir).column("eid").to_pylist()
+    assert len(stored) == len(set(stored))
+    assert set(eids) <= set(stored)  # nothing trained is missing, and untrained rows stay in the buffer
+    return ledger
+
+
+@pytest.mark.parametrize("first", ["trainer", "explorer"])
+def test_two_ray_jobs_meet_in_either_order(tmp_path, tiny_model_path, ray_cluster, first):
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, f"two-jobs-{first}")
+    second = "explorer" if first == "trainer" else "trainer"
+    a = _submit(ray_cluster, cfg_path, first)
+    what = "new weights" if first == "explorer" else "experiences"
+    _wait_until(lambda: f"{first}: waiting for {what}" in a.output, 240, f"the {first} to say it waits", [a])
+    time.sleep(3)  # it keeps waiting, and says so once
+    b = _submit(ray_cluster, cfg_path, second)
+    assert b.wait(300) == 0, b.output
+    assert a.wait(300) == 0, a.output
+    assert a.output.count(f"{first}: waiting for {what}") == 1
+    for job in (a, b):
+        assert "succeeded" in job.output
+    summary = json.loads(RunPaths.of(load_config(cfg_path)).summary.read_text())
+    assert summary["role"] == "trainer" and summary["exit_reason"] == "completed"
+    assert summary["trainer_steps"] == 5 and summary["final_version"] == 5
+    assert summary["staleness_max"] <= 1
+    check_ledger(cfg_path)
+    explorer = _records(cfg_path, "explorer")
+    assert sorted(r["step"] for r in explorer) == [1, 2, 3, 4, 5]  # global explorer steps, each once
+
+
+def test_several_explorer_jobs_join_one_trainer_and_status_shows_them(tmp_path, tiny_model_path, ray_cluster):
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, "fleet", trainer__total_steps=6,
+                          synchronizer__max_staleness=2)
+    explorers = [_driver(ray_cluster, cfg_path, "explorer") for _ in range(2)]
+
+    def explorers_wait() -> bool:  # steps 0-2 need version 0; then both wait for a trainer
+        roles = _status(ray_cluster, cfg_path)["roles"]
+        return sorted((r["kind"], r["state"]) for r in roles) == [("explorer", "require_sync")] * 2
+
+    _wait_until(explorers_wait, 240, "both explorers to wait for a trainer", explorers)
+    st = _status(ray_cluster, cfg_path)
+    assert st["namespace"] == "jobs/fleet" and st["synchronizer"] and st["latest_version"] == 0
+    assert st["explore_steps"]["next"] == 5 and len(st["explore_steps"]["claimed"]) == 2  # 0-2 written, 3-4 held
+    assert st["buffer"] == {"rows": 3 * BATCH, "unconsumed": 3 * BATCH, "unconsumed_versions": [0, 0],
+                            "unconsumed_staleness": [0, 0]}
+    text = subprocess.run([str(BIN / "trinity-like"), "status", str(cfg_path), "--address", ray_cluster.address],
+                          env=ray_cluster.env, capture_output=True, text=True, timeout=120).stdout
+    assert text.count("require_sync") == 2 and f"buffer: {3 * BATCH} rows, {3 * BATCH} not yet trained" in text
+
+    trainer = _driver(ray_cluster, cfg_path, "trainer")
+    for p in (trainer, *explorers):
+        assert p.wait(300) == 0, p.output
+    assert "trainer: waiting for" not in trainer.output  # the explorers were there before it
+    check_ledger(cfg_path)
+    paths = RunPaths.of(load_config(cfg_path))
+    rows = query(paths.buffer_dir).to_pylist()
+    steps = [json.loads(r["info"])["explore_step"] for r in rows]
+    assert sorted(set(steps)) == list(range(6)) and len(steps) == 6 * BATCH  # each global step exactly once
+    writers = {"-".join(s.name.split("-")[1:3]) for s in (paths.buffer_dir / "segments").iterdir()}
+    assert len(writers) == 2, "both explorer jobs wrote steps"
+    final = _status(ray_cluster, cfg_path)
+    assert sorted((r["kind"], r["state"]) for r in final["roles"]) == [
+        ("explorer", "stopped"), ("explorer", "stopped"), ("trainer", "stopped")]
+    assert final["buffer"]["unconsumed"] == 0 and final["latest_version"] == 6
+
+
+def test_killed_explorer_job_the_trainer_drains_waits_and_a_new_explorer_goes_on(tmp_path, tiny_model_path,
+                                                                                   ray_cluster):
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, "explorer-killed", trainer__total_steps=6)
+    trainer = _driver(ray_cluster, cfg_path, "trainer")
+    explorer = _driver(ray_cluster, cfg_path, "explorer")
+    _wait_until(lambda: len(_records(cfg_path, "trainer")) >= 2, 240, "two trainer steps", [trainer, explorer])
+    explorer.kill()
+    _wait_until(lambda: "trainer: waiting for experiences" in trainer.output, 120,
+                "the trainer to say it waits for an explorer", [trainer])
+    trained_while_alone = len(_records(cfg_path, "trainer"))
+    latest = _status(ray_cluster, cfg_path)["latest_version"]
+    assert trained_while_alone >= 2 and trainer.proc.poll() is None  # it drained what was there, and waits
+
+    again = _driver(ray_cluster, cfg_path, "explorer")
+    assert again.wait(300) == 0, again.output
+    assert trainer.wait(300) == 0, trainer.output
+    assert trainer.output.count("trainer: waiting for experiences") == 1
+    explorer_lines = [line for line in again.output.splitlines() if line.startswith("explorer step")]
+    first_version = int(explorer_lines[0].split("version")[1].split()[0])
+    assert first_version >= latest  # the new explorer started from the latest published version
+    check_ledger(cfg_path)
+
+
+def test_killed_trainer_job_resumes_and_nothing_is_lost_or_trained_twice(tmp_path, tiny_model_path, ray_cluster):
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, "trainer-killed", trainer__total_steps=6,
+                          trainer__save_interval=2)
+    paths = RunPaths.of(load_config(cfg_path))
+    trainer = _driver(ray_cluster, cfg_path, "trainer")
+    explorer = _driver(ray_cluster, cfg_path, "explorer")
+    # kill it right after an odd step (3 or 5): it has trained past its last checkpoint (an even step)
+    _wait_until(lambda: (n := len(_records(cfg_path, "trainer"))) >= 3 and n % 2 == 1, 240, "an odd trainer step",
+                [trainer, explorer], poll_s=0.02)
+    trainer.kill()
+    trained = len(_records(cfg_path, "trainer"))
+    ckpt = int((paths.checkpoint_dir / "latest").read_text())
+    assert trained > ckpt and ckpt % 2 == 0 and trained < 6
+    # what the dead trainer consumed after its last checkpoint is pending, never committed
+    ledger = Ledger(paths.buffer_dir, "trainer", create=False)
+    committed_before = set(ledger.committed().column("eid").to_pylist())
+    pending_before = ledger.pending().to_pylist()
+    assert len(committed_before) == ckpt * BATCH
+    assert {r["step"] for r in pending_before} >= set(range(ckpt + 1, trained + 1))
+
+    # meanwhile the explorer goes on, up to the staleness bound, then waits for the trainer
+    def explorer_blocked() -> bool:
+        roles = _status(ray_cluster, cfg_path)["roles"]
+        return any(r["kind"] == "explorer" and r["state"] == "require_sync" for r in roles)
+
+    _wait_until(explorer_blocked, 120, "the explorer to wait for weights", [explorer])
+    assert "explorer: waiting for new weights" in explorer.output
+
+    again = _driver(ray_cluster, cfg_path, "trainer", "--resume")
+    assert again.wait(300) == 0, again.output
+    assert explorer.wait(300) == 0, explorer.output
+    summary = json.loads(paths.summary.read_text())
+    assert summary["resumed_from"] == ckpt and summary["trainer_steps"] == 6 - ckpt
+    assert summary["final_version"] == 6 and summary["staleness_max"] <= 1
+    assert f"trainer  step {ckpt + 1:>4}/6" in again.output  # it went on right after the checkpoint
+    final = check_ledger(cfg_path)
+    # the buffer re-delivered exactly what the dead trainer had consumed after its checkpoint, to the same steps
+    redelivered = {(r["eid"], r["step"]) for r in final if r["step"] > ckpt}
+    assert {(r["eid"], r["step"]) for r in pending_before} <= redelivered
+    assert {r["eid"] for r in final if r["step"] <= ckpt} == committed_before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny_model_path, ray_cluster, sig):
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, f"stop-{sig.name}", trainer__total_steps=6)
+    paths = RunPaths.of(load_config(cfg_path))
+    run = _driver(ray_cluster, cfg_path, "all")
+    _wait_until(lambda: len(_records(cfg_path, "trainer")) >= 2, 240, "two trainer steps", [run])
+    run.signal(sig)
+    assert run.wait(120) == 0, run.output
+    summary = json.loads(paths.summary.read_text())
+    assert summary["exit_reason"] == "stopped"
+    step = summary["final_version"]
+    assert 2 <= step < 6
+    # checkpoint of the step reached, and every hand-out of it committed: nothing left pending
+    assert (paths.checkpoint_dir / "latest").read_text().strip() == str(step)
+    ledger = Ledger(paths.buffer_dir, "trainer", create=False)
+    assert ledger.pending().num_rows == 0 and ledger.committed().num_rows == step * BATCH
+
+    again = _driver(ray_cluster, cfg_path, "all", "--resume")
+    assert again.wait(300) == 0, again.output
+    summary = json.loads(paths.summary.read_text())
+    assert summary["exit_reason"] == "completed" and summary["resumed_from"] == step
+    assert summary["final_version"] == 6
+    check_ledger(cfg_path)
