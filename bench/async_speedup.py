@@ -74,6 +74,82 @@ def stop_token_ids(model_dir: Path, count: int) -> list[int]:
     return [words[int(i * step)] for i in range(count)]
 
 
+class CpuSampler:
+    """Samples ``/proc/<pid>/task/*/schedstat`` (nanoseconds on a CPU, nanoseconds runnable but waiting for
+    one) of every process this script started (Ray's workers descend from it), grouped by process title
+    (``ray::EngineActor``, ``ray::TrainerRole``, ...), in a thread, every ``interval_s``. The run-queue wait
+    of the engine and trainer processes during the loop tells how long they were ready to compute but had
+    no core: CPU contention, not waiting for each other."""
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        import threading
+
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, dict[int, tuple[str, int, int]]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def _descendants(root: int) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as fh:
+                        ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry))
+        out, todo = [], [root]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(children.get(pid, []))
+        return out
+
+    def _loop(self) -> None:
+        me = os.getpid()
+        while not self._stop.wait(self.interval_s):
+            now, snap = time.time(), {}
+            for pid in self._descendants(me):
+                try:
+                    with open(f"/proc/{pid}/comm") as fh:
+                        name = fh.read().strip()
+                    cpu = wait = 0
+                    for tid in os.listdir(f"/proc/{pid}/task"):
+                        with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                            a, b, _ = fh.read().split()
+                        cpu, wait = cpu + int(a), wait + int(b)
+                except (OSError, ValueError):
+                    continue
+                snap[pid] = (name, cpu, wait)
+            self.samples.append((now, snap))
+
+    def window(self, start: float, end: float) -> dict[str, tuple[float, float]]:
+        """(cpu_s, runqueue_wait_s) per process title between the samples nearest to ``start`` and ``end``."""
+        inside = [s for s in self.samples if start - self.interval_s <= s[0] <= end + self.interval_s]
+        if len(inside) < 2:
+            return {}
+        seen: dict[int, tuple[str, int, int, int, int]] = {}  # pid -> name, first cpu/wait, last cpu/wait
+        for _, snap in inside:
+            for pid, (name, cpu, wait) in snap.items():
+                first = seen.get(pid)
+                seen[pid] = (name, cpu, wait, cpu, wait) if first is None else (name, first[1], first[2], cpu, wait)
+        out: dict[str, tuple[float, float]] = {}
+        for name, cpu0, wait0, cpu1, wait1 in seen.values():
+            c, w = out.get(name, (0.0, 0.0))
+            out[name] = (c + (cpu1 - cpu0) / 1e9, w + (wait1 - wait0) / 1e9)
+        return out
+
+
 def overrides(args: argparse.Namespace, root: Path, model: Path, stops: list[int], mode: str, staleness: int,
               name: str) -> list[str]:
     return [
@@ -135,7 +211,8 @@ def length_distribution(buffer_dir: Path) -> dict[str, float]:
             "mean": statistics.fmean(lengths)}
 
 
-def run_once(args, root: Path, model: Path, stops: list[int], mode: str, staleness: int, name: str) -> dict:
+def run_once(args, root: Path, model: Path, stops: list[int], mode: str, staleness: int, name: str,
+             sampler: CpuSampler) -> dict:
     from trinity_like.config import RunPaths, load_config
     from trinity_like.launcher import run
 
@@ -151,6 +228,12 @@ def run_once(args, root: Path, model: Path, stops: list[int], mode: str, stalene
     out = loop_figures(records)
     out["setup_s"] = out["loop_start"] - run_start
     out["teardown_s"] = run_end - out["loop_end"]
+    cpu = sampler.window(out["loop_start"], out["loop_end"])
+    for key, title in (("engine", "ray::EngineActo"), ("trainer", "ray::TrainerRol")):
+        out[f"{key}_cpu_s"], out[f"{key}_runq_s"] = cpu.get(title, (float("nan"), float("nan")))
+    rest = {t: c for t, (c, _) in cpu.items() if t not in ("ray::EngineActo", "ray::TrainerRol")}
+    out["rest_cpu_s"] = sum(rest.values())
+    out["rest_top"] = ", ".join(f"{t} {c:.1f}s" for t, c in sorted(rest.items(), key=lambda x: -x[1])[:4])
     out["load_avg"] = (load_before + os.getloadavg()[0]) / 2
     out["lengths"] = length_distribution(paths.buffer_dir)
     out["cfg"] = cfg
@@ -244,13 +327,17 @@ def main() -> None:
         for rep in range(args.repeats):
             for mode, s in modes:
                 key = "sync" if mode == "sync" else f"async{s}"
-                r = run_once(args, root, model, stops, mode, s, f"{key}-r{rep}-{stamp}")
+                with CpuSampler() as sampler:
+                    r = run_once(args, root, model, stops, mode, s, f"{key}-r{rep}-{stamp}", sampler)
                 results.setdefault(key, []).append(r)
                 print(f"[{key} #{rep}] loop {r['loop_s']:.1f}s  sps {r['sps']:.1f}  gen {r['gen_s']:.1f}s  "
                       f"train {r['train_s']:.1f}s  wait_data {r['wait_data_s']:.1f}s  admission "
                       f"{r['admission_wait_s']:.1f}s  publish {r['publish_s']:.1f}s  load {r['load_s']:.1f}s  "
                       f"staleness {r['staleness_mean']:.2f}/{r['staleness_max']:.0f}  len {r['len_mean']:.0f}/"
-                      f"{r['len_max']:.0f}  load avg {r['load_avg']:.1f}  (set-up {r['setup_s']:.0f}s, teardown "
+                      f"{r['len_max']:.0f}  engine cpu {r['engine_cpu_s']:.1f}s runq {r['engine_runq_s']:.1f}s  trainer cpu "
+                      f"{r['trainer_cpu_s']:.1f}s runq {r['trainer_runq_s']:.1f}s  other cpu {r['rest_cpu_s']:.1f}s "
+                      f"({r['rest_top']})  "
+                      f"load avg {r['load_avg']:.1f}  (set-up {r['setup_s']:.0f}s, teardown "
                       f"{r['teardown_s']:.0f}s)", flush=True)
         runs = [r for key in results for r in results[key]]
         evals = evaluate_all(runs[0]["cfg"], [None] + [r["final_weights"] for r in runs])
@@ -267,6 +354,8 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
     sync = results["sync"]
     t_gen, t_train = med(sync, "gen_s"), med(sync, "train_s")
     ideal = (t_gen + t_train) / max(t_gen, t_train)
+    # perfect overlap still runs the first explorer step and the last trainer step alone
+    ideal_n = (t_gen + t_train) / (max(t_gen, t_train) + min(t_gen, t_train) / args.steps)
     sync_sps = med(sync, "sps")
     for r in sync:
         r["other_s"] = r["loop_s"] - r["gen_s"] - r["train_s"]
@@ -281,7 +370,13 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
     print(f"sync: loop {spread(sync, 'loop_s', '.1f')}s = t_gen {spread(sync, 'gen_s', '.1f')}s + t_train "
           f"{spread(sync, 'train_s', '.1f')}s + other {spread(sync, 'other_s', '.1f')}s (publish "
           f"{med(sync, 'publish_s'):.1f}s, load {med(sync, 'load_s'):.1f}s, buffer reads {med(sync, 'wait_data_s'):.1f}s); "
-          f"t_gen/t_train {t_gen / t_train:.2f}; ideal {ideal:.3f}")
+          f"t_gen/t_train {t_gen / t_train:.2f}; ideal {ideal:.3f}; ideal with pipeline fill and drain over "
+          f"{args.steps} steps {ideal_n:.3f}")
+    print("on-CPU / run-queue (ready, no core free) seconds of the engine and trainer processes during the loop:")
+    for key, runs in results.items():
+        print(f"  {key:7s} engine {spread(runs, 'engine_cpu_s', '.1f')} / {spread(runs, 'engine_runq_s', '.1f')}  "
+              f"trainer {spread(runs, 'trainer_cpu_s', '.1f')} / {spread(runs, 'trainer_runq_s', '.1f')}  "
+              f"our other processes on-CPU {spread(runs, 'rest_cpu_s', '.1f')}")
     fields = {"sync_sps": f"{sync_sps:.2f}"}
     for s in args.staleness:
         runs = results[f"async{s}"]
@@ -313,7 +408,7 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
     out = {"sync_sps": fields["sync_sps"], "async_sps": fields[f"async{head}_sps"],
            "speedup": fields[f"speedup{head}"], "ideal": f"{ideal:.3f}", "efficiency": fields[f"efficiency{head}"],
            **{k: v for k, v in fields.items() if k != "sync_sps"}, "headline_staleness": str(head),
-           "t_gen_s": f"{t_gen:.2f}", "t_train_s": f"{t_train:.2f}", "gen_over_train": f"{t_gen / t_train:.2f}",
+           "ideal_n": f"{ideal_n:.3f}", "t_gen_s": f"{t_gen:.2f}", "t_train_s": f"{t_train:.2f}", "gen_over_train": f"{t_gen / t_train:.2f}",
            "initial_eval_reward": f"{initial['reward']:.3f}"}
     for key, runs in results.items():
         out[f"{key}_eval_reward"] = f"{med(runs, 'eval_reward'):.3f}"
