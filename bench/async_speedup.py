@@ -9,7 +9,8 @@ uniform rates, so lengths are close to geometric with mean ~ vocab / stop tokens
 The lengths actually generated (``rollout/response_length_mean`` / ``max`` of every step, and the
 distribution of the sync run's stored responses) are reported. The reward is the built-in arithmetic scorer
 (1.0 for a response that starts with the right number, 0.1 for another number), which does not depend on the
-length, so the length distribution stays put while the policy learns.
+length, so the length distribution stays put while the policy learns (at the default ``--lr``; at 1e-2 the
+mean length drifted from ~38 to ~59 tokens within 16 steps, which changes the workload under the timing).
 
 Each run is ``trinity_like.launcher.run(cfg)`` on one local Ray instance started by this script: real
 explorer, engine, buffer segments on disk, trainer, ``checkpoint`` weight sync. Runs are interleaved
@@ -24,23 +25,33 @@ What is timed (from the records in the run's ``metrics.jsonl``, each stamped wit
   start-up, model loading and actor set-up (``setup()`` of both roles) come before; role shutdown and the
   summary after. sps = trained experiences (sum of ``train/batch_size``) / that wall time.
 - t_gen and t_train, "generation alone" and "training alone", come from the sync runs: there the two phases
-  alternate on an otherwise idle pair of cores, so the sum of ``time/explore_step_s`` (rollout, reward,
+  alternate (each runs while the other role is idle), so the sum of ``time/explore_step_s`` (rollout, reward,
   buffer write) and the sum of ``time/train_step_s`` (the PPO step on the batch) are each phase by itself on
   exactly the workload the async runs see. ideal = (t_gen + t_train) / max(t_gen, t_train), the speed-up of
   perfect overlap; speedup = async sps / sync sps; efficiency = speedup / ideal (target >= 0.9). The sync
   loop also pays what is neither (weight publication and loading, buffer reads, Ray calls): reported as
-  ``sync_other_s``; async hides part of it too, so it is in neither t_gen nor t_train.
-- To explain a shortfall, each async run reports how much slower its phases ran than in sync (``gen_x``,
-  ``train_x``: mean step time async / sync, i.e. the cost of running both at once on two shared cores), the
-  trainer's waits for data (``time/wait_data_s``), the explorer's admission waits
-  (``rollout/admission_wait_s``), and weight publication / loading (``time/sync_s``, ``sync/seconds``).
+  "other"; async hides part of it too, so it is in neither t_gen nor t_train.
+- To explain a shortfall, each async run reports how much slower its phases ran than in sync (``gen x``,
+  ``train x``: mean step time async / sync), the busier role's busy share of the loop (``busy``: 1.0 = the
+  other role was hidden behind it completely), the trainer's waits for data (``time/wait_data_s``), the
+  explorer's admission waits (``rollout/admission_wait_s``) and weight publication / loading
+  (``time/sync_s``, ``sync/seconds``). A sampler thread reads ``/proc/<pid>/task/*/schedstat`` of every
+  process this script started, every 0.25 s, and reports for the engine and the trainer processes their
+  on-CPU seconds and their run-queue seconds (ready to run, no core free) during the loop: equal on-CPU
+  seconds in sync and async with more run-queue seconds in async means the phases were slower because the
+  cores were busy (other work on the machine), not because the system made them wait for each other.
+- With N trainer steps, perfect overlap still runs the first explorer step and the last trainer step alone:
+  ``ideal_n = (t_gen + t_train) / (max + min / N)`` is printed beside ``ideal``.
 
-After each run its final trainer checkpoint is evaluated greedily on a held-out arithmetic task set
-(``trinity_like.explorer.evaluation.bench``, not timed): eval reward and accuracy show that speed was not
-bought with learning. The headline ``async_*`` figures are those of ``max_staleness=1`` (the default and the
-stricter bound); ``async2_*`` are printed beside them.
+After all runs, the final weights of every run (``checkpoints/step_N``) and the initial model are evaluated
+by one engine on a held-out draw of arithmetic tasks (``explorer.eval_tasksets``: generated with a seed apart
+from the training set, ``--eval-k`` samples per task at temperature 1, scored by the same reward;
+``trinity_like.explorer.evaluation.evaluate``; not timed). With ``--max-operand 4`` there are only 25 distinct
+sums, so this measures the policy on fresh samples, not generalisation to unseen problems. It is there so
+that speed is never bought with learning. The headline ``async_*`` figures are those of ``max_staleness=1``
+(the default and the stricter bound); ``async2_*`` are printed beside them.
 
-    .venv/bin/python bench/async_speedup.py [--repeats 2] [--steps 16] [--quick]
+    PYTHONPATH=. .venv/bin/python bench/async_speedup.py [--repeats 2] [--steps 16] [--keep DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -116,10 +127,12 @@ class CpuSampler:
         return out
 
     def _loop(self) -> None:
-        me = os.getpid()
+        me, pids, listed = os.getpid(), [], 0.0
         while not self._stop.wait(self.interval_s):
             now, snap = time.time(), {}
-            for pid in self._descendants(me):
+            if now - listed > 2.0:  # walking /proc costs more than reading a few schedstat files
+                pids, listed = self._descendants(me), now
+            for pid in pids:
                 try:
                     with open(f"/proc/{pid}/comm") as fh:
                         name = fh.read().strip()
@@ -394,6 +407,21 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
               f"trainer wait_data {spread(runs, 'wait_data_s', '.1f')}s  explorer admission "
               f"{spread(runs, 'admission_wait_s', '.1f')}s  publish {spread(runs, 'publish_s', '.1f')}s  load "
               f"{spread(runs, 'load_s', '.1f')}s")
+    # The runs that waited least for a core (run-queue seconds of engine + trainer per loop second), chosen by
+    # that rule alone: the closest this shared machine came to two free cores.
+    for runs in results.values():
+        for r in runs:
+            r["runq_share"] = (r["engine_runq_s"] + r["trainer_runq_s"]) / r["loop_s"]
+    quiet = {key: min(runs, key=lambda r: r["runq_share"]) for key, runs in results.items()}
+    q_sync = quiet["sync"]
+    q_ideal = (q_sync["gen_s"] + q_sync["train_s"]) / max(q_sync["gen_s"], q_sync["train_s"])
+    for s in args.staleness:
+        q = quiet[f"async{s}"]
+        q_speedup = q["sps"] / q_sync["sps"]
+        fields.update({f"quiet_speedup{s}": f"{q_speedup:.3f}", f"quiet_efficiency{s}": f"{q_speedup / q_ideal:.3f}"})
+        print(f"least-contended pair (run-queue share sync {q_sync['runq_share']:.2f}, async{s} "
+              f"{q['runq_share']:.2f}): sync {q_sync['sps']:.1f} sps, async{s} {q['sps']:.1f} sps, speedup "
+              f"{q_speedup:.3f}, ideal {q_ideal:.3f}, efficiency {q_speedup / q_ideal:.3f}")
     print(f"load average (1 min) during the runs: {min(r['load_avg'] for v in results.values() for r in v):.1f}-"
           f"{max(r['load_avg'] for v in results.values() for r in v):.1f} on {os.cpu_count()} cores")
     print(f"\n| run | sps | loop s | sum gen s | sum train s | staleness mean/max | train reward first/last quarter "
