@@ -85,11 +85,22 @@ class Proc:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
 
-    def kill(self) -> None:
-        """SIGKILL the driver: its job's actors (roles, engines, trainer workers) die with it."""
+    def kill(self, role_pid: int | None = None) -> None:
+        """SIGKILL the job: its role's process at once (``role_pid``), and the driver, whose other actors
+        (engines, trainer workers) Ray then ends too."""
+        if role_pid is not None:
+            os.kill(role_pid, signal.SIGKILL)
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+
+
+def _role_pid(job: Proc, kind: str) -> int:
+    """The process of the job's role of ``kind``: the driver prints its id (which ends with the pid)."""
+    marker = f"{kind} {kind}-"
+    _wait_until(lambda: marker in job.output, 240, f"the {kind} to join", [job], poll_s=0.05)
+    line = next(x for x in job.output.splitlines() if x.startswith(marker))
+    return int(line.split()[1].rsplit("-", 1)[1])
 
 
 def _driver(cluster, cfg_path: Path, role: str, *extra: str) -> Proc:
@@ -205,12 +216,15 @@ def test_several_explorer_jobs_join_one_trainer_and_status_shows_them(tmp_path, 
 
 def test_killed_explorer_job_the_trainer_drains_waits_and_a_new_explorer_goes_on(tmp_path, tiny_model_path,
                                                                                    ray_cluster):
-    cfg_path = _write_cfg(tmp_path, tiny_model_path, "explorer-killed", trainer__total_steps=6)
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, "explorer-killed", trainer__total_steps=12)
     trainer = _driver(ray_cluster, cfg_path, "trainer")
     explorer = _driver(ray_cluster, cfg_path, "explorer")
-    _wait_until(lambda: len(_records(cfg_path, "trainer")) >= 2, 240, "two trainer steps", [trainer, explorer])
-    explorer.kill()
-    _wait_until(lambda: "trainer: waiting for experiences" in trainer.output, 120,
+    explorer_pid = _role_pid(explorer, "explorer")
+    _wait_until(lambda: len(_records(cfg_path, "trainer")) >= 2, 240, "two trainer steps", [trainer, explorer],
+                poll_s=0.05)
+    explorer.kill(explorer_pid)
+    before_kill = len(trainer.lines)
+    _wait_until(lambda: "trainer: waiting for experiences" in "".join(trainer.lines[before_kill:]), 120,
                 "the trainer to say it waits for an explorer", [trainer])
     trained_while_alone = len(_records(cfg_path, "trainer"))
     latest = _status(ray_cluster, cfg_path)["latest_version"]
@@ -219,7 +233,7 @@ def test_killed_explorer_job_the_trainer_drains_waits_and_a_new_explorer_goes_on
     again = _driver(ray_cluster, cfg_path, "explorer")
     assert again.wait(300) == 0, again.output
     assert trainer.wait(300) == 0, trainer.output
-    assert trainer.output.count("trainer: waiting for experiences") == 1
+    assert "".join(trainer.lines[before_kill:]).count("trainer: waiting for experiences") == 1  # said once
     explorer_lines = [line for line in again.output.splitlines() if line.startswith("explorer step")]
     first_version = int(explorer_lines[0].split("version")[1].split()[0])
     assert first_version >= latest  # the new explorer started from the latest published version
@@ -227,18 +241,19 @@ def test_killed_explorer_job_the_trainer_drains_waits_and_a_new_explorer_goes_on
 
 
 def test_killed_trainer_job_resumes_and_nothing_is_lost_or_trained_twice(tmp_path, tiny_model_path, ray_cluster):
-    cfg_path = _write_cfg(tmp_path, tiny_model_path, "trainer-killed", trainer__total_steps=6,
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, "trainer-killed", trainer__total_steps=10,
                           trainer__save_interval=2)
     paths = RunPaths.of(load_config(cfg_path))
     trainer = _driver(ray_cluster, cfg_path, "trainer")
     explorer = _driver(ray_cluster, cfg_path, "explorer")
+    trainer_pid = _role_pid(trainer, "trainer")
     # kill it right after an odd step (3 or 5): it has trained past its last checkpoint (an even step)
     _wait_until(lambda: (n := len(_records(cfg_path, "trainer"))) >= 3 and n % 2 == 1, 240, "an odd trainer step",
                 [trainer, explorer], poll_s=0.02)
-    trainer.kill()
+    trainer.kill(trainer_pid)
     trained = len(_records(cfg_path, "trainer"))
     ckpt = int((paths.checkpoint_dir / "latest").read_text())
-    assert trained > ckpt and ckpt % 2 == 0 and trained < 6
+    assert trained > ckpt and ckpt % 2 == 0 and trained < 10
     # what the dead trainer consumed after its last checkpoint is pending, never committed
     ledger = Ledger(paths.buffer_dir, "trainer", create=False)
     committed_before = set(ledger.committed().column("eid").to_pylist())
@@ -258,9 +273,9 @@ def test_killed_trainer_job_resumes_and_nothing_is_lost_or_trained_twice(tmp_pat
     assert again.wait(300) == 0, again.output
     assert explorer.wait(300) == 0, explorer.output
     summary = json.loads(paths.summary.read_text())
-    assert summary["resumed_from"] == ckpt and summary["trainer_steps"] == 6 - ckpt
-    assert summary["final_version"] == 6 and summary["staleness_max"] <= 1
-    assert f"trainer  step {ckpt + 1:>4}/6" in again.output  # it went on right after the checkpoint
+    assert summary["resumed_from"] == ckpt and summary["trainer_steps"] == 10 - ckpt
+    assert summary["final_version"] == 10 and summary["staleness_max"] <= 1
+    assert f"trainer  step {ckpt + 1:>4}/10" in again.output  # it went on right after the checkpoint
     final = check_ledger(cfg_path)
     # the buffer re-delivered exactly what the dead trainer had consumed after its checkpoint, to the same steps
     redelivered = {(r["eid"], r["step"]) for r in final if r["step"] > ckpt}

@@ -207,6 +207,7 @@ def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
     for kind, actor in (("explorer", roles.explorer), ("trainer", roles.trainer)):
         if actor is not None:
             roles.ids[kind] = ray.get(actor.role_info.remote())["role_id"]
+            print(f"{kind} {roles.ids[kind]} joined namespace '{ns}'", flush=True)
     return roles
 
 

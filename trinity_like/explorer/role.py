@@ -95,6 +95,10 @@ class ExplorerRole:
         self.explore_step_num = max(written) + 1 if written else 0  # lock-step driving resumes after them
         self._sync_state = "running"
         self.sync_failures = 0
+        self.fleet = None
+        # heartbeats from now on: starting the engines may take longer than the heartbeat timeout
+        self.heartbeat = Heartbeat(self.synchronizer, self.role_id, lambda: {
+            "version": self.fleet.version if self.fleet is not None else 0, "state": self._sync_state}).start()
         self.tokenizer = hf_tokenizer(self.cfg.model.path)
         self.fleet = EngineFleet(self.cfg)
         await self.fleet.ready()
@@ -110,8 +114,6 @@ class ExplorerRole:
                                       timeout_s=self.cfg.synchronizer.timeout_s)
         self.metrics = MetricsWriter(self.paths.metrics, role="explorer")
         self.eval_tasks = prepare_eval_tasksets(self.cfg)
-        self.heartbeat = Heartbeat(self.synchronizer, self.role_id,
-                                   lambda: {"version": self.fleet.version, "state": self._sync_state}).start()
         self._order: list[int] = []
         self._epoch = -1
         self._stragglers: list[asyncio.Task] = []

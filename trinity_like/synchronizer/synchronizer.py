@@ -79,6 +79,8 @@ class ExploreSteps:
     """step -> role id of the explorer running it."""
     returned: list[int] = field(default_factory=list)
     """Steps whose explorer died or stopped before writing them, lowest first."""
+    previous: dict[int, str] = field(default_factory=dict)
+    """returned step -> the role that had it (given back if that role turns out alive)."""
     initialized: bool = False
     """Set by the first explorer from the buffer's contents (``init_explore_steps``)."""
 
@@ -86,8 +88,23 @@ class ExploreSteps:
         steps = sorted(s for s, rid in self.claims.items() if rid == role_id)
         for s in steps:
             del self.claims[s]
+            self.previous[s] = role_id
         self.returned = sorted({*self.returned, *steps})
         return steps
+
+    def revive(self, role_id: str) -> list[int]:
+        """A role reported dead sent a heartbeat after all: its steps not handed out again are its again."""
+        steps = [s for s in self.returned if self.previous.get(s) == role_id]
+        for s in steps:
+            self.claims[s] = role_id
+            del self.previous[s]
+        self.returned = [s for s in self.returned if s not in steps]
+        return steps
+
+    def take_returned(self) -> int:
+        step = self.returned.pop(0)
+        self.previous.pop(step, None)
+        return step
 
 
 @dataclass
@@ -151,7 +168,8 @@ class Synchronizer:
             return
         record.last_seen = time.monotonic()
         if record.state == "dead":
-            logger.warning("role %s is alive again", role_id)
+            logger.warning("role %s is alive again; its explorer steps %s are its own again", role_id,
+                           self._steps.revive(role_id))
             record.state = "running"
         if version is not None:
             record.version = version
@@ -302,7 +320,7 @@ class Synchronizer:
         if not self._steps.initialized:
             raise RuntimeError("init_explore_steps must come before the first claim")
         if self._steps.returned:
-            step = self._steps.returned.pop(0)
+            step = self._steps.take_returned()
         elif self._steps.next < total:
             step = self._steps.next
             self._steps.next += 1

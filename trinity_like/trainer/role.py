@@ -85,11 +85,13 @@ class TrainerRole:
         self.role_id = f"trainer-{socket.gethostname()}-{os.getpid()}"
         ray.get(self.synchronizer.register.remote("trainer", self.role_id, {"workers": self.cfg.trainer.num_workers,
                                                                             "run_dir": str(self.paths.run_dir)}))
+        self.engine = None
+        # heartbeats from now on: loading the model and the checkpoint may take longer than the timeout
+        self.heartbeat = Heartbeat(self.synchronizer, self.role_id, lambda: {
+            "version": self.engine.train_step_num if self.engine is not None else 0, "state": self.state}).start()
         self.engine = make_train_engine(self.cfg, self.synchronizer)
         self.engine.prepare()
         resume_step = self._load_checkpoint() if self.resume else None
-        self.heartbeat = Heartbeat(self.synchronizer, self.role_id,
-                                   lambda: {"version": self.engine.train_step_num, "state": self.state}).start()
         b = self.cfg.buffer
         self.consumer = None if self.cfg.mode == "offline" else BufferConsumer(
             self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy, priority=b.priority or None,
