@@ -151,7 +151,16 @@ def _run_async(roles: _Roles, progress: _Progress) -> None:
 
 
 def run(cfg: Config) -> dict[str, Any]:
-    """Run a whole job in ``cfg.mode`` on a local (or already joined) Ray instance; return the summary."""
+    """Run a whole job: with ``warmup.sft_steps`` an SFT warm-up stage first (``trinity_like.warmup``)."""
+    if cfg.warmup.sft_steps > 0:
+        from trinity_like.warmup import run_with_warmup
+
+        return run_with_warmup(cfg, _run_stage)
+    return _run_stage(cfg)
+
+
+def _run_stage(cfg: Config) -> dict[str, Any]:
+    """Run one stage in ``cfg.mode`` on a local (or already joined) Ray instance; return the summary."""
     import ray
 
     set_offline_env()
