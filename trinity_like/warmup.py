@@ -125,12 +125,15 @@ def write_demonstrations(cfg: Config, path: Path) -> int:
 
 def warmup_stage_config(cfg: Config, demonstrations_path: Path) -> Config:
     """The warm-up as a plain offline SFT run: the RL config's model, seed and trainer layout, with the
-    warm-up's steps, batch size and learning rate; every demonstration is a group of one."""
+    warm-up's steps, batch size and learning rate, and no RL terms (KL, entropy, off-policy correction);
+    every demonstration is a group of one."""
     r = dataclasses.replace
     w, tr = cfg.warmup, cfg.trainer
     stage = r(
         cfg, name=warmup_run_name(cfg), mode="offline",
-        explorer=r(cfg.explorer, repeat_times=1, eval_interval=0),
+        # temperature 1: the trainer scales logits by the sampling temperature, and SFT fits the model itself
+        explorer=r(cfg.explorer, repeat_times=1, eval_interval=0,
+                   sampling=r(cfg.explorer.sampling, temperature=1.0)),
         trainer=r(tr, total_steps=w.sft_steps, batch_size=w.batch_size, mini_batch_size=None, ppo_epochs=1,
                   micro_batch_size=min(tr.micro_batch_size, w.batch_size), save_interval=0, keep_checkpoints=1,
                   optimizer=r(tr.optimizer, lr=w.lr, warmup_steps=0, lr_schedule="constant")),
