@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml
 	 } > $(VENV)/install.log 2>&1 || { tail -40 $(VENV)/install.log; exit 1; }
 	touch $(STAMP)
 
-# The demo starts from a fresh run directory each time (the tiny model is kept).
+# The demo starts from fresh run directories each time, the RL run's and its warm-up's (the tiny model is kept).
 demo: install
-	rm -rf runs/quickstart/arithmetic-async
+	rm -rf runs/quickstart/arithmetic-async runs/quickstart/arithmetic-async-warmup
 	$(BIN)/trinity-like run configs/quickstart.yaml
 
 test: install

@@ -55,7 +55,11 @@ def _write_cfg(tmp_path, model_path, name, **over) -> Path:
 class Proc:
     """A child process whose output is collected by a thread (so it never blocks on a full pipe)."""
 
+    started: list[Proc] = []
+    """Every process a test started, killed after the test if still running (see ``_no_leftovers``)."""
+
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        Proc.started.append(self)
         self.args = args
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
@@ -93,6 +97,13 @@ class Proc:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    yield
+    while Proc.started:
+        Proc.started.pop().kill()
 
 
 def _role_pid(job: Proc, kind: str) -> int:

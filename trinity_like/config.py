@@ -402,6 +402,27 @@ class MonitorConfig:
 
 
 @dataclass
+class WarmupConfig:
+    sft_steps: int = _at_least(0, 0)
+    """Supervised fine-tuning steps on demonstrations before the RL run (`trinity_like.warmup`); 0 = no
+    warm-up. The warm-up trains in its own run directory `<project>/<name>-warmup`, and the RL run starts
+    from its last checkpoint; `summary.json` then holds `eval_initial`, `eval_before` and `eval_after`."""
+    demonstrations: str = ""
+    """Demonstrations to imitate: a .jsonl or .parquet file of chat records (`{"messages": [...]}`, the
+    turns before the first assistant turn are the prompt, as the `single_turn` workflow sends it) or of
+    Experience rows (`prompt_ids`, `response_ids`). Empty = correct answers to tasks generated like
+    `explorer.taskset` (seeded apart from the training and eval tasks)."""
+    num_demonstrations: int = _at_least(64, 1)
+    """Demonstrations to generate, or the first N records of `demonstrations`."""
+    max_operand: int | None = field(default=None, metadata={"min": 1})
+    """Largest operand of generated arithmetic demonstrations; empty = `explorer.taskset.max_operand`."""
+    batch_size: int = _at_least(16, 1)
+    """Demonstrations per warm-up step."""
+    lr: float = _at_least(1e-3, 0.0)
+    """AdamW learning rate of the warm-up (the other optimizer settings are `trainer.optimizer`'s)."""
+
+
+@dataclass
 class Config:
     project: str = "trinity_like"
     """Project name: the first part of the run directory and of the Ray namespace."""
@@ -422,6 +443,8 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    """Optional supervised warm-up on demonstrations before the RL run."""
 
     @property
     def train_batch_size(self) -> int:
@@ -609,6 +632,16 @@ def validate(cfg: Config) -> None:
     if cfg.mode == "offline" and not cfg.buffer.replay_sources:
         raise ConfigError("mode 'offline' needs buffer.replay_sources: the stored experiences to train on (an "
                           "earlier run's directory, a buffer folder, .arrow/.parquet/.jsonl files)")
+    if cfg.warmup.sft_steps and cfg.mode == "offline":
+        raise ConfigError("warmup.sft_steps > 0 warms a model up for an RL run, which mode 'offline' is not; set "
+                          "mode=async or mode=sync, or warmup.sft_steps=0")
+    if cfg.warmup.sft_steps and not cfg.explorer.eval_tasksets:
+        raise ConfigError("warmup.sft_steps > 0 measures the warm-up and the RL run on explorer.eval_tasksets, "
+                          "which is empty; add one (e.g. explorer.eval_tasksets=[{name: heldout, size: 64}])")
+    demos = cfg.warmup.demonstrations
+    if demos and not (Path(demos).is_file() and Path(demos).suffix in (".jsonl", ".parquet")):
+        raise ConfigError(f"warmup.demonstrations '{demos}' is not an existing .jsonl or .parquet file; give a file "
+                          "of chat records or Experience rows, or leave it empty to generate demonstrations")
     for key in ("project", "name"):
         value = getattr(cfg, key)
         if not value or "/" in value or value in (".", ".."):

@@ -341,7 +341,21 @@ def _run_loops(roles: _Roles, progress: _Progress, stop: _StopSignals, notes: _W
 
 def run(cfg: Config, role: str = "all", resume: bool = False, address: str | None = None) -> dict[str, Any]:
     """Run ``role`` of the job in ``cfg.mode`` on a local Ray instance or the cluster at ``address``; return
-    the summary (also written to ``summary.json`` by a job that runs the trainer)."""
+    the summary (also written to ``summary.json`` by a job that runs the trainer). With ``warmup.sft_steps``
+    an SFT warm-up stage comes first (``trinity_like.warmup``; role ``all`` only)."""
+    if cfg.warmup.sft_steps > 0:
+        if role != "all":
+            raise RunError("warmup.sft_steps runs with --role all; for independent jobs run the warm-up as its own "
+                           "offline run first and point model.path at its checkpoint (or set warmup.sft_steps=0)")
+        from trinity_like.warmup import run_with_warmup
+
+        return run_with_warmup(cfg, lambda stage, resume_stage=False: _run_stage(stage, "all", resume_stage, address),
+                               resume=resume)
+    return _run_stage(cfg, role, resume, address)
+
+
+def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dict[str, Any]:
+    """One stage: ``role`` of the job in ``cfg.mode``."""
     import ray
 
     set_offline_env()

@@ -1,5 +1,6 @@
 """Task sets: Parquet files with columns ``task_id``, ``prompt``, ``answer`` (and optionally ``data_source``,
-which picks the reward scorer); and a generator for one.
+which picks the reward scorer); a generator for one, and demonstrations (the correct answers as chat
+records) for a supervised warm-up.
 
 The built-in ``arithmetic`` set asks for the sum of two small numbers ("7+12=") and has an exact answer, so
 the reward is checkable and a tiny model can improve on it.
@@ -33,6 +34,15 @@ def generate_arithmetic(size: int, max_operand: int, seed: int) -> list[Task]:
         for i, (a, b) in enumerate((rng.randint(0, max_operand), rng.randint(0, max_operand))
                                    for _ in range(size))
     ]
+
+
+def demonstrations(tasks: list[Task]) -> list[dict]:
+    """One demonstration per task: a chat record whose user turn is the task's prompt and whose assistant turn
+    is its answer, ``{"task_id", "messages": [{"role": "user", ...}, {"role": "assistant", ...}], "reward":
+    1.0}`` (the import format of ``buffer ingest``)."""
+    return [{"task_id": t.task_id,
+             "messages": [{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.answer}],
+             "reward": 1.0} for t in tasks]
 
 
 def write_taskset(path: str | Path, tasks: list[Task]) -> Path:
