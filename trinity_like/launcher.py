@@ -115,7 +115,7 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     run's config. ``allow_existing`` lets read-only users (``bench``) open any run directory."""
     from trinity_like.common.tasks import generate_arithmetic, load_taskset, write_taskset
     from trinity_like.common.tiny_model import ensure_tiny_model
-    from trinity_like.trainer.role import latest_checkpoint
+    from trinity_like.trainer.ppo import latest_checkpoint
 
     if role not in ROLES:
         raise RunError(f"bad role {role!r}; allowed: {', '.join(ROLES)}")

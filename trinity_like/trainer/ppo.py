@@ -102,6 +102,16 @@ def preference_pairs(exps: list[Experience]) -> list[Experience]:
     return out
 
 
+def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest complete full checkpoint (``checkpoints/latest`` points at it), or None."""
+    pointer = Path(checkpoint_dir) / "latest"
+    try:
+        path = Path(checkpoint_dir) / f"step_{int(pointer.read_text())}"
+    except (FileNotFoundError, ValueError):
+        return None
+    return path if (path / "trainer_state.json").is_file() else None
+
+
 TRAINERS: Registry = Registry("trainer type")
 
 
@@ -645,11 +655,7 @@ class PPOTrainer(TrainEngineWrapper):
             shutil.rmtree(self.paths.checkpoint_dir / f"step_{old}", ignore_errors=True)
 
     def latest_checkpoint(self) -> Path | None:
-        pointer = self.paths.checkpoint_dir / "latest"
-        if not pointer.is_file():
-            return None
-        path = self.paths.checkpoint_dir / f"step_{int(pointer.read_text())}"
-        return path if path.is_dir() else None
+        return latest_checkpoint(self.paths.checkpoint_dir)
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore everything ``save_checkpoint`` wrote (after ``prepare`` and, with workers,

@@ -15,7 +15,6 @@ import os
 import socket
 import threading
 import time
-from pathlib import Path
 
 from trinity_like.buffer import BufferConsumer
 from trinity_like.common.errors import UserError
@@ -29,7 +28,7 @@ from trinity_like.config import (
     read_run_id,
     redis_stream,
 )
-from trinity_like.trainer.ppo import TRAINERS
+from trinity_like.trainer.ppo import TRAINERS, latest_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +43,6 @@ def make_train_engine(cfg: Config, synchronizer=None):
     return TRAINERS.get(cfg.trainer.type)(cfg, synchronizer)
 
 CONSUMER_NAME = "trainer"
-
-
-def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """The newest complete full checkpoint (``checkpoints/latest`` points at it), or None."""
-    pointer = Path(checkpoint_dir) / "latest"
-    try:
-        path = Path(checkpoint_dir) / f"step_{int(pointer.read_text())}"
-    except (FileNotFoundError, ValueError):
-        return None
-    return path if (path / "trainer_state.json").is_file() else None
 
 
 class TrainerRole:
@@ -138,9 +127,11 @@ class TrainerRole:
         trainer's versions from ``step`` on, drop the replaced version files, and publish ``step`` again."""
         import ray
 
+        from trinity_like.synchronizer import CheckpointMonitor
+
         ray.get(self.synchronizer.trainer_resumed.remote(step))
-        if self.cfg.synchronizer.method == "checkpoint" and getattr(self.engine, "monitor", None) is not None:
-            ray.get(self.engine.monitor.rollback.remote(step))
+        if self.cfg.synchronizer.method == "checkpoint":  # the trainer (or its rank 0) created the monitor
+            ray.get(CheckpointMonitor.get_actor(namespace_of(self.cfg)).rollback.remote(step))
         if step > 0 and ray.get(self.synchronizer.latest.remote()).version != step:
             self.engine.sync_weight()
 
