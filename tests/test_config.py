@@ -150,3 +150,9 @@ def test_cross_field_rules(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_list_element_override_is_a_config_error_not_a_crash():
+    with pytest.raises(ConfigError, match="set a list as a whole"):
+        load_config(Path(__file__).parents[1] / "configs" / "quickstart.yaml",
+                    ["explorer.eval_tasksets.0.max_operand=6"])

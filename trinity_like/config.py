@@ -537,6 +537,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         raise ConfigError(_explain_omegaconf_error(e, schema, layers)) from None
+    except (TypeError, AttributeError) as e:  # e.g. a list index in a dotted override (OmegaConf's own error)
+        raise ConfigError(f"cannot apply the overrides {' '.join(overrides) or '(none)'}: {str(e).splitlines()[0]}; "
+                          "set a list as a whole (key=[...]) rather than one element") from None
     validate(cfg)
     return cfg
 
