@@ -91,31 +91,15 @@ def _check_ints(name: str, values: Any, vocab_size: int | None) -> list[int]:
     return values
 
 
-def chat_to_tokens(messages: list[dict[str, Any]], tokenizer) -> tuple[list[int], list[int], list[bool]]:
-    """(prompt_ids, response_ids, action_mask) of a conversation; the policy's tokens are the assistant's
-    contents and the end token that closes each of them."""
-    if not isinstance(messages, list) or not messages:
-        raise RecordError("messages must be a non-empty list of {role, content}")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise RecordError("every message needs a string role and a string content")
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
-    if first is None:
-        raise RecordError("messages hold no assistant turn: nothing for the policy to learn")
-    eos = tokenizer.eos_token_id
-    prompt: list[int] = []
-    response: list[int] = []
-    mask: list[bool] = []
-    for i, m in enumerate(messages):
-        header = tokenizer.encode(f"<|{m['role']}|>\n", add_special_tokens=False)
-        body = tokenizer.encode(m["content"], add_special_tokens=False) + ([eos] if eos is not None else [])
-        if i < first:
-            prompt += header + body
-        else:
-            learn = m["role"] == "assistant"
-            response += header + body
-            mask += [False] * len(header) + [learn] * len(body)
-    return prompt, response, mask
+def chat_to_tokens(messages: Any, tokenizer, tools: list[dict] | None = None) -> tuple[list[int], list[int], list[bool]]:
+    """(prompt_ids, response_ids, action_mask) of a conversation (``trinity_like.common.chat``): the policy's
+    tokens are the assistants' texts and tool calls and the end token that closes each of them."""
+    from trinity_like.common.chat import ChatFormatError, normalize_messages, split_conversation
+
+    try:
+        return split_conversation(normalize_messages(messages), tokenizer, tools)
+    except ChatFormatError as e:
+        raise RecordError(str(e)) from None
 
 
 def record_to_experience(record: Any, source: str, vocab_size: int | None, tokenizer=None) -> Experience:

@@ -71,21 +71,14 @@ class RolloutEngine(Protocol):
         ...
 
 
-def render_chat(messages: list[dict[str, str]], tokenizer, add_generation_prompt: bool = True) -> list[int]:
-    """Prompt ids of a conversation: the tokenizer's chat template when it has one, else the project's plain
-    format (``<|role|>\\n`` + content + EOS per message, then ``<|assistant|>\\n``), the same one
-    ``buffer ingest`` uses for chat records."""
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                  tokenize=True))
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    ids: list[int] = []
-    for m in messages:
-        ids += tokenizer.encode(f"<|{m['role']}|>\n", add_special_tokens=False)
-        ids += tokenizer.encode(m["content"], add_special_tokens=False) + eos
-    if add_generation_prompt:
-        ids += tokenizer.encode("<|assistant|>\n", add_special_tokens=False)
-    return ids
+def render_chat(messages: list[dict[str, Any]], tokenizer, add_generation_prompt: bool = True,
+                tools: list[dict] | None = None) -> list[int]:
+    """Prompt ids of a conversation (``trinity_like.common.chat``): the tokenizer's chat template when it has
+    one, else the project's plain format (``<|role|>\\n`` + content + EOS per message, then
+    ``<|assistant|>\\n``), the same one ``buffer ingest`` and ``serve`` use."""
+    from trinity_like.common.chat import normalize_messages, render_ids
+
+    return render_ids(normalize_messages(messages), tokenizer, add_generation_prompt, tools)
 
 
 class ChatByGenerate:
