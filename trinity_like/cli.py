@@ -61,6 +61,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from trinity_like.config import load_config
+    from trinity_like.serve.server import serve
+
+    config, overrides = _split_config_and_overrides(args.items)
+    return serve(load_config(config, overrides), host=args.host, port=args.port, api_key=args.api_key,
+                 address=args.address)
+
+
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from trinity_like.common.modeling import set_offline_env
     from trinity_like.common.tiny_model import make_tiny_model
@@ -102,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="a .safetensors state dict, a trainer checkpoint folder or an HF model folder")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible endpoint that records agents' completions as experiences")
+    p.add_argument("items", nargs="+", metavar="CONFIG | key=value",
+                   help="the run's config file and dotted overrides (serve.* settings)")
+    p.add_argument("--host", help="address to listen on (default serve.host, 127.0.0.1); any other than loopback "
+                                  "needs --api-key")
+    p.add_argument("--port", type=int, help="port (default serve.port, 8000; 0 = any free port)")
+    p.add_argument("--api-key", help="bearer key clients must send (default serve.api_key or "
+                                     "TRINITY_SERVE_API_KEY)")
+    p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS; none = a local Ray instance)")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("make-tiny-model", help="build the offline tiny tokenizer + Qwen2 model")
     p.add_argument("out_dir")

@@ -423,6 +423,28 @@ class WarmupConfig:
 
 
 @dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    """Address `trinity-like serve` listens on. Anything but loopback needs `api_key`."""
+    port: int = field(default=8000, metadata={"min": 0, "max": 65535})
+    """Port of `trinity-like serve`; 0 = any free port (printed at start)."""
+    api_key: str = ""
+    """Bearer key clients must send (`Authorization: Bearer <key>`); empty = no check (loopback only). The
+    environment variable `TRINITY_SERVE_API_KEY` is used when this is empty."""
+    model_name: str = ""
+    """The model id `/v1/models` lists and answers carry; empty = `<project>/<name>`."""
+    max_body_bytes: int = _at_least(1_048_576, 1024)
+    """Largest request body; larger ones get 413."""
+    max_messages: int = _at_least(256, 1)
+    """Most messages in one chat request."""
+    max_tokens: int = _at_least(1024, 1)
+    """Largest `max_tokens` a request may ask for; a request without one gets
+    `min(explorer.sampling.max_new_tokens, serve.max_tokens)`."""
+    max_prompt_tokens: int = _at_least(8192, 1)
+    """Longest conversation (all turns of a session, in tokens) the server generates from."""
+
+
+@dataclass
 class Config:
     project: str = "trinity_like"
     """Project name: the first part of the run directory and of the Ray namespace."""
@@ -445,6 +467,8 @@ class Config:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     """Optional supervised warm-up on demonstrations before the RL run."""
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    """The OpenAI-compatible recording endpoint (`trinity-like serve`)."""
 
     @property
     def train_batch_size(self) -> int:

@@ -47,7 +47,7 @@ ROLES = ("all", "explorer", "trainer")
 TRAINER_NAME = "trainer"
 """The trainer role's actor name in the run's namespace (one trainer per run)."""
 PER_JOB_KEYS = ("explorer.num_engines", "explorer.num_threads", "explorer.engine", "explorer.vllm",
-                "trainer.num_threads", "synchronizer.timeout_s")
+                "trainer.num_threads", "synchronizer.timeout_s", "serve")
 """Settings that may differ between the jobs of one run (resources of one job); every other key must match
 the run's ``config.yaml``."""
 
@@ -117,7 +117,7 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     from trinity_like.common.tiny_model import ensure_tiny_model
     from trinity_like.trainer.ppo import latest_checkpoint
 
-    if role not in ROLES:
+    if role not in (*ROLES, "serve"):
         raise RunError(f"bad role {role!r}; allowed: {', '.join(ROLES)}")
     paths = RunPaths.of(cfg)
     if not allow_existing and not resume:

@@ -1,0 +1,579 @@
+"""The OpenAI-compatible recording endpoint: a FastAPI app over a rollout backend and the pending store.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``, and the
+recording API ``POST /v1/feedback``, ``POST /v1/commit``, ``GET /v1/pending``.
+
+Every completion is recorded (``records.py``) before its answer is sent; the answer carries ``experience_id``,
+``session_id``, ``turn`` and ``model_version`` (also as headers ``X-Experience-Id``, ``X-Session-Id``,
+``X-Model-Version``). A session id (header ``X-Session-Id`` or body field ``session_id``) links the turns of a
+conversation into one experience; ``group_id`` (header ``X-Group-Id`` or body field) puts experiences in one
+GRPO group.
+
+Robustness: a request body over ``serve.max_body_bytes`` gets 413; malformed JSON, a wrong shape or a value
+out of range gets 400 with an OpenAI-style ``{"error": {"message", "type", "param"}}``; a missing or wrong
+bearer key gets 401 when a key is set. A client that disconnects before its completion is recorded leaves
+no trace: the turn is dropped, not half-written.
+
+Departures from the OpenAI API: ``n`` must be 1; ``top_logprobs`` is not offered; ``stop`` strings cut the
+response after the token that completes them (the tokens the policy produced up to there are what is
+recorded); ``tool_choice`` and ``response_format`` other than text are not honoured (400 for the latter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+import random
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trinity_like.common.chat import ChatFormatError, continuation_ids, normalize_messages, render_ids
+from trinity_like.config import SamplingConfig, ServeConfig
+from trinity_like.serve.records import PendingStore, Record
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+class Backend(Protocol):
+    """What the app needs from the policy: generation from token ids and the version it serves."""
+
+    tokenizer: Any
+    version: int
+
+    async def generate(self, input_ids: list[int], sampling: SamplingConfig, seed: int):
+        """One ``Sample`` (response_ids, logprobs, finish_reason, model_version, engine_id)."""
+        ...
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status)
+
+
+# ------------------------------------------------------------------ request bodies
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0.0, le=5.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    logprobs: bool | int | None = None
+    session_id: str | None = Field(None, min_length=1, max_length=128)
+    group_id: str | None = Field(None, min_length=1, max_length=128)
+
+
+class ChatBody(_Body):
+    messages: list[Any]
+    tools: list[dict[str, Any]] | None = None
+    top_logprobs: int | None = Field(None, ge=0)
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionBody(_Body):
+    prompt: str | list[int]
+
+
+class FeedbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    completion_id: str | None = None
+    experience_id: str | None = None
+    session_id: str | None = None
+    reward: float | None = None
+    turn_rewards: list[float] | None = None
+    group_id: str | None = Field(None, min_length=1, max_length=128)
+
+
+class CommitBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    session_id: str | None = None
+    completion_ids: list[str] | None = None
+    experience_ids: list[str] | None = None
+
+
+# ------------------------------------------------------------------ limits and auth (plain ASGI middleware)
+class Guard:
+    """Plain ASGI middleware in front of the app (not Starlette's BaseHTTPMiddleware, which hides a client's
+    disconnect from the route): the bearer-key check (401) when a key is set, and the body limit (413, by
+    Content-Length or while a chunked body streams in), so the app never sees an unauthorised or oversized
+    request."""
+
+    def __init__(self, app, limit: int, api_key: str = "") -> None:
+        self.app, self.limit, self.api_key = app, limit, api_key
+
+    def _authorised(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(), self.api_key.encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.api_key and scope["path"].startswith("/v1") and not self._authorised(headers):
+            return await _error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                kind="authentication_error")(scope, receive, send)
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await _error(413, f"request body over {self.limit} bytes (serve.max_body_bytes)")(scope, receive,
+                                                                                                    send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise ApiError(413, f"request body over {self.limit} bytes (serve.max_body_bytes)")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+@dataclass
+class ServeState:
+    cfg: ServeConfig
+    backend: Backend
+    store: PendingStore
+    model_name: str
+    default_sampling: SamplingConfig
+    commit: Callable[[list[Record]], Awaitable[str]]
+    """Writes records as one buffer segment (source agent) and returns its name."""
+    api_key: str = ""
+
+
+def build_app(state: ServeState) -> Guard:
+    """The ASGI app: the routes behind ``Guard``."""
+    app = FastAPI(title="trinity_like serve", docs_url=None, redoc_url=None)
+    locks: dict[str, asyncio.Lock] = {}
+    """One lock per session: the turns of a session are recorded one at a time, in order."""
+    store_lock = asyncio.Lock()
+    """Serialises feedback and commit with each other (they touch several records)."""
+    tok = state.backend.tokenizer
+    vocab = len(tok)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request, e: ApiError):
+        return _error(e.status, e.message, e.param, e.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        msg = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            msg = "request body is not valid JSON"
+        elif not loc and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+            msg = "request body must be a JSON object (Content-Type: application/json)"
+        return _error(400, f"{loc + ': ' if loc else ''}{msg}", loc or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request, e: StarletteHTTPException):
+        return _error(e.status_code, str(e.detail), kind="invalid_request_error" if e.status_code < 500 else "server_error")
+
+    # -------------------------------------------------------------- info
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model_version": state.backend.version, "pending": len(state.store.records)}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0,
+                                            "owned_by": "trinity_like", "model_version": state.backend.version}]}
+
+    @app.get("/v1/pending")
+    async def pending():
+        return {"object": "list", "data": [
+            {"experience_id": r.record_id, "session_id": r.session_id, "group_id": r.group_id,
+             "turns": len(r.turn_ends), "model_versions": r.versions, "rewarded": r.rewarded, "closed": r.closed}
+            for r in state.store.records.values()]}
+
+    # -------------------------------------------------------------- generation
+    def sampling_of(body: _Body) -> tuple[SamplingConfig, int]:
+        if body.n not in (None, 1):
+            raise ApiError(400, "n must be 1: every completion is recorded as its own experience", "n")
+        limit = state.cfg.max_tokens
+        max_tokens = body.max_completion_tokens or body.max_tokens or min(state.default_sampling.max_new_tokens, limit)
+        if max_tokens > limit:
+            raise ApiError(400, f"max_tokens {max_tokens} is over this server's limit {limit} (serve.max_tokens)",
+                           "max_tokens")
+        d = state.default_sampling
+        sampling = SamplingConfig(temperature=d.temperature if body.temperature is None else body.temperature,
+                                  top_p=d.top_p if body.top_p is None else body.top_p,
+                                  top_k=d.top_k if body.top_k is None else body.top_k,
+                                  max_new_tokens=max_tokens, stop_token_ids=list(d.stop_token_ids))
+        seed = random.getrandbits(31) if body.seed is None else body.seed % (2**31)
+        return sampling, seed
+
+    def stops_of(body: _Body) -> list[str]:
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if len(stops) > 4 or any(not s or len(s) > 256 for s in stops):
+            raise ApiError(400, "stop takes up to 4 non-empty strings of at most 256 characters", "stop")
+        return stops
+
+    def ids_of(request: Request, body: _Body) -> tuple[str | None, str | None]:
+        session = request.headers.get("x-session-id") or body.session_id
+        group = request.headers.get("x-group-id") or body.group_id
+        for name, value in (("session_id", session), ("group_id", group)):
+            if value is not None and not (0 < len(value) <= 128 and value.isprintable()):
+                raise ApiError(400, f"{name} must be 1 to 128 printable characters", name)
+        return session, group
+
+    def cut_at_stop(ids: list[int], stops: list[str]) -> int | None:
+        """Length of the shortest prefix of ``ids`` whose text contains a stop string, or None."""
+        if not stops:
+            return None
+        for n in range(1, len(ids) + 1):
+            text = tok.decode(ids[:n], skip_special_tokens=True)
+            if any(s in text for s in stops):
+                return n
+        return None
+
+    async def generate(request: Request, input_ids: list[int], body: _Body):
+        if len(input_ids) > state.cfg.max_prompt_tokens:
+            raise ApiError(400, f"the conversation is {len(input_ids)} tokens, over this server's limit "
+                                f"{state.cfg.max_prompt_tokens} (serve.max_prompt_tokens); start a new session",
+                           "messages")
+        sampling, seed = sampling_of(body)
+        stops = stops_of(body)
+        sample = await state.backend.generate(input_ids, sampling, seed)
+        ids = [int(x) for x in sample.response_ids]
+        logprobs = [float(x) for x in sample.logprobs]
+        finish = sample.finish_reason
+        cut = cut_at_stop(ids, stops)
+        if cut is not None:
+            ids, logprobs, finish = ids[:cut], logprobs[:cut], "stop"
+        text = tok.decode(ids, skip_special_tokens=True)
+        for s in stops:
+            if s in text:
+                text = text[:text.index(s)]
+        return sample, ids, logprobs, finish, text
+
+    async def record_turn(request: Request, record: Record, context_ids: list[int], ids: list[int],
+                          logprobs: list[float], sample, finish: str, reply: dict[str, Any],
+                          new_messages: list[dict[str, Any]]) -> str | None:
+        """Append one turn to ``record`` and save it; None (nothing recorded) if the client left."""
+        if await request.is_disconnected():
+            return None
+        cid = f"{record.record_id}-{len(record.turn_ends)}"
+        record.response_ids += context_ids + ids
+        record.action_mask += [False] * len(context_ids) + [True] * len(ids)
+        record.logprobs += [0.0] * len(context_ids) + logprobs
+        if ids:
+            record.turn_ends.append(len(record.response_ids) - 1)
+        else:  # an empty reply (max_tokens hit at once cannot happen; a stop at the first token can)
+            record.turn_ends.append(max(len(record.response_ids) - 1, 0))
+        record.versions.append(int(sample.model_version))
+        record.completion_ids.append(cid)
+        record.engine_ids.append(sample.engine_id)
+        record.truncated = record.truncated or finish == "length"
+        record.messages = record.messages + new_messages + [reply]
+        state.store.save(record)
+        return cid
+
+    def session_record(session: str | None, group: str | None, messages, tools, render_new, extend):
+        """(record, context ids to append, messages new to the record) for a turn of ``session``."""
+        session = session or uuid.uuid4().hex
+        record = state.store.open_record(session)
+        if record is not None and (tools or None) == (record.tools or None):
+            context = extend(record)
+            if context is not None:
+                return record, context[0], context[1]
+        prompt = render_new()
+        return state.store.new_record(session, group, prompt, [], tools), [], messages
+
+    def _headers(record: Record, version: int) -> dict[str, str]:
+        return {"X-Experience-Id": record.record_id, "X-Session-Id": record.session_id,
+                "X-Model-Version": str(version)}
+
+    def _extra(record: Record, version: int) -> dict[str, Any]:
+        return {"experience_id": record.record_id, "session_id": record.session_id, "group_id": record.group_id,
+                "turn": len(record.turn_ends) - 1, "model_version": version,
+                "system_fingerprint": f"trinity_like-v{version}"}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatBody, request: Request):
+        if len(body.messages) > state.cfg.max_messages:
+            raise ApiError(400, f"{len(body.messages)} messages, over this server's limit {state.cfg.max_messages} "
+                                "(serve.max_messages)", "messages")
+        if body.top_logprobs:
+            raise ApiError(400, "top_logprobs is not offered; logprobs=true returns the sampled tokens' log-probs",
+                           "top_logprobs")
+        if body.response_format and body.response_format.get("type") not in (None, "text"):
+            raise ApiError(400, "only response_format {\"type\": \"text\"} is supported", "response_format")
+        if body.tools is not None and (len(body.tools) > 64 or len(json.dumps(body.tools)) > 65536):
+            raise ApiError(400, "tools: at most 64 tools and 64 KiB of schemas", "tools")
+        try:
+            messages = normalize_messages(body.messages)
+        except ChatFormatError as e:
+            raise ApiError(400, str(e), "messages") from None
+        sampling_of(body)  # reject bad sampling before any work
+        stops_of(body)
+        session, group = ids_of(request, body)
+        tools = body.tools or None
+
+        def extend(record: Record):
+            known = len(record.messages)
+            if len(messages) <= known or _canonical(messages[:known]) != _canonical(record.messages):
+                return None
+            new = messages[known:]
+            ids = continuation_ids(record.messages, new, tok, tools)
+            return None if ids is None else (ids, new)
+
+        lock = locks.setdefault(session, asyncio.Lock()) if session else asyncio.Lock()
+        async with lock:
+            try:
+                record, context, new_messages = session_record(
+                    session, group, messages, tools, lambda: render_ids(messages, tok, True, tools), extend)
+            except ChatFormatError as e:
+                raise ApiError(400, str(e), "messages") from None
+            sample, ids, logprobs, finish, text = await generate(request, record.input_ids() + context, body)
+            content, calls = _parse_tool_calls(text)
+            reply: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                reply["tool_calls"] = calls
+                finish = "tool_calls" if finish == "stop" else finish
+            cid = await record_turn(request, record, context, ids, logprobs, sample, finish, reply, new_messages)
+        if cid is None:
+            return Response(status_code=499)
+        version = int(sample.model_version)
+        usage = {"prompt_tokens": len(record.input_ids()) - len(ids), "completion_tokens": len(ids),
+                 "total_tokens": len(record.input_ids())}
+        lp = _logprobs_block(tok, ids, logprobs) if body.logprobs else None
+        created = int(time.time())
+        if body.stream:
+            return _stream_chat(cid, created, state.model_name, reply, finish, lp, usage, _extra(record, version),
+                                _headers(record, version))
+        return JSONResponse({"id": f"chatcmpl-{cid}", "object": "chat.completion", "created": created,
+                             "model": state.model_name,
+                             "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": lp}],
+                             "usage": usage, **_extra(record, version)}, headers=_headers(record, version))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody, request: Request):
+        if isinstance(body.prompt, str):
+            if not body.prompt:
+                raise ApiError(400, "prompt is empty", "prompt")
+            prompt_ids = list(tok.encode(body.prompt, add_special_tokens=False))
+        else:
+            if not body.prompt or any(not 0 <= t < vocab for t in body.prompt):
+                raise ApiError(400, f"prompt token ids must be a non-empty list in 0..{vocab - 1}", "prompt")
+            prompt_ids = list(body.prompt)
+        if not prompt_ids:
+            raise ApiError(400, "prompt tokenises to nothing", "prompt")
+        sampling_of(body)
+        stops_of(body)
+        session, group = ids_of(request, body)
+
+        def extend(record: Record):  # a session's next prompt must extend everything said so far, in tokens
+            held = record.input_ids()
+            if len(prompt_ids) <= len(held) or prompt_ids[:len(held)] != held:
+                return None
+            return prompt_ids[len(held):], []
+
+        lock = locks.setdefault(session, asyncio.Lock()) if session else asyncio.Lock()
+        async with lock:
+            record, context, _ = session_record(session, group, [], None, lambda: prompt_ids, extend)
+            sample, ids, logprobs, finish, text = await generate(request, record.input_ids() + context, body)
+            cid = await record_turn(request, record, context, ids, logprobs, sample, finish,
+                                    {"role": "assistant", "content": text}, [])
+        if cid is None:
+            return Response(status_code=499)
+        version = int(sample.model_version)
+        choice = {"index": 0, "text": text, "finish_reason": finish,
+                  "logprobs": {"tokens": [tok.decode([t]) for t in ids], "token_logprobs": logprobs}
+                  if body.logprobs else None}
+        payload = {"id": f"cmpl-{cid}", "object": "text_completion", "created": int(time.time()),
+                   "model": state.model_name, "choices": [choice],
+                   "usage": {"prompt_tokens": len(record.input_ids()) - len(ids), "completion_tokens": len(ids),
+                             "total_tokens": len(record.input_ids())}, **_extra(record, version)}
+        if body.stream:
+            async def events():
+                yield f"data: {json.dumps(payload)}\n\n"
+                yield "data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream", headers=_headers(record, version))
+        return JSONResponse(payload, headers=_headers(record, version))
+
+    # -------------------------------------------------------------- feedback and commit
+    def targets(completion_id, experience_id, session_id) -> list[Record]:
+        given = [x for x in (completion_id, experience_id, session_id) if x is not None]
+        if len(given) != 1:
+            raise ApiError(400, "name exactly one of completion_id, experience_id, session_id")
+        if completion_id is not None:
+            rec = state.store.of_completion(_strip_prefix(completion_id))
+            found = [rec] if rec else []
+        elif experience_id is not None:
+            found = [state.store.records[experience_id]] if experience_id in state.store.records else []
+        else:
+            found = state.store.of_session(session_id)
+        if not found:
+            raise ApiError(404, f"no pending experience for {given[0]!r} (committed already, or never recorded)",
+                           kind="not_found_error")
+        return found
+
+    @app.post("/v1/feedback")
+    async def feedback(body: FeedbackBody):
+        if body.reward is None and body.turn_rewards is None and body.group_id is None:
+            raise ApiError(400, "feedback needs reward, turn_rewards or group_id")
+        values = ([body.reward] if body.reward is not None else []) + list(body.turn_rewards or [])
+        if any(not math.isfinite(v) for v in values):
+            raise ApiError(400, "rewards must be finite numbers", "reward")
+        async with store_lock:
+            records = targets(body.completion_id, body.experience_id, body.session_id)
+            if body.turn_rewards is not None:
+                if len(records) != 1:
+                    raise ApiError(400, f"turn_rewards needs one experience; session {body.session_id!r} holds "
+                                        f"{len(records)}: send feedback per experience_id", "turn_rewards")
+                turns = len(records[0].turn_ends)
+                if len(body.turn_rewards) != turns:
+                    raise ApiError(400, f"turn_rewards has {len(body.turn_rewards)} values for {turns} assistant "
+                                        "turns", "turn_rewards")
+            for r in records:
+                if body.reward is not None:
+                    r.reward = float(body.reward)
+                if body.turn_rewards is not None:
+                    r.turn_rewards = [float(v) for v in body.turn_rewards]
+                if body.group_id is not None:
+                    r.group_id = body.group_id
+                state.store.save(r)
+        return {"object": "feedback", "experience_ids": [r.record_id for r in records],
+                "rewarded": all(r.rewarded for r in records)}
+
+    @app.post("/v1/commit")
+    async def commit(request: Request):
+        raw = await request.body()
+        try:
+            body = CommitBody.model_validate_json(raw) if raw.strip() else CommitBody()
+        except ValueError as e:
+            raise ApiError(400, f"commit body: {str(e).splitlines()[0]}") from None
+        async with store_lock:
+            if body.session_id is None and body.completion_ids is None and body.experience_ids is None:
+                chosen = [r for r in state.store.records.values() if r.rewarded]
+            else:
+                chosen = []
+                for cid in body.completion_ids or []:
+                    chosen += targets(cid, None, None)
+                for eid in body.experience_ids or []:
+                    chosen += targets(None, eid, None)
+                if body.session_id is not None:
+                    chosen += targets(None, None, body.session_id)
+                chosen = list({r.record_id: r for r in chosen}.values())
+                unrewarded = [r.record_id for r in chosen if not r.rewarded]
+                if unrewarded:
+                    raise ApiError(409, f"{len(unrewarded)} experience(s) have no reward yet ({unrewarded[0]}...); "
+                                        "POST /v1/feedback first", kind="conflict_error")
+            sessions = {r.session_id for r in chosen}
+            held = [locks.setdefault(s, asyncio.Lock()) for s in sorted(sessions)]
+            for lk in held:  # no turn of these sessions is half-way while they are committed
+                await lk.acquire()
+            try:
+                segment = await state.commit(chosen) if chosen else None
+                state.store.remove(chosen)
+            finally:
+                for lk in held:
+                    lk.release()
+        return {"object": "commit", "committed": len(chosen), "experience_ids": [r.record_id for r in chosen],
+                "segment": segment, "pending": len(state.store.records)}
+
+    return Guard(app, state.cfg.max_body_bytes, state.api_key)
+
+
+def _strip_prefix(completion_id: str) -> str:
+    for prefix in ("chatcmpl-", "cmpl-"):
+        if completion_id.startswith(prefix):
+            return completion_id[len(prefix):]
+    return completion_id
+
+
+def _canonical(messages: list[dict[str, Any]]) -> list[tuple]:
+    """What must match for a request to continue a recorded conversation: roles, texts, tool calls (by name
+    and arguments, parsed when JSON) and tool results; ids and extra keys may differ."""
+    out = []
+    for m in messages:
+        calls = []
+        for c in m.get("tool_calls") or ():
+            args = c["function"]["arguments"]
+            try:
+                args = json.dumps(json.loads(args), sort_keys=True)
+            except (TypeError, json.JSONDecodeError):
+                pass
+            calls.append((c["function"]["name"], args))
+        out.append((m["role"], (m.get("content") or "").strip(), tuple(calls)))
+    return out
+
+
+def _parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Hermes-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks -> OpenAI tool calls; the
+    text outside them is the content. A block that is not valid JSON stays in the content."""
+    calls = []
+    for j, match in enumerate(_TOOL_CALL.finditer(text)):
+        try:
+            obj = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            continue
+        args = obj.get("arguments", {})
+        calls.append({"id": f"call_{uuid.uuid4().hex[:12]}_{j}", "type": "function",
+                      "function": {"name": obj["name"],
+                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    if not calls:
+        return text, []
+    content = _TOOL_CALL.sub(lambda m: "" if _is_call(m.group(1)) else m.group(0), text).strip()
+    return content or None, calls
+
+
+def _is_call(block: str) -> bool:
+    try:
+        obj = json.loads(block)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("name"), str)
+
+
+def _logprobs_block(tok, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    return {"content": [{"token": tok.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                        for t, lp in zip(ids, logprobs, strict=True)]}
+
+
+def _stream_chat(cid, created, model, reply, finish, lp, usage, extra, headers) -> StreamingResponse:
+    """The recorded answer as server-sent events: a role chunk, the content (and tool calls), the finish."""
+    base = {"id": f"chatcmpl-{cid}", "object": "chat.completion.chunk", "created": created, "model": model, **extra}
+
+    def chunk(delta, finish_reason=None, **more):
+        return "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                                                           "logprobs": None}], **more}) + "\n\n"
+
+    async def events():
+        yield chunk({"role": "assistant", "content": ""})
+        delta: dict[str, Any] = {"content": reply.get("content") or ""}
+        if reply.get("tool_calls"):
+            delta["tool_calls"] = [{**c, "index": i} for i, c in enumerate(reply["tool_calls"])]
+        yield chunk(delta)
+        yield chunk({}, finish, usage=usage)
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
