@@ -294,3 +294,12 @@ def test_offline_dpo_on_ingested_pairs_and_sft_on_ingested_demos(tmp_path, tiny_
 def test_record_errors_are_record_errors(tok):
     with pytest.raises(RecordError, match="needs --tokenizer"):
         record_to_experiences(PAIR, None, None, None)
+
+
+def test_dpo_with_an_off_policy_correction_is_refused_on_load(tmp_path):
+    from trinity_like.config import ConfigError, load_config
+
+    # quickstart sets algorithm.off_policy.correction=decoupled; dpo_loss takes no IS weights
+    with pytest.raises(ConfigError, match="off_policy.correction=none"):
+        load_config(None, ["algorithm.policy_loss=dpo", "explorer.repeat_times=2",
+                           "algorithm.off_policy.correction=decoupled"])
