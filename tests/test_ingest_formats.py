@@ -12,6 +12,7 @@ import pytest
 from trinity_like.buffer import ReplayReader, count_rows, list_segments, query
 from trinity_like.buffer.ingest import RecordError, ingest_files, record_to_experiences
 from trinity_like.common.chat import (
+    ChatFormatError,
     continuation_ids,
     normalize_messages,
     render_ids,
@@ -47,9 +48,10 @@ def template_tok(tiny_model_path):
     t.chat_template = (
         "{% if tools %}### tools: {{ tools | length }}<|endoftext|>{% endif %}"
         "{% for m in messages %}### {{ m.role }}: {{ m.content }}"
-        "{% for c in m.tool_calls or [] %}[call {{ c.function.name }} {{ c.function.arguments }}]{% endfor %}"
+        "{% for c in m.tool_calls or [] %}[call {{ c.function.name }} {{ c.function.arguments | tojson }}]{% endfor %}"
         "<|endoftext|>{% endfor %}"
-        "{% if add_generation_prompt %}### assistant:{% endif %}")
+        "{% if add_generation_prompt %}### assistant:{% endif %}"
+        "{% if messages[-1].role == 'developer' %}{{ raise_exception('no developer role') }}{% endif %}")
     return t
 
 
@@ -131,6 +133,10 @@ def test_chat_template_masks_and_continuation(template_tok):
     # the seams fall on the special end token, so piecewise and whole tokenisation agree here
     assert render_ids(history, t, add_generation_prompt=False, tools=TOOLS) + cont == \
         render_ids(history + new, t, tools=TOOLS)
+    # the template's own refusal is a format error (a rejected record in ingest), not a crash
+    with pytest.raises(ChatFormatError, match="refuses this conversation: no developer role"):
+        split_conversation(normalize_messages([{"role": "developer", "content": "x"},
+                                               {"role": "assistant", "content": "y"}]), t)
 
 
 # ---------------------------------------------------------------- agent trajectories

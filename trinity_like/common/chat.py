@@ -14,6 +14,9 @@ Training layout (``split_conversation``): the messages before the first assistan
 everything after is the response, and only the tokens an assistant produced (its text, tool calls and closing
 EOS) have ``action_mask`` true. The role headers and the other roles' messages are context, masked out.
 
+With a chat template, tool-call arguments reach the template as objects (what Hugging Face templates expect),
+and a template's own refusal (``raise_exception``) becomes a ChatFormatError.
+
 Departure with chat templates: each message's tokens are the template's text for that message, tokenised on
 its own (the difference between the rendered conversation with and without it). Token boundaries at the seams
 can differ from tokenising the whole text at once; the trajectory is still exactly what is trained and, in a
@@ -110,10 +113,32 @@ def _has_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def _for_template(m: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates read it: tool-call arguments as an object, not OpenAI's JSON string. The
+    common templates (Qwen2.5, Llama 3.1, ...) write ``arguments | tojson``, which would quote the string."""
+    if not m.get("tool_calls"):
+        return m
+    calls = []
+    for call in m["tool_calls"]:
+        args = call["function"]["arguments"]
+        try:
+            parsed = json.loads(args)
+        except (TypeError, json.JSONDecodeError):
+            parsed = args
+        calls.append({**call, "function": {**call["function"],
+                                           "arguments": parsed if isinstance(parsed, dict) else args}})
+    return {**m, "tool_calls": calls}
+
+
 def _template_text(tokenizer, messages, add_generation_prompt: bool, tools) -> str:
+    from jinja2 import TemplateError
+
     kwargs = {"tools": tools} if tools else {}
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
-                                         **kwargs)
+    try:
+        return tokenizer.apply_chat_template([_for_template(m) for m in messages],
+                                             add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
+    except TemplateError as e:  # templates refuse shapes they do not support (raise_exception in the template)
+        raise ChatFormatError(f"the tokenizer's chat template refuses this conversation: {e}") from None
 
 
 def _encode(tokenizer, text: str) -> list[int]:
