@@ -689,6 +689,9 @@ def _validate_algorithm(cfg: Config) -> None:
             raise ConfigError("algorithm.policy_loss 'dpo' needs even trainer.micro_batch_size and "
                               "trainer.mini_batch_size and count micro-batches (max_token_len_per_micro_batch=0), "
                               "so that pairs are never split")
+        if algo.off_policy.correction != "none":
+            raise ConfigError("algorithm.policy_loss 'dpo' compares the policy with the reference model, not with "
+                              "the policy that generated the data: set algorithm.off_policy.correction=none")
     rc = cfg.reward
     if rc.function_path and not Path(rc.function_path).is_file():
         raise ConfigError(f"reward.function_path '{rc.function_path}' does not exist; give the path of a Python "

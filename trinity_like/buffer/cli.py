@@ -94,10 +94,13 @@ def add_buffer_commands(sub) -> None:
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_stats)
 
-    q = bsub.add_parser("ingest", help="import JSONL/Parquet Experience rows or chat records")
+    q = bsub.add_parser("ingest", help="import JSONL/Parquet Experience rows, chat records (demonstrations, agent "
+                        "trajectories with tool calls) or preference pairs (prompt, chosen, rejected)")
     q.add_argument("files", nargs="+", metavar="FILE")
     q.add_argument("--buffer", required=True, help="buffer folder to write into")
-    q.add_argument("--source", default="import", choices=["human", "agent", "import"])
+    q.add_argument("--source", default=None, choices=["human", "agent", "import"],
+                   help="source of the rows (a record's own 'source' wins); default: import, and human for "
+                        "preference pairs")
     q.add_argument("--tokenizer", help="tokenizer folder: checks token ids and tokenises chat records")
     q.add_argument("--strict", action="store_true", help="take nothing if any record is bad")
     q.add_argument("--json", action="store_true")

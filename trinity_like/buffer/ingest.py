@@ -2,14 +2,29 @@
 
 Accepted input (JSONL, one object per line, or Parquet, one record per row):
 - Experience rows: the fields of DESIGN.md (``prompt_ids`` and ``response_ids`` required; the rest optional);
-- chat records: ``messages`` (a list of ``{"role", "content"}``) and no token ids, tokenised with the given
-  tokenizer; the messages before the first assistant turn are the prompt, everything after is the response,
-  and only the assistant's content tokens get ``action_mask`` true.
+- chat records: ``messages`` (OpenAI-style: ``{"role", "content"}``, assistant ``tool_calls``, ``tool``
+  messages) and no token ids, tokenised with the given tokenizer (``trinity_like.common.chat``); the messages
+  before the first assistant turn are the prompt, everything after is the response, and only the assistants'
+  tokens (text, tool calls, closing end token) get ``action_mask`` true. Besides the Experience fields a chat
+  record may carry ``tools`` (the JSON schemas offered to the model: rendered as the template or the plain
+  format renders them, and kept under ``info.tools``) and ``turn_rewards`` (one number per assistant turn,
+  placed in ``token_rewards`` on the last token of that turn, its end token; the trainer adds ``reward`` on
+  the last response token on top);
+- preference pairs: ``prompt`` (or ``messages``: a string, taken as one user turn, or a list of messages),
+  ``chosen`` and ``rejected`` (each a string, one assistant message, or a list of messages starting with an
+  assistant turn), optionally ``tools``, ``task_id``, ``info``, ``source``. A pair becomes two rows sharing
+  one ``group_id``: the chosen one with reward 1.0, the rejected one with 0.0 (what DPO's ``preference_pairs``
+  reads), ``info.preference`` "chosen"/"rejected", source ``human`` unless given. Only the completion's
+  assistant tokens are masked in, so a prompt may hold earlier assistant turns as context. A pair goes in
+  whole or not at all.
 
-Every record is validated; a bad one is reported with its line number and reason and written to a rejects
-file, the good ones go in as one atomic segment (``strict`` takes none if any is bad). A record without an
-``eid`` gets one derived from its content, so ingesting the same file twice adds nothing the second time;
-rows whose eid is already in the buffer are skipped and counted as duplicates.
+Every record is validated; a bad one is reported with its line number and reason (naming the field) and
+written to a rejects file, the good ones go in as one atomic segment (``strict`` takes none if any is bad). A
+record without an ``eid`` gets one derived from its content, so ingesting the same file twice adds nothing the
+second time; rows whose eid is already in the buffer are skipped and counted as duplicates.
+
+Without ``--source`` (``source`` None) rows are ``import`` and preference pairs ``human``; a record's own
+``source`` field wins over both.
 """
 
 from __future__ import annotations
@@ -31,6 +46,10 @@ from trinity_like.common.fs import atomic_write_text
 _FIELDS = {f.name for f in fields(Experience)}
 _ID_LISTS = ("prompt_ids", "response_ids")
 _PER_TOKEN = ("action_mask", "logprobs", "token_rewards")
+_CHAT_EXTRAS = ("tools", "turn_rewards")
+"""Keys a chat record may carry besides the Experience fields."""
+_PAIR_KEYS = {"prompt", "messages", "chosen", "rejected", "tools", "task_id", "info", "source"}
+"""Keys of a preference pair; anything else (``reward`` included: the pair defines it) is refused."""
 
 
 @dataclass
@@ -94,35 +113,93 @@ def _check_ints(name: str, values: Any, vocab_size: int | None) -> list[int]:
 def chat_to_tokens(messages: Any, tokenizer, tools: list[dict] | None = None) -> tuple[list[int], list[int], list[bool]]:
     """(prompt_ids, response_ids, action_mask) of a conversation (``trinity_like.common.chat``): the policy's
     tokens are the assistants' texts and tool calls and the end token that closes each of them."""
-    from trinity_like.common.chat import ChatFormatError, normalize_messages, split_conversation
+    prompt, response, mask, _ = _chat_split(messages, tokenizer, tools)
+    return prompt, response, mask
+
+
+def _chat_split(messages: Any, tokenizer, tools: list[dict] | None = None, prompt_messages: int | None = None,
+                field_name: str = "") -> tuple[list[int], list[int], list[bool], list[int]]:
+    """``split_conversation_turns`` of raw messages; a ChatFormatError becomes a RecordError that names the
+    record's field."""
+    from trinity_like.common.chat import ChatFormatError, normalize_messages, split_conversation_turns
 
     try:
-        return split_conversation(normalize_messages(messages), tokenizer, tools)
+        return split_conversation_turns(normalize_messages(messages), tokenizer, tools, prompt_messages)
     except ChatFormatError as e:
-        raise RecordError(str(e)) from None
+        raise RecordError(f"{field_name}: {e}" if field_name else str(e)) from None
+
+
+def _check_tools(tools: Any, where: str = "tools") -> list[dict] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise RecordError(f"{where} must be a list of tool schemas (JSON objects)")
+    return tools
+
+
+def _turn_rewards(values: Any, turn_ends: list[int], n: int) -> list[float]:
+    """Per-token rewards with ``values[k]`` on the last token of the k-th assistant turn, zero elsewhere."""
+    if not isinstance(values, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise RecordError("turn_rewards must be a list of finite numbers, one per assistant turn")
+    if len(values) != len(turn_ends):
+        raise RecordError(f"turn_rewards has {len(values)} entries but the messages hold {len(turn_ends)} "
+                          "assistant turn(s); give one per assistant turn")
+    out = [0.0] * n
+    for end, value in zip(turn_ends, values, strict=True):
+        out[end] += float(value)
+    return out
+
+
+def record_to_experiences(record: Any, source: str | None, vocab_size: int | None,
+                          tokenizer=None) -> list[Experience]:
+    """Validate one record and build its rows: two for a preference pair (``chosen`` / ``rejected``), one
+    otherwise; RecordError with the reason otherwise (then no row at all)."""
+    if isinstance(record, dict) and ("chosen" in record or "rejected" in record):
+        return preference_to_experiences(record, source or "human", vocab_size, tokenizer)
+    return [record_to_experience(record, source or "import", vocab_size, tokenizer)]
+
+
+def _is_chat(data: dict[str, Any]) -> bool:
+    return "prompt_ids" not in data and "response_ids" not in data and "messages" in data
 
 
 def record_to_experience(record: Any, source: str, vocab_size: int | None, tokenizer=None) -> Experience:
-    """Validate one record and build its Experience; RecordError with the reason otherwise."""
+    """Validate one Experience row or chat record and build its Experience; RecordError with the reason
+    otherwise."""
     if isinstance(record, _BadJson):
         raise RecordError(f"not valid JSON: {record.error}")
     if not isinstance(record, dict):
         raise RecordError("a record must be a JSON object")
     record = {k: v for k, v in record.items() if v is not None or k in _FIELDS}
-    unknown = sorted(set(record) - _FIELDS)
+    extras = set(_CHAT_EXTRAS) if _is_chat(record) else set()
+    unknown = sorted(set(record) - _FIELDS - extras)
     if unknown:
-        raise RecordError(f"unknown field(s) {', '.join(unknown)}; put extra data under 'info'")
+        hint = (f"; {', '.join(_CHAT_EXTRAS)} belong to chat records (messages without token ids)"
+                if set(unknown) & set(_CHAT_EXTRAS) else "")
+        raise RecordError(f"unknown field(s) {', '.join(unknown)}; put extra data under 'info'{hint}")
     data = dict(record)
-    for name in ("messages", "info"):  # Parquet exports keep these as JSON text
+    for name in ("messages", "info", "tools"):  # Parquet exports keep these as JSON text
         if isinstance(data.get(name), str):
             try:
                 data[name] = json.loads(data[name])
             except json.JSONDecodeError:
                 raise RecordError(f"{name} is text that is not valid JSON") from None
-    if "prompt_ids" not in data and "response_ids" not in data and "messages" in data:
+    if _is_chat(data):
         if tokenizer is None:
             raise RecordError("a chat record (messages without token ids) needs --tokenizer")
-        data["prompt_ids"], data["response_ids"], data["action_mask"] = chat_to_tokens(data["messages"], tokenizer)
+        tools = _check_tools(data.pop("tools", None))
+        turn_rewards = data.pop("turn_rewards", None)
+        if turn_rewards is not None and data.get("token_rewards") is not None:
+            raise RecordError("give turn_rewards or token_rewards, not both")
+        data["prompt_ids"], data["response_ids"], data["action_mask"], ends = _chat_split(
+            data["messages"], tokenizer, tools, field_name="messages")
+        if turn_rewards is not None:
+            data["token_rewards"] = _turn_rewards(turn_rewards, ends, len(data["response_ids"]))
+        if tools is not None:
+            if not isinstance(data.get("info", {}), dict):
+                raise RecordError("info must be an object")
+            data["info"] = {**data.get("info", {}), "tools": tools}
     for name in _ID_LISTS:
         if name not in data:
             raise RecordError(f"missing required field {name}")
@@ -159,9 +236,77 @@ def record_to_experience(record: Any, source: str, vocab_size: int | None, token
         raise RecordError(str(e)) from None
 
 
-def ingest_files(paths: list[Path], buffer_dir: Path, source: str = "import", tokenizer_path: str | None = None,
+def _as_messages(value: Any, name: str, role: str) -> list[Any]:
+    """A pair's ``prompt`` / ``chosen`` / ``rejected`` as a list of messages: a string is one ``role`` turn,
+    an object one message (an assistant one when it names no role)."""
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, dict):
+        return [{"role": role, **value}]
+    if isinstance(value, list) and value:
+        return value
+    raise RecordError(f"{name} must be a string, a message object or a non-empty list of messages")
+
+
+def _normalized(messages: list[Any], name: str) -> list[dict[str, Any]]:
+    """``normalize_messages`` with errors naming the record's field (``chosen[1]: ...``)."""
+    from trinity_like.common.chat import ChatFormatError, normalize_messages
+
+    try:
+        return normalize_messages(messages)
+    except ChatFormatError as e:
+        msg = str(e)
+        raise RecordError(name + msg[len("messages"):] if msg.startswith("messages") else f"{name}: {msg}") from None
+
+
+def preference_to_experiences(record: dict[str, Any], source: str, vocab_size: int | None,
+                              tokenizer) -> list[Experience]:
+    """The (chosen, rejected) rows of one preference pair: one ``group_id``, rewards 1.0 and 0.0. Both rows
+    share the prompt's tokens; the mask covers the completion's assistant tokens only."""
+    record = {k: v for k, v in record.items() if v is not None}
+    unknown = sorted(set(record) - _PAIR_KEYS)
+    if unknown:
+        raise RecordError(f"unknown field(s) {', '.join(unknown)} in a preference pair; it takes "
+                          f"{', '.join(sorted(_PAIR_KEYS))} (rewards come from chosen/rejected: 1.0 and 0.0)")
+    for name in ("chosen", "rejected"):
+        if record.get(name) is None:
+            raise RecordError(f"a preference pair needs both chosen and rejected; {name} is missing")
+    if ("prompt" in record) == ("messages" in record):
+        raise RecordError("a preference pair needs its prompt, as prompt or messages (one of the two)")
+    if tokenizer is None:
+        raise RecordError("a preference pair (chat text, no token ids) needs --tokenizer")
+    prompt_key = "prompt" if "prompt" in record else "messages"
+    tools = _check_tools(record.get("tools"))
+    info = record.get("info", {})
+    if not isinstance(info, dict):
+        raise RecordError("info must be an object")
+    group = content_eid(record)
+    prompt_raw = _as_messages(record[prompt_key], prompt_key, "user")
+    prompt = _normalized(prompt_raw, prompt_key)
+    rows = []
+    for side, reward in (("chosen", 1.0), ("rejected", 0.0)):
+        completion_raw = _as_messages(record[side], side, "assistant")
+        completion = _normalized(completion_raw, side)
+        if completion[0]["role"] != "assistant":
+            raise RecordError(f"{side}[0]: the completion must start with an assistant message, got role "
+                              f"{completion[0]['role']!r}")
+        prompt_ids, response_ids, mask, _ = _chat_split(prompt + completion, tokenizer, tools, len(prompt), side)
+        row = {"eid": content_eid({"pair": group, "side": side}), "group_id": group, "source": source,
+               "prompt_ids": prompt_ids, "response_ids": response_ids, "action_mask": mask, "reward": reward,
+               "messages": prompt_raw + completion_raw,
+               "info": {**info, "preference": side, **({"tools": tools} if tools else {})}}
+        if "task_id" in record:
+            row["task_id"] = record["task_id"]
+        if "source" in record:
+            row["source"] = record["source"]
+        rows.append(record_to_experience(row, source, vocab_size))
+    return rows
+
+
+def ingest_files(paths: list[Path], buffer_dir: Path, source: str | None = None, tokenizer_path: str | None = None,
                  strict: bool = False) -> IngestReport:
-    """Validate every record of ``paths`` and write the good ones as one segment."""
+    """Validate every record of ``paths`` and write the good ones as one segment. ``source`` None: ``import``
+    for rows and chat records, ``human`` for preference pairs."""
     tokenizer, vocab_size = None, None
     if tokenizer_path:
         from trinity_like.common.tokenizer import hf_tokenizer
@@ -175,24 +320,25 @@ def ingest_files(paths: list[Path], buffer_dir: Path, source: str = "import", to
     for path in paths:
         for line, record in read_records(path):
             try:
-                exp = record_to_experience(record, source, vocab_size, tokenizer)
+                exps = record_to_experiences(record, source, vocab_size, tokenizer)
             except RecordError as e:
                 report.rejected.append({"file": str(path), "line": line, "reason": str(e)})
                 raw = record.__dict__ if isinstance(record, _BadJson) else record
                 bad_lines.append(json.dumps({"file": str(path), "line": line, "reason": str(e), "record": raw},
                                             default=str))
                 continue
-            if exp.eid in seen:
-                report.duplicates += 1
-                continue
-            seen.add(exp.eid)
-            good.append(exp)
+            for exp in exps:
+                if exp.eid in seen:
+                    report.duplicates += 1
+                    continue
+                seen.add(exp.eid)
+                good.append(exp)
     if bad_lines:
         rejects = buffer_dir / "rejects" / f"rejects-{time.time_ns()}.jsonl"
         atomic_write_text(rejects, "\n".join(bad_lines) + "\n")
         report.rejects_file = str(rejects)
     if good and not (strict and report.rejected):
-        info = BufferWriter(buffer_dir, writer_id=f"ingest-{source}").write(good)
+        info = BufferWriter(buffer_dir, writer_id=f"ingest-{source or 'auto'}").write(good)
         report.accepted, report.segment = len(good), info.name
     return report
 

@@ -14,6 +14,9 @@ Training layout (``split_conversation``): the messages before the first assistan
 everything after is the response, and only the tokens an assistant produced (its text, tool calls and closing
 EOS) have ``action_mask`` true. The role headers and the other roles' messages are context, masked out.
 
+With a chat template, tool-call arguments reach the template as objects (what Hugging Face templates expect),
+and a template's own refusal (``raise_exception``) becomes a ChatFormatError.
+
 Departure with chat templates: each message's tokens are the template's text for that message, tokenised on
 its own (the difference between the rendered conversation with and without it). Token boundaries at the seams
 can differ from tokenising the whole text at once; the trajectory is still exactly what is trained and, in a
@@ -110,10 +113,32 @@ def _has_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def _for_template(m: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates read it: tool-call arguments as an object, not OpenAI's JSON string. The
+    common templates (Qwen2.5, Llama 3.1, ...) write ``arguments | tojson``, which would quote the string."""
+    if not m.get("tool_calls"):
+        return m
+    calls = []
+    for call in m["tool_calls"]:
+        args = call["function"]["arguments"]
+        try:
+            parsed = json.loads(args)
+        except (TypeError, json.JSONDecodeError):
+            parsed = args
+        calls.append({**call, "function": {**call["function"],
+                                           "arguments": parsed if isinstance(parsed, dict) else args}})
+    return {**m, "tool_calls": calls}
+
+
 def _template_text(tokenizer, messages, add_generation_prompt: bool, tools) -> str:
+    from jinja2 import TemplateError
+
     kwargs = {"tools": tools} if tools else {}
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
-                                         **kwargs)
+    try:
+        return tokenizer.apply_chat_template([_for_template(m) for m in messages],
+                                             add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
+    except TemplateError as e:  # templates refuse shapes they do not support (raise_exception in the template)
+        raise ChatFormatError(f"the tokenizer's chat template refuses this conversation: {e}") from None
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -167,14 +192,29 @@ def continuation_ids(history: list[dict[str, Any]], new: list[dict[str, Any]], t
     return _encode(tokenizer, after[len(before):])
 
 
-def split_conversation(messages: list[dict[str, Any]], tokenizer,
-                       tools: list[dict] | None = None) -> tuple[list[int], list[int], list[bool]]:
+def split_conversation(messages: list[dict[str, Any]], tokenizer, tools: list[dict] | None = None,
+                       prompt_messages: int | None = None) -> tuple[list[int], list[int], list[bool]]:
     """(prompt_ids, response_ids, action_mask) of a finished conversation (normalised messages) for training:
-    the prompt is everything before the first assistant turn, and ``action_mask`` is true on the assistants'
-    tokens only. ChatFormatError when no assistant speaks."""
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
-    if first is None:
-        raise ChatFormatError("messages hold no assistant turn: nothing for the policy to learn")
+    the prompt is the first ``prompt_messages`` messages (default: everything before the first assistant
+    turn), and ``action_mask`` is true on the tokens of the assistants that follow it only. ChatFormatError
+    when no assistant speaks after the prompt."""
+    prompt, response, mask, _ = split_conversation_turns(messages, tokenizer, tools, prompt_messages)
+    return prompt, response, mask
+
+
+def split_conversation_turns(messages: list[dict[str, Any]], tokenizer, tools: list[dict] | None = None,
+                             prompt_messages: int | None = None
+                             ) -> tuple[list[int], list[int], list[bool], list[int]]:
+    """``split_conversation`` plus ``turn_ends``: for each assistant message of the response, in order, the
+    index in ``response_ids`` of its last token (the end token that closes the turn), where a per-turn reward
+    belongs. Taken from the rendering itself, since two assistant turns in a row leave no gap in the mask."""
+    if prompt_messages is None:
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    else:
+        first = prompt_messages
+    if first is None or not any(m["role"] == "assistant" for m in messages[first:]):
+        raise ChatFormatError("messages hold no assistant turn after the prompt: nothing for the policy to learn")
+    ends: list[int] = []
     if not _has_template(tokenizer):
         prompt = _plain_tools(tokenizer, tools)
         response: list[int] = []
@@ -186,8 +226,10 @@ def split_conversation(messages: list[dict[str, Any]], tokenizer,
             else:
                 response += header + body
                 mask += [False] * len(header) + [m["role"] == "assistant"] * len(body)
-        return prompt, response, mask
-    prev = _template_text(tokenizer, messages[:first], False, tools)
+                if m["role"] == "assistant":
+                    ends.append(len(response) - 1)
+        return prompt, response, mask, ends
+    prev = _template_text(tokenizer, messages[:first], False, tools) if first else ""
     prompt = _encode(tokenizer, prev)
     response, mask = [], []
     for i in range(first, len(messages)):
@@ -199,11 +241,14 @@ def split_conversation(messages: list[dict[str, Any]], tokenizer,
             with_prompt = _template_text(tokenizer, messages[:i], True, tools)
             header = with_prompt[len(prev):] if with_prompt.startswith(prev) and text.startswith(with_prompt) else ""
             head_ids, body_ids = _encode(tokenizer, header), _encode(tokenizer, text[len(prev) + len(header):])
+            if not body_ids:
+                raise ChatFormatError(f"the chat template renders messages[{i}] (an assistant turn) as nothing")
             response += head_ids + body_ids
             mask += [False] * len(head_ids) + [True] * len(body_ids)
+            ends.append(len(response) - 1)
         else:
             ids = _encode(tokenizer, text[len(prev):])
             response += ids
             mask += [False] * len(ids)
         prev = text
-    return prompt, response, mask
+    return prompt, response, mask, ends
