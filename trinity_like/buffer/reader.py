@@ -13,7 +13,8 @@ Policies:
   ``cooldown_steps`` after the previous one; unused rows go first.
 
 Filters: ``min_version`` (staleness; rows below it are skipped and counted in ``buffer/skipped_stale``, never
-dropped silently) and any SQL ``where`` over the Experience columns.
+dropped silently) and any SQL ``where`` over the Experience columns. Rows with ``model_version -1`` (not generated
+by this run's policy: human demonstrations, imports) have no staleness and pass every ``min_version``.
 
 Groups: the rows of one write that share a ``group_id`` form a group, and a batch holds whole groups only.
 A read returns exactly ``n`` rows when whole groups add up to ``n``; when the next group in policy order would
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 POLICIES = ("fifo", "newest", "priority", "replay")
 POLL_INTERVAL_S = 0.02
 NEVER = np.iinfo(np.int64).min // 2
+NEVER_STALE = np.iinfo(np.int64).max
+"""A segment's newest version when it holds a row with ``model_version -1``: no ``min_version`` skips it."""
 
 
 @dataclass
@@ -64,7 +67,9 @@ class _Segment:
         self.uses = np.zeros(n, np.int32)
         self.last_step = np.full(n, NEVER, np.int64)
         self.stale_counted = np.zeros(n, bool)
-        self.max_version = int(self.version.max()) if n else -1
+        # The segment-level staleness skip compares this with min_version, so a segment holding any row that is
+        # not this run's policy (-1, never stale) must never look stale as a whole.
+        self.max_version = int(NEVER_STALE if (self.version < 0).any() else self.version.max()) if n else -1
 
 
 def _group_index(group_ids: list[str]) -> np.ndarray:
@@ -95,7 +100,8 @@ class BufferConsumer:
         self._known: set[str] = set()
         self._bad: set[str] = set()
         self._max_version = np.zeros(0, np.int64)
-        """Per opened segment: its largest model_version (segments wholly below min_version are skipped)."""
+        """Per opened segment: its largest model_version, NEVER_STALE if it holds a -1 row (segments wholly below
+        min_version are skipped)."""
         self._exhausted = np.zeros(0, np.bool_)
         """Per opened segment: every row used ``max_uses`` times; reads skip it."""
         self._stale_counted = np.zeros(0, np.bool_)
@@ -149,7 +155,7 @@ class BufferConsumer:
         if self.cooldown_steps:
             ok &= (seg.uses == 0) | (step - seg.last_step >= self.cooldown_steps)
         if min_version is not None:
-            stale = ok & (seg.version < min_version)
+            stale = ok & (seg.version < min_version) & (seg.version >= 0)  # -1: not this run's policy, never stale
             new_stale = stale & ~seg.stale_counted & (seg.uses == 0)
             self._skipped_stale += int(new_stale.sum())
             seg.stale_counted |= new_stale
