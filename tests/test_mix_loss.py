@@ -162,3 +162,21 @@ def test_two_data_parallel_workers_split_the_parts_like_one(tmp_path, tiny_model
         assert torch.equal(rank0[k], rank1[k])
     assert metrics[0]["actor/sft_rows"] == 6.0
 
+
+
+def test_sft_loss_is_averaged_over_the_mini_batches_that_hold_sft_rows(tmp_path, tiny_model_path, batch_exps):
+    exps = list(batch_exps)
+    exps[4] = dataclasses.replace(exps[4], source="human", model_version=-1, logprobs=None)  # one demonstration
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                             "explorer.repeat_times=3", "algorithm.sft_sources=[human]", "trainer.mini_batch_size=3",
+                             "trainer.optimizer.lr=1e-7"])  # 4 updates that barely move the weights
+    t = PPOTrainer(cfg)
+    t.prepare()
+    batch = experiences_to_batch(exps[4:5], t.pad_token_id)
+    with torch.no_grad():
+        nll = float(-(compute_log_probs(t.model, batch, 1.0) * batch["response_mask"]).sum()
+                    / batch["response_mask"].sum())
+    metrics = t.train_step(exps)
+    assert metrics["actor/updates"] == 4.0
+    # the one mini-batch holding the demonstration reports its NLL; the three without it do not dilute it
+    assert metrics["actor/sft_loss"] == pytest.approx(nll, rel=1e-4)

@@ -334,9 +334,11 @@ class PPOTrainer(TrainEngineWrapper):
 
     def _update_policy(self, batch, temperature: float) -> dict[str, float]:
         """``ppo_epochs`` passes over the batch in shuffled mini-batches, one optimizer update each; metrics are
-        averaged over the updates."""
+        averaged over the updates that report them (``actor/sft_loss`` only comes from mini-batches with sft
+        rows)."""
         tr = self.cfg.trainer
         sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
         updates = 0
         for mb in self._mini_batches_of(batch, salt=0):
             step_metrics = self._accumulate(mb, temperature)
@@ -346,7 +348,8 @@ class PPOTrainer(TrainEngineWrapper):
             updates += 1
             for k, v in step_metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
-        out = {k: v / updates for k, v in sums.items()}
+                counts[k] = counts.get(k, 0) + 1
+        out = {k: v / counts[k] for k, v in sums.items()}
         out["actor/lr"] = float(self.optimizer.param_groups[0]["lr"])
         out["actor/updates"] = float(updates)
         return out
