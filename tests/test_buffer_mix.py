@@ -244,6 +244,7 @@ def test_mix_config_forms_round_trip_and_compare(tmp_path):
         (["buffer.mix=0.5"], "bad value for 'buffer.mix' (expected dict[str, float])"),
         (["buffer.mix={explorer"], "write it as key={name: value, ...}"),
         (["mode=offline", "buffer.replay_sources=[x]", "buffer.mix.human=1"], "select sources with buffer.where"),
+        (["mode=sync", "buffer.mix.human=1"], "set mode=async"),
     ],
 )
 def test_bad_mix_is_a_config_error_that_says_how_to_fix_it(overrides, needle):

@@ -404,7 +404,8 @@ class BufferConfig:
     """Share of each experience source in a training batch, e.g. `{explorer: 0.75, agent: 0.25}`; sources
     `explorer`, `human`, `agent`, `import`, shares > 0, normalised to sum to 1 (`{explorer: 3, human: 1}` is
     `{explorer: 0.75, human: 0.25}`). A source left out is not trained on. Each source's quota (rows per batch,
-    by largest remainder) is filled with whole groups in read-policy order. Empty = no quotas. Set it whole
+    by largest remainder) is filled with whole groups in read-policy order. Mode `async` only (rows an explorer
+    step writes beyond its quota wait for later batches, bounded by `max_staleness`). Empty = no quotas. Set it whole
     (`buffer.mix={explorer: 0.5, human: 0.5}`) or one share (`buffer.mix.human=0.5`)."""
     mix_fill: bool = True
     """With `mix`: a source that cannot fill its quota right now gives the rest to the other sources, so
@@ -766,6 +767,10 @@ def _validate_sources(cfg: Config) -> None:
         raise ConfigError("buffer.mix sets quotas on the trainer's buffer reads, which mode 'offline' does not make "
                           "(it replays buffer.replay_sources); select sources with buffer.where, e.g. "
                           "\"source IN ('human', 'explorer')\", or leave buffer.mix empty")
+    if cfg.buffer.mix and cfg.mode == "sync":
+        raise ConfigError("buffer.mix needs mode 'async': sync's lock-step schedule has the explorer write a whole "
+                          "trainer batch per step, so quotas for other sources would leave explorer rows behind to "
+                          "be trained ever staler; set mode=async (synchronizer.max_staleness bounds their age)")
     if cfg.algorithm.sft_sources and cfg.algorithm.policy_loss == "dpo":
         raise ConfigError("algorithm.sft_sources with algorithm.policy_loss 'dpo' would break DPO's (chosen, "
                           "rejected) pairs; leave algorithm.sft_sources empty")
