@@ -111,13 +111,30 @@ def test_largest_remainder_quotas_on_singleton_rows(tmp_path):
     w = BufferWriter(tmp_path)
     w.write([e for k in range(10) for e in _group(f"e{k}", 1)])
     w.write([e for k in range(10) for e in _group(f"a{k}", 1, source="agent", version=-1)])
-    w.write([e for k in range(10) for e in _group(f"h{k}", 1, source="human", version=-1)])
+    w.write([e for k in range(5) for e in _group(f"h{k}", 1, source="human", version=-1)])
     w.write(_group("i", 1, source="import", version=-1))  # not in the mix: never read
     c = BufferConsumer(tmp_path, mix={"explorer": 0.55, "agent": 0.25, "human": 0.2})
     assert _sources(c.try_read(10)) == {"explorer": 6, "agent": 2, "human": 2}
-    assert _sources(c.try_read(10)) == {"explorer": 4, "agent": 3, "human": 3}  # explorer ran short: filled
-    got = c.try_read(10)
-    assert got is None or "import" not in _sources(got)
+    assert c.try_read(10) is None  # 4 explorer rows left for a quota of 6: explorer quotas are waited for
+    w.write([e for k in range(10, 12) for e in _group(f"e{k}", 1)])
+    assert _sources(c.try_read(10)) == {"explorer": 6, "agent": 2, "human": 2}
+    w.write([e for k in range(12, 20) for e in _group(f"e{k}", 1)])
+    # human has 1 row for its quota of 2: the row left goes to the source furthest below its exact share that
+    # has one (explorer 6 - 6 = 0, agent 2.5 - 2 = 0.5): agent
+    assert _sources(c.try_read(10)) == {"explorer": 6, "agent": 3, "human": 1}
+    assert c.stats()["buffer/mix_human"] == 0.1 and c.stats()["buffer/mix_explorer"] == 0.6
+    assert c.try_read(10) is None  # 2 explorer rows left; the import row is never read
+
+
+def test_fill_never_gives_away_the_explorer_quota(tmp_path):
+    # at a run's start the explorer has written nothing yet: spending the scarce demonstrations on whole batches
+    # then would leave none for later, so the read waits for the explorer even with fill
+    w = BufferWriter(tmp_path)
+    w.write(_group("h0", 4, source="human", version=-1) + _group("h1", 4, source="human", version=-1))
+    c = BufferConsumer(tmp_path, mix={"explorer": 0.5, "human": 0.5})
+    assert c.try_read(8, min_version=0) is None
+    w.write(_group("e0", 4))
+    assert [e.group_id for e in c.try_read(8, min_version=0)] == ["h0"] * 4 + ["e0"] * 4
 
 
 def test_a_group_that_overflows_its_quota_is_not_split_and_the_rest_is_filled(tmp_path):

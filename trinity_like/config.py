@@ -408,8 +408,9 @@ class BufferConfig:
     step writes beyond its quota wait for later batches, bounded by `max_staleness`). Empty = no quotas. Set it whole
     (`buffer.mix={explorer: 0.5, human: 0.5}`) or one share (`buffer.mix.human=0.5`)."""
     mix_fill: bool = True
-    """With `mix`: a source that cannot fill its quota right now gives the rest to the other sources, so
-    training never stalls waiting for scarce human or agent rows; false = wait until every quota is filled."""
+    """With `mix`: a source written out of band (`human`, `agent`, `import`) that cannot fill its quota right
+    now gives the rest to the other sources, so training never stalls waiting for scarce rows; the `explorer`
+    quota is always waited for (the run keeps writing it). false = wait until every quota is filled."""
 
 
 @dataclass

@@ -12,11 +12,12 @@ The rule, for a batch of ``n`` rows and shares ``p_s`` (normalised to sum to 1):
 2. Each source fills its quota with its own whole groups in policy order, and stops at the first group that
    would overflow the quota (the reader's group rule, per source: never a split group, never a skipped one).
 3. What is left of ``n`` (quotas that whole groups could not meet exactly, and with ``fill`` the quotas of
-   sources that have no more rows right now) goes, group by group, to the source whose next group fits and
+   sources that have no more rows right now, except the sources in ``WAITED_FOR``) goes, group by group, to the source whose next group fits and
    whose rows fall furthest below its exact share ``n p_s`` (ties: the group first in policy order).
 4. The batch is ready when it holds ``n`` rows, or when no source's next group fits in what is left (then it
-   closes with fewer rows, as a plain read does). It is not ready when the rows run out first, or (without
-   ``fill``) when a source runs out of rows before its quota is met: the caller polls again.
+   closes with fewer rows, as a plain read does). It is not ready when the rows run out first, or when a
+   source runs out of rows before its quota is met and may not give it away (without ``fill``: any source;
+   with it: those in ``WAITED_FOR``): the caller polls again.
 
 A group's source is the source of its first row (a group is one write's rows with one ``group_id``, which come
 from one producer).
@@ -32,6 +33,12 @@ from typing import TypeVar
 from trinity_like.common.experience import SOURCES
 
 G = TypeVar("G")
+
+WAITED_FOR = ("explorer",)
+"""Sources whose quota is never given away, even with ``fill``: the run's own explorers keep writing them, so a
+shortfall means "not yet", and giving the quota away would spend the scarce rows (human demonstrations, agent
+traces, imports: written out of band, maybe never again) on the batches an explorer simply had not caught up
+with, e.g. every batch of a run's first steps."""
 
 
 def normalise_mix(mix: dict[str, float]) -> dict[str, float]:
@@ -100,7 +107,7 @@ def choose_mix(groups: Iterable[tuple[str, list[G]]], n: int, shares: dict[str, 
         while taken[source] < quota:
             head = queues.peek(source)
             if head is None:  # no more rows of this source right now
-                if not fill:
+                if not fill or source in WAITED_FOR:
                     return None
                 break
             if taken[source] + len(head[1]) > quota:  # the quota closes with whole groups
