@@ -333,6 +333,13 @@ class AlgorithmConfig:
     """KL estimator of the in-reward penalty."""
     kl_ctrl: KLControlConfig = field(default_factory=lambda: KLControlConfig())
     """Controller of the in-reward KL coefficient beta."""
+    sft_sources: list[str] = field(default_factory=list)
+    """Experience sources (`explorer`, `human`, `agent`, `import`) whose rows are trained with the SFT negative
+    log-likelihood instead of the policy loss, e.g. `[human]` for demonstrations: the loss is
+    `pg_loss(other rows) + sft_loss_coef * sft_loss(these rows)` (Trinity-RFT's MIX). Empty = every row
+    takes the policy loss."""
+    sft_loss_coef: float = _at_least(1.0, 0.0)
+    """Weight of the SFT loss of the `sft_sources` rows."""
 
 
 @dataclass
@@ -393,6 +400,17 @@ class BufferConfig:
     """Redis server of the `redis` transport (run it with `appendonly yes` to survive its restarts)."""
     redis_stream: str = ""
     """Stream name of the `redis` transport; empty = `<project>/<name>/experiences`."""
+    mix: dict[str, float] = field(default_factory=dict)
+    """Share of each experience source in a training batch, e.g. `{explorer: 0.75, agent: 0.25}`; sources
+    `explorer`, `human`, `agent`, `import`, shares > 0, normalised to sum to 1 (`{explorer: 3, human: 1}` is
+    `{explorer: 0.75, human: 0.25}`). A source left out is not trained on. Each source's quota (rows per batch,
+    by largest remainder) is filled with whole groups in read-policy order. Mode `async` only (rows an explorer
+    step writes beyond its quota wait for later batches, bounded by `max_staleness`). Empty = no quotas. Set it whole
+    (`buffer.mix={explorer: 0.5, human: 0.5}`) or one share (`buffer.mix.human=0.5`)."""
+    mix_fill: bool = True
+    """With `mix`: a source written out of band (`human`, `agent`, `import`) that cannot fill its quota right
+    now gives the rest to the other sources, so training never stalls waiting for scarce rows; the `explorer`
+    quota is always waited for (the run keeps writing it). false = wait until every quota is filled."""
 
 
 @dataclass
@@ -555,9 +573,14 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (for example trainer.total_steps=5)")
     try:
-        if overrides:
-            layers.append(OmegaConf.from_dotlist(list(overrides)))
         merged = OmegaConf.merge(schema, *layers)
+        for whole, items in _override_runs(overrides):
+            if whole:  # key={...} on a dict field replaces the dict (a merge would keep the keys it does not name)
+                key, _, value = items[0].partition("=")
+                OmegaConf.update(merged, key.strip(), _flow_mapping(items[0], value), merge=False)
+            else:
+                layers.append(OmegaConf.from_dotlist(items))
+                merged = OmegaConf.merge(merged, layers[-1])
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         raise ConfigError(_explain_omegaconf_error(e, schema, layers)) from None
@@ -566,6 +589,44 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
                           "set a list as a whole (key=[...]) rather than one element") from None
     validate(cfg)
     return cfg
+
+
+def _override_runs(overrides) -> list[tuple[bool, list[str]]]:
+    """The overrides in order, as runs of plain ``key=value`` items (merged as one layer) and single whole-dict
+    items ``key={...}`` on a dict field such as ``buffer.mix`` (which replace the dict)."""
+    runs: list[tuple[bool, list[str]]] = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        whole = _is_dict_field(key.strip()) and value.lstrip().startswith("{")
+        if whole or not runs or runs[-1][0]:
+            runs.append((whole, [item]))
+        else:
+            runs[-1][1].append(item)
+    return runs
+
+
+def _is_dict_field(key: str) -> bool:
+    parent, _, leaf = key.rpartition(".")
+    node = _dataclass_at(parent)
+    ftype = _field_type(node, leaf) if node is not None else None
+    return ftype is not None and ftype.startswith("dict[")
+
+
+def _flow_mapping(item: str, value: str) -> dict:
+    """``{explorer:0.5,human:0.5}`` (the shell-friendly form, no spaces) or ``{explorer: 0.5, human: 0.5}`` as a
+    dict. YAML alone reads ``explorer:0.5`` as one key, so a colon gets its space first."""
+    import re
+
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(re.sub(r":(?!\s)", ": ", value))
+    except yaml.YAMLError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"override '{item}' is not a mapping; write it as key={{name: value, ...}}, for "
+                          "example buffer.mix={explorer: 0.75, agent: 0.25}")
+    return parsed
 
 
 def _explain_omegaconf_error(e: Exception, schema: Any, layers: list[Any]) -> str:
@@ -647,6 +708,7 @@ def validate(cfg: Config) -> None:
     _validate_algorithm(cfg)
     _validate_trainer(cfg)
     _validate_explorer_and_buffer(cfg)
+    _validate_sources(cfg)
     if cfg.train_batch_size % cfg.explorer.repeat_times:
         raise ConfigError(
             f"trainer.batch_size={cfg.train_batch_size} is not a multiple of explorer.repeat_times="
@@ -714,6 +776,32 @@ def _validate_trainer(cfg: Config) -> None:
         raise ConfigError(f"trainer.num_workers={tr.num_workers} is more than the {units} "
                           f"{'pairs' if cfg.algorithm.policy_loss == 'dpo' else 'rows'} of a mini-batch: every worker "
                           "needs a share; lower num_workers or raise trainer.mini_batch_size")
+
+
+def _validate_sources(cfg: Config) -> None:
+    import math
+
+    from trinity_like.common.experience import SOURCES
+
+    for key, names in (("buffer.mix", list(cfg.buffer.mix)), ("algorithm.sft_sources", cfg.algorithm.sft_sources)):
+        unknown = [n for n in names if n not in SOURCES]
+        if unknown:
+            raise ConfigError(f"bad source {unknown[0]!r} in '{key}'; use experience sources: {', '.join(SOURCES)}")
+    for source, share in cfg.buffer.mix.items():
+        if not (share > 0 and math.isfinite(share)):
+            raise ConfigError(f"bad value for 'buffer.mix.{source}': {share!r}; shares must be > 0 (they are "
+                              f"normalised to sum to 1): leave a source out of buffer.mix to train on none of it")
+    if cfg.buffer.mix and cfg.mode == "offline":
+        raise ConfigError("buffer.mix sets quotas on the trainer's buffer reads, which mode 'offline' does not make "
+                          "(it replays buffer.replay_sources); select sources with buffer.where, e.g. "
+                          "\"source IN ('human', 'explorer')\", or leave buffer.mix empty")
+    if cfg.buffer.mix and cfg.mode == "sync":
+        raise ConfigError("buffer.mix needs mode 'async': sync's lock-step schedule has the explorer write a whole "
+                          "trainer batch per step, so quotas for other sources would leave explorer rows behind to "
+                          "be trained ever staler; set mode=async (synchronizer.max_staleness bounds their age)")
+    if cfg.algorithm.sft_sources and cfg.algorithm.policy_loss == "dpo":
+        raise ConfigError("algorithm.sft_sources with algorithm.policy_loss 'dpo' would break DPO's (chosen, "
+                          "rejected) pairs; leave algorithm.sft_sources empty")
 
 
 def _validate_explorer_and_buffer(cfg: Config) -> None:

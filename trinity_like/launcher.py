@@ -62,6 +62,8 @@ def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             out.update(_flat(value, f"{prefix}{f.name}."))
+        elif isinstance(value, dict):  # e.g. buffer.mix: one key per entry, so a difference names the entry
+            out.update({f"{prefix}{f.name}.{k}": v for k, v in value.items()})
         else:
             out[f"{prefix}{f.name}"] = value
     return out
@@ -70,7 +72,8 @@ def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
 def config_differences(a: Config, b: Config) -> list[str]:
     """Keys whose values differ between two configs, leaving out the per-job keys."""
     fa, fb = _flat(a), _flat(b)
-    return [k for k in fa if fa[k] != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in PER_JOB_KEYS)]
+    keys = list(fa) + [k for k in fb if k not in fa]  # a dict entry may be in one config only
+    return [k for k in keys if fa.get(k) != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in PER_JOB_KEYS)]
 
 
 def _ensure_run_id(paths: RunPaths) -> None:

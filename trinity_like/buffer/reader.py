@@ -13,11 +13,15 @@ Policies:
   ``cooldown_steps`` after the previous one; unused rows go first.
 
 Filters: ``min_version`` (staleness; rows below it are skipped and counted in ``buffer/skipped_stale``, never
-dropped silently) and any SQL ``where`` over the Experience columns.
+dropped silently) and any SQL ``where`` over the Experience columns. Rows with ``model_version -1`` (not generated
+by this run's policy: human demonstrations, imports) have no staleness and pass every ``min_version``.
 
 Groups: the rows of one write that share a ``group_id`` form a group, and a batch holds whole groups only.
 A read returns exactly ``n`` rows when whole groups add up to ``n``; when the next group in policy order would
 overflow, it returns the whole groups it has (never a split group).
+
+Mix (``mix``, config ``buffer.mix``): a set share of each experience source per batch, each source's quota
+filled with its own whole groups in policy order; see ``mix.py`` for the rule.
 
 Corrupt or truncated segments are skipped with a logged error (``buffer verify`` quarantines them).
 """
@@ -36,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from trinity_like.buffer.ledger import Ledger
+from trinity_like.buffer.mix import choose_mix, normalise_mix
 from trinity_like.buffer.segments import SUFFIX, SegmentError, SegmentInfo, read_segment, segment_dir
 from trinity_like.common.errors import UserError
 from trinity_like.common.experience import Experience, table_to_experiences
@@ -45,6 +50,8 @@ logger = logging.getLogger(__name__)
 POLICIES = ("fifo", "newest", "priority", "replay")
 POLL_INTERVAL_S = 0.02
 NEVER = np.iinfo(np.int64).min // 2
+NEVER_STALE = np.iinfo(np.int64).max
+"""A segment's newest version when it holds a row with ``model_version -1``: no ``min_version`` skips it."""
 
 
 @dataclass
@@ -55,6 +62,7 @@ class _Segment:
     version: np.ndarray  # (rows,) model_version
     group: np.ndarray  # (rows,) group index within the segment, in order of first appearance
     eids: list[str]
+    source: np.ndarray  # (rows,) Experience.source
     uses: np.ndarray = field(init=False)  # (rows,) times handed out (committed or this run)
     last_step: np.ndarray = field(init=False)  # (rows,) step of the last hand-out
     stale_counted: np.ndarray = field(init=False)  # (rows,) already counted as skipped for staleness
@@ -64,7 +72,9 @@ class _Segment:
         self.uses = np.zeros(n, np.int32)
         self.last_step = np.full(n, NEVER, np.int64)
         self.stale_counted = np.zeros(n, bool)
-        self.max_version = int(self.version.max()) if n else -1
+        # The segment-level staleness skip compares this with min_version, so a segment holding any row that is
+        # not this run's policy (-1, never stale) must never look stale as a whole.
+        self.max_version = int(NEVER_STALE if (self.version < 0).any() else self.version.max()) if n else -1
 
 
 def _group_index(group_ids: list[str]) -> np.ndarray:
@@ -72,12 +82,29 @@ def _group_index(group_ids: list[str]) -> np.ndarray:
     return np.fromiter((first.setdefault(g, len(first)) for g in group_ids), np.int32, len(group_ids))
 
 
+def _choose(groups: Iterator[list[tuple[int, int]]], n: int) -> list[tuple[int, int]] | None:
+    """Whole groups in policy order up to ``n`` rows (no quotas); None when the rows run out first."""
+    chosen: list[tuple[int, int]] = []
+    for group in groups:
+        if len(chosen) + len(group) > n:
+            if not chosen:  # a single group larger than n is handed out whole rather than never
+                chosen.extend(group)
+            return chosen
+        chosen.extend(group)
+        if len(chosen) == n:
+            return chosen
+    return None
+
+
 class BufferConsumer:
     """A named reader of one buffer folder. One process per consumer name."""
 
     def __init__(self, buffer_dir: str | Path, name: str = "trainer", policy: str = "fifo",
                  priority: str | None = None, where: str | None = None, max_uses: int = 1,
-                 cooldown_steps: int = 0, resume_step: int | None = None) -> None:
+                 cooldown_steps: int = 0, resume_step: int | None = None, mix: dict[str, float] | None = None,
+                 mix_fill: bool = True) -> None:
+        """``mix``: share of each source per batch (normalised here; empty or None = no quotas); ``mix_fill``:
+        a source short of rows gives its quota to the others rather than hold the batch back."""
         if policy not in POLICIES:
             raise ValueError(f"unknown read policy {policy!r}; valid: {', '.join(POLICIES)}")
         if policy == "priority" and not priority:
@@ -88,6 +115,10 @@ class BufferConsumer:
         self.name = name
         self.policy, self.priority, self.where = policy, priority, where
         self.max_uses, self.cooldown_steps = max_uses, cooldown_steps
+        self.mix = normalise_mix(mix) if mix else None
+        self.mix_fill = mix_fill
+        self._last_mix: dict[str, float] = {}
+        """Per mix source: its share of the rows of the last batch handed out (the ``buffer/mix_*`` metrics)."""
         self.ledger = Ledger(self.buffer_dir, name)
         self.ledger.resume(resume_step)
         self._segments: list[_Segment] = []
@@ -95,7 +126,8 @@ class BufferConsumer:
         self._known: set[str] = set()
         self._bad: set[str] = set()
         self._max_version = np.zeros(0, np.int64)
-        """Per opened segment: its largest model_version (segments wholly below min_version are skipped)."""
+        """Per opened segment: its largest model_version, NEVER_STALE if it holds a -1 row (segments wholly below
+        min_version are skipped)."""
         self._exhausted = np.zeros(0, np.bool_)
         """Per opened segment: every row used ``max_uses`` times; reads skip it."""
         self._stale_counted = np.zeros(0, np.bool_)
@@ -135,7 +167,8 @@ class BufferConsumer:
                 logger.error("skipping a buffer segment: %s", e)
                 continue
             seg = _Segment(info, table.column("model_version").to_numpy(),
-                           _group_index(table.column("group_id").to_pylist()), table.column("eid").to_pylist())
+                           _group_index(table.column("group_id").to_pylist()), table.column("eid").to_pylist(),
+                           np.asarray(table.column("source").to_pylist(), dtype=object))
             for row, step in self._prior.pop(info.name, ()):
                 seg.uses[row] += 1
                 seg.last_step[row] = max(seg.last_step[row], step)
@@ -149,7 +182,7 @@ class BufferConsumer:
         if self.cooldown_steps:
             ok &= (seg.uses == 0) | (step - seg.last_step >= self.cooldown_steps)
         if min_version is not None:
-            stale = ok & (seg.version < min_version)
+            stale = ok & (seg.version < min_version) & (seg.version >= 0)  # -1: not this run's policy, never stale
             new_stale = stale & ~seg.stale_counted & (seg.uses == 0)
             self._skipped_stale += int(new_stale.sum())
             seg.stale_counted |= new_stale
@@ -241,21 +274,18 @@ class BufferConsumer:
         if n < 1:
             raise ValueError(f"read needs n >= 1, got {n}")
         self._refresh()
-        chosen: list[tuple[int, int]] = []
-        full = False
-        for group in self._groups_in_order(min_version, where or self.where, step):
-            if len(chosen) + len(group) > n:
-                if not chosen:  # a single group larger than n is handed out whole rather than never
-                    chosen.extend(group)
-                full = True
-                break
-            chosen.extend(group)
-            if len(chosen) == n:
-                full = True
-                break
-        if not full:
+        groups = self._groups_in_order(min_version, where or self.where, step)
+        if self.mix is None:
+            chosen = _choose(groups, n)
+        else:
+            chosen = choose_mix(((self._source_of(g), g) for g in groups), n, self.mix, self.mix_fill)
+        if chosen is None:
             return None
         return self._hand_out(chosen, step)
+
+    def _source_of(self, group: list[tuple[int, int]]) -> str:
+        seg_i, row = group[0]
+        return self._segments[seg_i].source[row]
 
     def _hand_out(self, chosen: list[tuple[int, int]], step: int) -> list[Experience]:
         by_segment: dict[int, list[int]] = {}
@@ -272,6 +302,9 @@ class BufferConsumer:
             records.extend((seg.eids[r], step, seg.info.name, r) for r in rows)
         self.ledger.add_pending(step, records)
         self._delivered += len(records)
+        if self.mix is not None:
+            sources = [self._source_of([c]) for c in chosen]
+            self._last_mix = {s: sources.count(s) / len(sources) for s in self.mix}
         exps = table_to_experiences(pa.concat_tables(tables))
         position = {(s, r): k for k, (s, r) in enumerate((s, r) for s, rows in by_segment.items() for r in rows)}
         return [exps[position[c]] for c in chosen]
@@ -288,8 +321,10 @@ class BufferConsumer:
             if should_stop is not None and should_stop():
                 raise InterruptedError("buffer read stopped: no producer left")
             if time.monotonic() > deadline:
+                quotas = "" if self.mix is None else (
+                    f" (buffer.mix {self.mix}{'' if self.mix_fill else ', every quota filled: buffer.mix_fill false'})")
                 raise TimeoutError(f"buffer '{self.buffer_dir}' had fewer than {n} unconsumed experiences with "
-                                   f"model_version >= {min_version} after {timeout_s:.0f}s")
+                                   f"model_version >= {min_version}{quotas} after {timeout_s:.0f}s")
             time.sleep(POLL_INTERVAL_S)
 
     async def aread(self, n: int, min_version: int | None = None, timeout_s: float = 600.0,
@@ -309,4 +344,5 @@ class BufferConsumer:
         unused = sum(int((s.uses == 0).sum()) for s in self._segments)
         return {"buffer/rows": float(total), "buffer/unconsumed": float(unused),
                 "buffer/delivered": float(self._delivered), "buffer/skipped_stale": float(self._skipped_stale),
-                "buffer/bad_segments": float(len(self._bad)), "buffer/segments": float(len(self._segments))}
+                "buffer/bad_segments": float(len(self._bad)), "buffer/segments": float(len(self._segments)),
+                **{f"buffer/mix_{source}": share for source, share in self._last_mix.items()}}

@@ -6,6 +6,8 @@ column P (the prompt width) and ``logits[:, P-1 : P+R-1]`` score the response to
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from tensordict import TensorDict
 
@@ -13,11 +15,14 @@ from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import logprobs_from_logits
 
 
-def experiences_to_batch(exps: list[Experience], pad_token_id: int) -> TensorDict:
+def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources: Collection[str] = ()) -> TensorDict:
     """Build the batch. Keys (B sequences, P prompt width, R response width):
 
     input_ids, attention_mask, position_ids (B, P+R); responses, response_mask, old_log_probs,
-    token_level_rewards (B, R); rewards, model_version, group_index, has_log_probs (B,)."""
+    token_level_rewards (B, R); rewards, model_version, group_index, has_log_probs, sft (B,).
+
+    ``sft`` is true for rows whose source is in ``sft_sources`` (trained with the SFT loss instead of the policy
+    loss, ``algorithm.sft_sources``); a per-row key, so data-parallel sharding and mini-batch shuffles carry it."""
     if not exps:
         raise ValueError("cannot build a batch from zero experiences")
     batch = len(exps)
@@ -58,6 +63,7 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int) -> TensorDic
             "model_version": torch.tensor([e.model_version for e in exps], dtype=torch.long),
             "group_index": torch.tensor([group_of[e.group_id or e.eid] for e in exps], dtype=torch.long),
             "has_log_probs": has_log_probs,
+            "sft": torch.tensor([e.source in sft_sources for e in exps], dtype=torch.bool),
         },
         batch_size=[batch],
     )

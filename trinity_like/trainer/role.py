@@ -85,7 +85,7 @@ class TrainerRole:
         self.consumer = None if self.cfg.mode == "offline" else BufferConsumer(
             self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy, priority=b.priority or None,
             where=b.where or None, max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps,
-            resume_step=resume_step)
+            resume_step=resume_step, mix=b.mix, mix_fill=b.mix_fill)
         self.metrics = MetricsWriter(self.paths.metrics, role="trainer")
         self._last_end_check = 0.0
         self.ingester = None
