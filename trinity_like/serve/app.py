@@ -43,6 +43,7 @@ from trinity_like.common.chat import ChatFormatError, continuation_ids, normaliz
 from trinity_like.config import SamplingConfig, ServeConfig
 from trinity_like.serve.records import PendingStore, Record
 
+MIN_TEMPERATURE = 0.01
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
@@ -220,6 +221,9 @@ def build_app(state: ServeState) -> Guard:
         if max_tokens > limit:
             raise ApiError(400, f"max_tokens {max_tokens} is over this server's limit {limit} (serve.max_tokens)",
                            "max_tokens")
+        if body.temperature is not None and 0 < body.temperature < MIN_TEMPERATURE:
+            raise ApiError(400, f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}: smaller values "
+                                "overflow the scaled logits", "temperature")
         d = state.default_sampling
         sampling = SamplingConfig(temperature=d.temperature if body.temperature is None else body.temperature,
                                   top_p=d.top_p if body.top_p is None else body.top_p,
@@ -316,6 +320,7 @@ def build_app(state: ServeState) -> Guard:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatBody, request: Request):
+        _check_unicode(body.model_dump(), "request")
         if len(body.messages) > state.cfg.max_messages:
             raise ApiError(400, f"{len(body.messages)} messages, over this server's limit {state.cfg.max_messages} "
                                 "(serve.max_messages)", "messages")
@@ -374,6 +379,7 @@ def build_app(state: ServeState) -> Guard:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request):
+        _check_unicode(body.model_dump(), "request")
         if isinstance(body.prompt, str):
             if not body.prompt:
                 raise ApiError(400, "prompt is empty", "prompt")
@@ -436,6 +442,7 @@ def build_app(state: ServeState) -> Guard:
 
     @app.post("/v1/feedback")
     async def feedback(body: FeedbackBody):
+        _check_unicode(body.model_dump(), "request")
         if body.reward is None and body.turn_rewards is None and body.group_id is None:
             raise ApiError(400, "feedback needs reward, turn_rewards or group_id")
         values = ([body.reward] if body.reward is not None else []) + list(body.turn_rewards or [])
@@ -469,6 +476,7 @@ def build_app(state: ServeState) -> Guard:
             body = CommitBody.model_validate_json(raw) if raw.strip() else CommitBody()
         except ValueError as e:
             raise ApiError(400, f"commit body: {str(e).splitlines()[0]}") from None
+        _check_unicode(body.model_dump(), "request")
         async with store_lock:
             if body.session_id is None and body.completion_ids is None and body.experience_ids is None:
                 chosen = [r for r in state.store.records.values() if r.rewarded]
@@ -499,6 +507,24 @@ def build_app(state: ServeState) -> Guard:
                 "segment": segment, "pending": len(state.store.records)}
 
     return Guard(app, state.cfg.max_body_bytes, state.api_key)
+
+
+def _check_unicode(value: Any, where: str = "body") -> None:
+    """400 for a string holding a lone surrogate (valid JSON as a \\ud800 escape, but not text: it cannot be
+    tokenised, stored or echoed back)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, f"{where} holds a lone surrogate (an unpaired \\uD800-\\uDFFF escape); send valid "
+                                "Unicode text", where) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_unicode(k, where)
+            _check_unicode(v, f"{where}.{k}" if isinstance(k, str) and k.isascii() else where)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_unicode(v, f"{where}[{i}]")
 
 
 def _strip_prefix(completion_id: str) -> str:
