@@ -41,3 +41,21 @@ def test_roles_refuse_a_finished_run_or_checkpoints_without_resume(tmp_path, tin
     assert prepare_run_dir(cfg, role="trainer", resume=True) == RunPaths.of(cfg)
     with pytest.raises(RunError, match="bad role 'judge'"):
         prepare_run_dir(cfg, role="judge")
+
+
+def test_a_run_may_start_on_a_buffer_that_holds_only_imported_rows(tmp_path, tiny_model_path):
+    """Demonstrations ingested (or agent rows committed) before the first start are data for the run; rows an
+    explorer wrote mean a run already happened there."""
+    from trinity_like.buffer import BufferWriter
+    from trinity_like.common.experience import Experience
+
+    cfg = _cfg(tmp_path, tiny_model_path)
+    paths = RunPaths.of(cfg)
+    row = Experience(prompt_ids=[1, 2], response_ids=[3], source="human", reward=1.0)
+    BufferWriter(paths.buffer_dir, writer_id="ingest-human").write([row])
+    BufferWriter(paths.buffer_dir, writer_id="serve").write([Experience(prompt_ids=[1], response_ids=[2],
+                                                                        source="agent")])
+    assert prepare_run_dir(cfg, role="all") == paths
+    BufferWriter(paths.buffer_dir, writer_id="explorer").write([Experience(prompt_ids=[1], response_ids=[2])])
+    with pytest.raises(RunError, match="already holds a run"):
+        prepare_run_dir(cfg, role="all")

@@ -110,6 +110,18 @@ def _check_same_config(cfg: Config, paths: RunPaths, role: str, resume: bool) ->
                    "another name")
 
 
+def _run_started(paths: RunPaths) -> bool:
+    """Whether the buffer shows that a run started here: rows an explorer wrote, or rows a trainer took.
+    Rows imported before the first start (``buffer ingest``, ``serve`` commits) are data prepared for the run,
+    not a run, so a run may start on a buffer that holds only those."""
+    from trinity_like.buffer.ledger import Ledger, consumer_names
+
+    if any(info.name.split("-", 2)[1] in ("explorer", "redis") for info in list_segments(paths.buffer_dir)):
+        return True
+    return any(Ledger(paths.buffer_dir, name, create=False).consumed_rows() for name in
+               consumer_names(paths.buffer_dir))
+
+
 def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all", resume: bool = False) -> RunPaths:
     """Create the run directory, save the resolved config, build the tiny model and the task set if asked.
 
@@ -125,7 +137,7 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     paths = RunPaths.of(cfg)
     if not allow_existing and not resume:
         ckpt = latest_checkpoint(paths.checkpoint_dir)
-        if role == "all" and (paths.summary.exists() or list_segments(paths.buffer_dir) or ckpt):
+        if role == "all" and (paths.summary.exists() or _run_started(paths) or ckpt):
             raise RunError(f"run directory '{paths.run_dir}' already holds a run; continue it with --resume, pick "
                            "another name (name=...) or delete that folder")
         if role == "trainer" and ckpt is not None:
