@@ -278,14 +278,18 @@ class _WaitNotes:
         for kind, rid in self.roles.ids.items():
             other = self.OTHER[kind]
             waiting = status["roles"].get(rid, {}).get("state") == self.WAITING[kind]
-            absent = not any(r["kind"] == other and r["state"] not in ("stopped", "dead")
-                             for r in status["roles"].values())
-            if waiting and absent and kind not in self.noted:
+            alive = {r["kind"] for r in status["roles"].values() if r["state"] not in ("stopped", "dead")}
+            if waiting and other not in alive and kind not in self.noted:
                 self.noted.add(kind)
+                ns, limit = namespace_of(self.cfg), f"giving up after {self.cfg.synchronizer.timeout_s:.0f}s"
+                if kind == "trainer" and "server" in alive:  # agent rows come when the agent commits them
+                    print(f"trainer: waiting for experiences: no explorer is running in namespace '{ns}'; a "
+                          f"server records agent conversations, which arrive as the agent commits them "
+                          f"(POST /v1/commit); {limit}", flush=True)
+                    continue
                 what = "new weights" if kind == "explorer" else "experiences"
-                print(f"{kind}: waiting for {what}: no {other} is running in namespace '{namespace_of(self.cfg)}'; "
-                      f"start one (--role {other}); giving up after {self.cfg.synchronizer.timeout_s:.0f}s",
-                      flush=True)
+                print(f"{kind}: waiting for {what}: no {other} is running in namespace '{ns}'; "
+                      f"start one (--role {other}); {limit}", flush=True)
             elif not waiting:
                 self.noted.discard(kind)
 
