@@ -349,3 +349,58 @@ def test_a_commit_cut_off_before_the_pending_files_go_is_not_committed_twice(tmp
     exp = rec.to_experience()
     assert exp.source == "agent" and exp.eid == rec.record_id and exp.reward is None
     assert exp.token_rewards.tolist() == [0.0, 2.0] and exp.model_version == 0
+
+
+def test_a_server_killed_with_sigkill_restarts_with_every_answered_turn(tmp_path, tiny_model_path):
+    """`trinity-like serve` as a real process (its own local Ray), its whole process group SIGKILLed after two
+    answered turns; a new server on the same run has both turns pending and continues the session."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cli = str(Path(sys.executable).parent / "trinity-like")
+    args = [cli, "serve", "--port", "0", "project=t", "name=killed", f"checkpoint_root_dir={tmp_path}",
+            f"model.path={tiny_model_path}", "explorer.taskset.size=8", "explorer.sampling.max_new_tokens=4"]
+    config = tmp_path / "c.yaml"
+    config.write_text("mode: async\n")
+
+    def start():
+        proc = subprocess.Popen([*args, str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        for line in proc.stdout:
+            m = re.search(r"at (http://\S+/v1)", line)
+            if m:
+                return proc, m.group(1)
+        raise AssertionError(f"serve exited with {proc.wait()}")
+
+    proc, url = start()
+    try:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": "one"}]
+        first = client.chat.completions.create(model="p", messages=messages, extra_body={"session_id": "k"})
+        messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "two"}]
+        second = client.chat.completions.create(model="p", messages=messages, extra_body={"session_id": "k"})
+        assert second.model_extra["turn"] == 1
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    pending = tmp_path / "t" / "killed" / "serve" / "pending"
+    assert [p.name for p in pending.iterdir()] == [f"{first.model_extra['experience_id']}.json"]  # no temp files
+
+    proc, url = start()
+    try:
+        rows = httpx.get(url.removesuffix("/v1") + "/v1/pending", timeout=30).json()["data"]
+        assert [(r["experience_id"], r["turns"]) for r in rows] == [(first.model_extra["experience_id"], 2)]
+        messages += [{"role": "assistant", "content": second.choices[0].message.content},
+                     {"role": "user", "content": "three"}]
+        third = openai.OpenAI(base_url=url, api_key="none", max_retries=0).chat.completions.create(
+            model="p", messages=messages, extra_body={"session_id": "k"})
+        assert third.model_extra["turn"] == 2
+        assert third.model_extra["experience_id"] == first.model_extra["experience_id"]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0
