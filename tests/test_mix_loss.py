@@ -139,28 +139,11 @@ def test_bad_sft_settings_are_config_errors(overrides, needle):
 
 @pytest.mark.slow
 def test_two_data_parallel_workers_split_the_parts_like_one(tmp_path, tiny_model_path, batch_exps, ray_session):
-    from trinity_like.trainer.workers import start_train_workers
+    from test_trainer import two_workers_match_one  # tests/ is on sys.path (rootdir conftest, no package)
 
-    exps = _with_demonstrations(batch_exps)
     overrides = ["algorithm.sft_sources=[human]", "trainer.micro_batch_size=2", "trainer.optimizer.lr=1e-4"]
-    single = PPOTrainer(load_config(None, [f"checkpoint_root_dir={tmp_path / 'one'}", f"model.path={tiny_model_path}",
-                                           "explorer.repeat_times=3", *overrides]))
-    single.prepare()
-    single.train_step(exps)
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path / 'two'}", f"model.path={tiny_model_path}",
-                             "explorer.repeat_times=3", "trainer.num_workers=2", *overrides])
-    group = start_train_workers(cfg)
-    try:
-        metrics = group.execute_all("train_step", exps)
-        rank0, rank1 = group.execute_all("state_dict")
-    finally:
-        group.kill()
-        group.pools.remove()
-    expected = single.policy_state_dict()
-    for k in expected:
-        torch.testing.assert_close(rank0[k], expected[k], rtol=1e-5, atol=1e-5)
-        assert torch.equal(rank0[k], rank1[k])
-    assert metrics[0]["actor/sft_rows"] == 6.0
+    metrics = two_workers_match_one(tmp_path, tiny_model_path, _with_demonstrations(batch_exps), overrides)
+    assert metrics["actor/sft_rows"] == 6.0
 
 
 

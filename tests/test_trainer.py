@@ -299,24 +299,19 @@ def test_lora_step_changes_only_adapter_weights(tmp_path, tiny_model_path, batch
     assert all(torch.equal(v, again.policy_state_dict()[k]) for k, v in merged.items())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("estimator,strategy", [("grpo", "ddp"), ("gae", "ddp"), ("gae", "fsdp2")])
-def test_one_and_two_data_parallel_workers_agree(tmp_path, tiny_model_path, batch_exps, ray_session, estimator,
-                                                 strategy):
+def two_workers_match_one(tmp_path, model_path, exps, overrides: list[str]) -> dict[str, float]:
+    """Train one step on ``exps`` with one trainer and with two data-parallel workers; assert the weights
+    agree (and the replicas are identical); return rank 0's metrics."""
     from trinity_like.trainer.workers import start_train_workers
 
-    # At the default learning rate: Adam's first update lr * g / (|g| + eps) turns float-summation noise on
-    # gradients near eps into differences of ~lr * 0.5%, which a large lr would push past the tolerance.
-    overrides = [f"algorithm.adv_estimator={estimator}", "trainer.micro_batch_size=2", "trainer.optimizer.lr=1e-4",
-                 "trainer.critic.lr=1e-4"]
-    single = _trainer(tmp_path / "one", tiny_model_path, *overrides)
-    single.train_step(batch_exps)
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path / 'two'}", f"model.path={tiny_model_path}",
-                             "explorer.repeat_times=3", "trainer.num_workers=2", f"trainer.strategy={strategy}",
+    single = _trainer(tmp_path / "one", model_path, *overrides)
+    single.train_step(exps)
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path / 'two'}", f"model.path={model_path}",
+                             "explorer.repeat_times=3", "trainer.optimizer.lr=0.01", "trainer.num_workers=2",
                              *overrides])
     group = start_train_workers(cfg)
     try:
-        metrics = group.execute_all("train_step", batch_exps)
+        metrics = group.execute_all("train_step", exps)
         rank0, rank1 = group.execute_all("state_dict")
     finally:
         group.kill()
@@ -325,7 +320,19 @@ def test_one_and_two_data_parallel_workers_agree(tmp_path, tiny_model_path, batc
     for k in expected:
         torch.testing.assert_close(rank0[k], expected[k], rtol=1e-5, atol=1e-5)
         assert torch.equal(rank0[k], rank1[k])  # the replicas stay identical
-    assert metrics[0]["train/batch_size"] == 12.0
+    return metrics[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator,strategy", [("grpo", "ddp"), ("gae", "ddp"), ("gae", "fsdp2")])
+def test_one_and_two_data_parallel_workers_agree(tmp_path, tiny_model_path, batch_exps, ray_session, estimator,
+                                                 strategy):
+    # At the default learning rate: Adam's first update lr * g / (|g| + eps) turns float-summation noise on
+    # gradients near eps into differences of ~lr * 0.5%, which a large lr would push past the tolerance.
+    overrides = [f"algorithm.adv_estimator={estimator}", "trainer.micro_batch_size=2", "trainer.optimizer.lr=1e-4",
+                 "trainer.critic.lr=1e-4", f"trainer.strategy={strategy}"]
+    metrics = two_workers_match_one(tmp_path, tiny_model_path, batch_exps, overrides)
+    assert metrics["train/batch_size"] == 12.0
 
 
 @pytest.mark.slow
