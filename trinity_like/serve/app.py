@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trinity_like.common.chat import ChatFormatError, continuation_ids, normalize_messages, render_ids
 from trinity_like.config import SamplingConfig, ServeConfig
+from trinity_like.explorer.fleet import EngineCallFailed
 from trinity_like.serve.records import PendingStore, Record
 
 MIN_TEMPERATURE = 0.01
@@ -190,6 +191,10 @@ def build_app(state: ServeState) -> Guard:
         elif not loc and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
             msg = "request body must be a JSON object (Content-Type: application/json)"
         return _error(400, f"{loc + ': ' if loc else ''}{msg}", loc or None)
+
+    @app.exception_handler(EngineCallFailed)
+    async def engines_down(_request, e: EngineCallFailed):
+        return _error(503, f"the policy's engines could not answer ({e}); retry later", kind="server_error")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request, e: StarletteHTTPException):

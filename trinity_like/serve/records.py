@@ -128,16 +128,19 @@ class PendingStore:
             self.open_by_session[record.session_id] = record.record_id
 
     def save(self, record: Record) -> None:
+        """Write ``record`` (atomically). A new record of a session closes the one that was open: the session's
+        next turn extends the new one."""
+        old = self.open_by_session.get(record.session_id)
+        if old is not None and old != record.record_id and not record.closed:
+            self.records[old].closed = True
+            atomic_write_json(self._path(old), asdict(self.records[old]))
         atomic_write_json(self._path(record.record_id), asdict(record))
         self._index(record)
 
     def new_record(self, session_id: str, group_id: str | None, prompt_ids: list[int],
                    messages: list[dict[str, Any]], tools: list[dict] | None) -> Record:
-        """A record not yet saved (it is saved with its first turn)."""
-        old = self.open_by_session.get(session_id)
-        if old is not None:
-            self.records[old].closed = True
-            self.save(self.records[old])
+        """A record not yet saved: it is saved with its first turn, so a turn that fails (or whose client
+        leaves) changes nothing."""
         record_id = uuid.uuid4().hex
         return Record(record_id=record_id, session_id=session_id, group_id=group_id or record_id,
                       prompt_ids=list(prompt_ids), messages=messages, tools=tools)
