@@ -43,26 +43,32 @@ def _synchronizer_status(namespace: str) -> dict[str, Any] | None:
 
 
 def buffer_status(buffer_dir: Path, trainer_version: int | None) -> dict[str, Any]:
-    """Rows written, rows the trainer has not consumed (committed or pending), their versions and staleness."""
+    """Rows written and rows the trainer has not consumed (committed or pending), per source too; the model
+    versions of the untrained rows made by this run's policy and their staleness (imported rows, version -1,
+    are never stale)."""
     from trinity_like.buffer import list_segments, read_only_sql
 
     if not list_segments(buffer_dir):
-        return {"rows": 0, "unconsumed": 0}
-    table = read_only_sql(buffer_dir, """
-        SELECT count(*) AS rows,
-               count(*) FILTER (WHERE eid NOT IN (SELECT eid FROM consumption WHERE consumer = 'trainer'))
-                 AS unconsumed,
-               min(model_version) FILTER (WHERE eid NOT IN (SELECT eid FROM consumption WHERE consumer = 'trainer'))
-                 AS min_version,
-               max(model_version) FILTER (WHERE eid NOT IN (SELECT eid FROM consumption WHERE consumer = 'trainer'))
-                 AS max_version
-        FROM experiences""").to_pylist()[0]
-    out = {k: table[k] for k in ("rows", "unconsumed")}
-    if table["unconsumed"] and table["min_version"] is not None:
-        out["unconsumed_versions"] = [table["min_version"], table["max_version"]]
+        return {"rows": 0, "unconsumed": 0, "by_source": {}}
+    per_source = read_only_sql(buffer_dir, """
+        WITH tagged AS (
+            SELECT source, model_version,
+                   eid NOT IN (SELECT eid FROM consumption WHERE consumer = 'trainer') AS untrained
+            FROM experiences)
+        SELECT source, count(*) AS rows, count(*) FILTER (WHERE untrained) AS unconsumed,
+               min(model_version) FILTER (WHERE untrained AND model_version >= 0) AS min_version,
+               max(model_version) FILTER (WHERE untrained AND model_version >= 0) AS max_version
+        FROM tagged GROUP BY source ORDER BY source""").to_pylist()
+    out: dict[str, Any] = {"rows": sum(r["rows"] for r in per_source),
+                           "unconsumed": sum(r["unconsumed"] for r in per_source),
+                           "by_source": {r["source"]: {"rows": r["rows"], "unconsumed": r["unconsumed"]}
+                                         for r in per_source}}
+    versions = [v for r in per_source for v in (r["min_version"], r["max_version"]) if v is not None]
+    if versions:
+        out["unconsumed_versions"] = [min(versions), max(versions)]
         if trainer_version is not None:
-            out["unconsumed_staleness"] = [max(0, trainer_version - table["max_version"]),
-                                           max(0, trainer_version - table["min_version"])]
+            out["unconsumed_staleness"] = [max(0, trainer_version - max(versions)),
+                                           max(0, trainer_version - min(versions))]
     return out
 
 
@@ -143,6 +149,9 @@ def format_status(report: dict[str, Any]) -> str:
     b = report.get("buffer")
     if b is not None:
         text = f"buffer: {b['rows']} rows, {b['unconsumed']} not yet trained"
+        if len(b.get("by_source", {})) > 1:
+            text += " (" + ", ".join(f"{src} {v['rows']}/{v['unconsumed']}" for src, v in b["by_source"].items()) + \
+                ": rows/untrained)"
         if "unconsumed_versions" in b:
             lo, hi = b["unconsumed_versions"]
             text += f" (model versions {lo}-{hi}"
