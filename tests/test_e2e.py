@@ -202,3 +202,30 @@ def test_offline_replays_an_earlier_run_without_touching_it(tmp_path, tiny_model
 
     after = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in src.run_dir.rglob("*") if p.is_file())
     assert after == stored  # the source run is read, never written
+
+
+def test_async_run_on_a_mix_of_explorer_rows_and_ingested_demonstrations(tmp_path, tiny_model_path, ray_session):
+    """Human demonstrations ingested into a fresh run's buffer, then an async run with buffer.mix 50/50 and the
+    SFT loss on the human rows: each batch holds the configured shares while the demonstrations last, and every
+    row trained is in the ledger once."""
+    from trinity_like.buffer.ingest import ingest_files
+
+    cfg = _cfg(tmp_path, tiny_model_path, "mix", "mode=async", "buffer.mix={explorer:0.5,human:0.5}",
+               "algorithm.sft_sources=[human]", "trainer.total_steps=2")
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{a}+{a}="},
+                                                      {"role": "assistant", "content": str(2 * a)}]}) + "\n"
+                             for a in range(8)))
+    report = ingest_files([demos], RunPaths.of(cfg).buffer_dir, source="human", tokenizer_path=tiny_model_path)
+    assert report.accepted == 8
+    summary = run(cfg)
+    assert summary["exit_reason"] == "completed" and summary["trainer_steps"] == 2
+    trainer = [r for r in _records(cfg) if r["role"] == "trainer"]
+    assert [r["buffer/mix_human"] for r in trainer] == [0.5, 0.5]
+    assert [r["buffer/mix_explorer"] for r in trainer] == [0.5, 0.5]
+    assert all(r["actor/sft_rows"] == 4 and r["train/batch_size"] == 8 for r in trainer)
+    ledger = consumption_table(RunPaths.of(cfg).buffer_dir).to_pylist()
+    sources = dict(zip(query(RunPaths.of(cfg).buffer_dir).column("eid").to_pylist(),
+                       query(RunPaths.of(cfg).buffer_dir).column("source").to_pylist(), strict=True))
+    assert sorted(sources[r["eid"]] for r in ledger) == ["explorer"] * 8 + ["human"] * 8
+    assert len({r["eid"] for r in ledger}) == 16 and all(r["committed"] for r in ledger)
