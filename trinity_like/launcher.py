@@ -18,8 +18,9 @@ A job's SIGINT / SIGTERM asks its roles to stop after the step in progress: the 
 writes a checkpoint, explorers write what they generated; the job then exits with status 0 and
 ``exit_reason: stopped``. A second signal abandons the step.
 
-While the roles work, the launcher tails ``metrics.jsonl`` and prints one progress line per step; a role that
-waits for the other role while none is running says so once.
+While the roles work, the launcher tails ``metrics.jsonl`` and shows progress (``progress.py``: a live bar on a
+terminal, one line per step otherwise); a role that waits for the other role while none is running says so
+once.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from typing import Any
 from trinity_like.buffer.segments import list_segments
 from trinity_like.common.errors import UserError
 from trinity_like.common.fs import atomic_write_json, atomic_write_text, fsync_path
-from trinity_like.common.metrics import read_metrics
 from trinity_like.common.modeling import set_offline_env
-from trinity_like.config import Config, RunPaths, load_config, namespace_of, to_yaml
+from trinity_like.config import Config, RunPaths, explore_steps_needed, load_config, namespace_of, to_yaml
+from trinity_like.progress import RunProgress
 from trinity_like.synchronizer.monitor import MONITOR_NAME
 
 ROLES = ("all", "explorer", "trainer")
@@ -226,33 +227,6 @@ def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
     return roles
 
 
-class _Progress:
-    """Prints one line per step record of ``kinds`` that appears in metrics.jsonl."""
-
-    def __init__(self, paths: RunPaths, total_steps: int, kinds: tuple[str, ...], stream=sys.stdout) -> None:
-        self.paths = paths
-        self.total_steps = total_steps
-        self.kinds = kinds
-        self.offset = paths.metrics.stat().st_size if paths.metrics.is_file() else 0
-        self.stream = stream
-        self.records: list[dict[str, Any]] = []
-
-    def poll(self) -> None:
-        new, self.offset = read_metrics(self.paths.metrics, self.offset)
-        for r in new:
-            if r["role"] in self.kinds:
-                self.records.append(r)
-                print(self.format(r), file=self.stream, flush=True)
-
-    def format(self, r: dict[str, Any]) -> str:
-        if r["role"] == "trainer":
-            return (f"trainer  step {r['step']:>4}/{self.total_steps}  reward {r['train/reward_mean']:.3f}  "
-                    f"staleness {r['train/staleness_mean']:.2f}  pg_loss {r['actor/pg_loss']:+.4f}  "
-                    f"{r['time/train_step_s']:.2f}s")
-        return (f"explorer step {r['step']:>4}       reward {r['rollout/reward_mean']:.3f}  "
-                f"version {int(r['rollout/model_version'])}  {r['time/explore_step_s']:.2f}s")
-
-
 class _WaitNotes:
     """Says once, each time it starts, that a role of this job waits for the other kind while none runs."""
 
@@ -320,7 +294,7 @@ class _StopSignals:
             signal.signal(sig, old)
 
 
-def _run_sync(cfg: Config, roles: _Roles, progress: _Progress, stop: _StopSignals) -> None:
+def _run_sync(cfg: Config, roles: _Roles, progress: RunProgress, stop: _StopSignals) -> None:
     import ray
 
     rows_per_step = cfg.explorer.batch_size * cfg.explorer.repeat_times
@@ -341,7 +315,7 @@ def _run_sync(cfg: Config, roles: _Roles, progress: _Progress, stop: _StopSignal
         ray.get(roles.trainer.run.remote())  # ends at once: saves the step reached and marks itself stopped
 
 
-def _run_loops(roles: _Roles, progress: _Progress, stop: _StopSignals, notes: _WaitNotes) -> None:
+def _run_loops(roles: _Roles, progress: RunProgress, stop: _StopSignals, notes: _WaitNotes) -> None:
     """Each role of this job loops on its own until it finishes, fails, or is asked to stop."""
     import ray
 
@@ -382,7 +356,8 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
     start = time.time()
     init_ray(cfg, address)
     kinds = ("trainer", "explorer") if role == "all" else (role,)
-    progress = _Progress(paths, cfg.trainer.total_steps, kinds)
+    totals = {"trainer": cfg.trainer.total_steps, "explorer": explore_steps_needed(cfg)}
+    progress = RunProgress(paths.metrics, totals, kinds)
     print(f"run directory: {paths.run_dir}  mode: {cfg.mode}  role: {role}  namespace: {namespace_of(cfg)}",
           flush=True)
     roles = None
@@ -407,6 +382,7 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
             raise
         finally:
             progress.poll()
+            progress.close()
             if roles is not None:
                 _shutdown(cfg, roles, role)
             summary = _summary(cfg, role, progress.records, time.time() - start, exit_reason, resumed_from)
