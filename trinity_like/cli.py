@@ -40,7 +40,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from trinity_like.status import format_status, gather_status
 
-    report = gather_status(args.config, args.namespace, args.address)
+    config, overrides = _split_config_and_overrides(args.items) if args.items else (None, [])
+    gather = lambda: gather_status(config, args.namespace, args.address, overrides)  # noqa: E731
+
+    if args.watch is not None:
+        from trinity_like.status import watch_status
+
+        if args.watch <= 0:
+            raise UserError(f"--watch takes a positive number of seconds, got {args.watch:g}")
+        watch_status(gather, args.watch, args.json)
+        return 0
+    report = gather()
     print(json.dumps(report, indent=2) if args.json else format_status(report))
     return 0
 
@@ -100,10 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("status", help="roles alive, their versions, the buffer's unconsumed rows and staleness")
-    p.add_argument("config", nargs="?", help="the run's config file (or give --namespace)")
+    p.add_argument("items", nargs="*", metavar="CONFIG | key=value",
+                   help="the run's config file and the overrides it was run with (or give --namespace)")
     p.add_argument("--namespace", help="the run's Ray namespace <project>/<name>")
     p.add_argument("--address", help="Ray cluster (default: RAY_ADDRESS, else the local one started by `ray start`)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS",
+                   help="redraw every SECONDS (default 2) until Ctrl-C; with --json, one JSON object per line")
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("bench", help="evaluate a model or checkpoint on the config's eval task sets")

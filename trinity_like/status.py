@@ -3,12 +3,16 @@
 Roles alive (kind, id, state, policy version, seconds since the last heartbeat), the latest published
 version, the global explorer step sequence, and the buffer: rows written, rows the trainer has not consumed
 yet, and how stale those would be if trained now (trainer version - model_version). Works without a Ray
-cluster too (then only the run directory is read).
+cluster too (then only the run directory is read). ``--watch`` redraws it every few seconds.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +86,14 @@ def _last_trainer_record(metrics: Path) -> dict[str, Any] | None:
     return trainer[-1] if trainer else None
 
 
-def gather_status(config: str | None, namespace: str | None, address: str | None) -> dict[str, Any]:
+def gather_status(config: str | None, namespace: str | None, address: str | None,
+                  overrides: list[str] | None = None) -> dict[str, Any]:
     from trinity_like.config import RunPaths, load_config, namespace_of
 
     paths = None
     total = None
     if config:
-        cfg = load_config(config)
+        cfg = load_config(config, overrides or [])
         namespace = namespace or namespace_of(cfg)
         paths, total = RunPaths.of(cfg), cfg.trainer.total_steps
     if not namespace:
@@ -166,3 +171,51 @@ def format_status(report: dict[str, Any]) -> str:
         lines.append(f"last trainer step {last['step']}{total}: reward {last['reward_mean']:.3f}, "
                      f"staleness mean {last['staleness_mean']:.2f}")
     return "\n".join(lines)
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = round(width * min(done / total, 1.0)) if total else 0
+    return "[" + "#" * filled + "-" * (width - filled) + f"] {done}/{total}"
+
+
+def format_watch(report: dict[str, Any], interval_s: float) -> str:
+    """The compact live view: a header with the time and the trainer's progress, then the status."""
+    header = f"{time.strftime('%H:%M:%S')}  refreshed every {interval_s:g}s (Ctrl-C to stop)"
+    last = report.get("last_trainer_step")
+    if last is not None and last.get("total_steps"):
+        header += f"   trainer {_bar(last['step'], last['total_steps'])}"
+    return header + "\n" + format_status(report)
+
+
+def watch_status(gather: Callable[[], dict[str, Any]], interval_s: float, as_json: bool = False, stream=None,
+                 live: bool | None = None, iterations: int | None = None) -> None:
+    """Show ``gather()`` every ``interval_s`` seconds until Ctrl-C (or ``iterations`` times): redrawn in place
+    on a terminal, else appended (a blank line between reports; one JSON object per line with ``as_json``)."""
+    stream = stream or sys.stdout
+    live = stream.isatty() and not as_json if live is None else live
+    display = None
+    if live:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
+        display = Live(console=Console(file=stream, force_terminal=True), auto_refresh=False, transient=False)
+        display.start()
+    n = 0
+    try:
+        while iterations is None or n < iterations:
+            if n:
+                time.sleep(interval_s)
+            report = gather()
+            n += 1
+            if as_json:
+                print(json.dumps(report), file=stream, flush=True)
+            elif display is not None:
+                display.update(Text(format_watch(report, interval_s)), refresh=True)
+            else:
+                print(("\n" if n > 1 else "") + format_watch(report, interval_s), file=stream, flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if display is not None:
+            display.stop()
