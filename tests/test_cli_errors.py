@@ -96,7 +96,7 @@ def test_task_file_with_wrong_columns(capsys, config, tmp_path):
            "lacks column(s) prompt, answer", "it has task_id, question", "needs columns task_id, prompt, answer")
     not_parquet = tmp_path / "tasks.jsonl"
     not_parquet.write_text('{"task_id": "1"}\n')
-    _error(capsys, ["run", config, f"explorer.taskset.path={not_parquet}"], "not a readable Parquet file")
+    _error(capsys, ["run", config, f"explorer.taskset.path={not_parquet}"], "cannot be read as Parquet")
 
 
 def _segment_of_schema_version(buffer_dir: Path, version: bytes) -> str:
@@ -122,8 +122,8 @@ def _segment_of_schema_version(buffer_dir: Path, version: bytes) -> str:
 
 def test_buffer_of_another_schema_version(capsys, config, tmp_path):
     name = _segment_of_schema_version(tmp_path / "runs" / "errors" / "run" / "buffer", b"0")
-    _error(capsys, ["run", config], "holds segments of another schema version", f"1 of version 0 (e.g. {name})",
-           "this build reads version 1", "buffer export")
+    _error(capsys, ["run", config], f"holds 1 segment(s) of schema version 0, e.g. {name}",
+           "this build reads only version 1", "buffer export")
 
 
 def test_port_in_use(capsys, config):

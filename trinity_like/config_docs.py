@@ -64,7 +64,7 @@ def field_docs(module: Any = config_module) -> dict[str, dict[str, str]]:
         if not isinstance(node, ast.ClassDef):
             continue
         docs: dict[str, str] = {}
-        for stmt, nxt in zip(node.body, node.body[1:] + [None]):
+        for stmt, nxt in zip(node.body, [*node.body[1:], None], strict=True):
             if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
                     and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
                 docs[stmt.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())

@@ -162,9 +162,9 @@ def check_schema_versions(buffer_dir: str | os.PathLike) -> None:
         if version != str(SCHEMA_VERSION):
             other.setdefault(version, []).append(info.name)
     if other:
-        found = ", ".join(f"{len(names)} of version {v or 'none'} (e.g. {names[0]})" for v, names in other.items())
-        raise UserError(f"buffer '{buffer_dir}' holds segments of another schema version ({found}) and this build "
-                        f"reads version {SCHEMA_VERSION}; export them with the trinity_like version that wrote them "
+        found = "; ".join(f"{len(names)} segment(s) of schema version {v or 'none'}, e.g. {names[0]}"
+                          for v, names in other.items())
+        raise UserError(f"buffer '{buffer_dir}' holds {found}, and this build reads only version {SCHEMA_VERSION}; export them with the trinity_like version that wrote them "
                         "(`trinity-like buffer export`) and ingest the file into a new buffer, or set buffer.path "
                         "(or name) to start from an empty one")
 

@@ -65,9 +65,9 @@ def load_taskset(path: str | Path) -> list[Task]:
 
     try:
         table = pq.read_table(path)
-    except pa.ArrowException as e:
-        raise ValueError(f"task file '{path}' is not a readable Parquet file ({str(e).splitlines()[0][:120]}); "
-                         f"write the tasks as Parquet with columns {', '.join(TASK_COLUMNS)}") from None
+    except pa.ArrowException:
+        raise ValueError(f"task file '{path}' cannot be read as Parquet; write the tasks as a Parquet file with "
+                         f"columns {', '.join(TASK_COLUMNS)}") from None
     missing = [c for c in TASK_COLUMNS if c not in table.column_names]
     if missing:
         raise ValueError(f"task file '{path}' lacks column(s) {', '.join(missing)} (it has "
