@@ -90,6 +90,12 @@ def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_config_docs(args: argparse.Namespace) -> int:
+    from trinity_like.config_docs import DOCS_PATH, run
+
+    return run(args.out or DOCS_PATH, check=args.check)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trinity-like", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
     p.set_defaults(func=_cmd_make_tiny_model)
+
+    p = sub.add_parser("config-docs", help="regenerate docs/config.md, the configuration reference, from the "
+                                          "config dataclasses")
+    p.add_argument("--out", help="where to write (default: docs/config.md of this checkout)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is out of date")
+    p.set_defaults(func=_cmd_config_docs)
 
     from trinity_like.buffer.cli import add_buffer_commands
 

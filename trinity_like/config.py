@@ -1,7 +1,8 @@
 """Configuration: one typed dataclass per part, loaded from YAML with ``key=value`` overrides.
 
 The dataclasses are the single source of truth for every setting: each field carries its description as a
-docstring right under it, and its allowed values in ``field(metadata=...)`` (``choices``, ``min``).
+docstring right under it, and its allowed values in ``field(metadata=...)`` (``choices``, ``choices_from`` a
+registry, ``min``, ``max``). ``docs/config.md`` is generated from them (``trinity-like config-docs``).
 OmegaConf turns them into structured configs, so an unknown key or a value of the wrong type is caught on
 load; ``validate`` then checks choices, ranges and the rules that tie fields together.
 
@@ -38,6 +39,24 @@ def _choices(default: str, choices: tuple[str, ...]) -> Any:
 
 def _at_least(default: Any, minimum: float) -> Any:
     return field(default=default, metadata={"min": minimum})
+
+
+def _registered(default: str, registry: str) -> Any:
+    """A name from ``trinity_like.algorithms.<registry>``: the allowed values are whatever is registered, looked
+    up only when a config is validated (importing the algorithms pulls in torch)."""
+    return field(default=default, metadata={"choices_from": registry})
+
+
+def allowed_values(meta: Any) -> tuple[str, ...] | None:
+    """The allowed values a field's metadata names (``choices``, or a registry in ``trinity_like.algorithms``)."""
+    if "choices" in meta:
+        return tuple(meta["choices"])
+    if "choices_from" in meta:
+        import trinity_like.algorithms as algorithms
+
+        names = getattr(algorithms, meta["choices_from"])
+        return tuple(names.names() if hasattr(names, "names") else names)
+    return None
 
 
 @dataclass
@@ -265,7 +284,7 @@ class SynchronizerConfig:
 
 @dataclass
 class OffPolicyConfig:
-    correction: str = "none"
+    correction: str = _registered("none", "OFF_POLICY_CORRECTIONS")
     """Importance correction for stale data (`trinity_like.algorithms.off_policy`): none, tis, seq_tis,
     icepop, seq_mis, geo_mask, decoupled. Anything but `none` recomputes the proximal log-probs."""
     cap: float = _at_least(2.0, 0.0)
@@ -290,9 +309,9 @@ class KLControlConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"
+    adv_estimator: str = _registered("grpo", "ADV_ESTIMATORS")
     """Advantage estimator, from the registry in `trinity_like.algorithms`."""
-    policy_loss: str = "vanilla"
+    policy_loss: str = _registered("vanilla", "POLICY_LOSSES")
     """Policy loss, from the registry in `trinity_like.algorithms`."""
     clip_ratio_low: float = _at_least(0.2, 0.0)
     """PPO lower clip range: the ratio is clipped below at 1 - clip_ratio_low."""
@@ -300,7 +319,7 @@ class AlgorithmConfig:
     """PPO upper clip range: the ratio is clipped above at 1 + clip_ratio_high."""
     clip_ratio_c: float = field(default=3.0, metadata={"min": 1.000001})
     """Dual-clip bound for negative advantages (> 1)."""
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = _registered("token-mean", "LOSS_AGG_MODES")
     """How a (B, L) loss matrix becomes a scalar (see `agg_loss`)."""
     gamma: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
     """Discount factor (gae, reinforce_plus_plus)."""
@@ -331,7 +350,7 @@ class AlgorithmConfig:
     """Subtract `beta * KL(behaviour || reference)` from the token rewards before the advantages."""
     kl_penalty: str = _choices("kl", ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
     """KL estimator of the in-reward penalty."""
-    kl_ctrl: KLControlConfig = field(default_factory=lambda: KLControlConfig())
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Controller of the in-reward KL coefficient beta."""
     sft_sources: list[str] = field(default_factory=list)
     """Experience sources (`explorer`, `human`, `agent`, `import`) whose rows are trained with the SFT negative
@@ -476,13 +495,21 @@ class Config:
     seed: int = 42
     """Seed for task order, sampling and training; the same seed gives the same run."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy's starting weights and tokenizer."""
     explorer: ExplorerConfig = field(default_factory=ExplorerConfig)
+    """The explorer fleet: engines, tasks, sampling, workflows, evaluation."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The trainer: steps, batching, optimizer, checkpoints, data-parallel workers."""
     synchronizer: SynchronizerConfig = field(default_factory=SynchronizerConfig)
+    """How weights reach the explorers and how far they may lag behind the trainer."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages, policy loss, KL terms and the off-policy correction."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """How responses are scored."""
     buffer: BufferConfig = field(default_factory=BufferConfig)
+    """The experience buffer: where rows are stored, how the trainer reads them, how explorers hand them over."""
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    """Where metrics go besides `metrics.jsonl`."""
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     """Optional supervised warm-up on demonstrations before the RL run."""
     serve: ServeConfig = field(default_factory=ServeConfig)
@@ -695,16 +722,6 @@ def _field_type(node: type, name: str) -> str | None:
 def validate(cfg: Config) -> None:
     """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem."""
     _check_fields(cfg, "")
-    from trinity_like.algorithms import ADV_ESTIMATORS, LOSS_AGG_MODES, OFF_POLICY_CORRECTIONS, POLICY_LOSSES
-
-    for key, value, allowed in (
-        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS.names()),
-        ("algorithm.policy_loss", cfg.algorithm.policy_loss, POLICY_LOSSES.names()),
-        ("algorithm.loss_agg_mode", cfg.algorithm.loss_agg_mode, LOSS_AGG_MODES),
-        ("algorithm.off_policy.correction", cfg.algorithm.off_policy.correction, OFF_POLICY_CORRECTIONS.names()),
-    ):
-        if value not in allowed:
-            raise ConfigError(f"bad value for '{key}': {value!r}; allowed values: {', '.join(allowed)}")
     _validate_algorithm(cfg)
     _validate_trainer(cfg)
     _validate_explorer_and_buffer(cfg)
@@ -826,10 +843,14 @@ def _check_fields(obj: Any, prefix: str) -> None:
         if dataclasses.is_dataclass(value):
             _check_fields(value, key + ".")
             continue
+        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):  # e.g. explorer.eval_tasksets
+            for i, item in enumerate(value):
+                _check_fields(item, f"{key}[{i}].")
+            continue
         meta = f.metadata
-        if "choices" in meta and value not in meta["choices"]:
-            raise ConfigError(
-                f"bad value for '{key}': {value!r}; allowed values: {', '.join(meta['choices'])}")
+        allowed = allowed_values(meta)
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"bad value for '{key}': {value!r}; allowed values: {', '.join(allowed)}")
         if value is None:
             continue
         if "min" in meta and value < meta["min"]:

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from trinity_like.buffer.segments import list_segments
+from trinity_like.buffer.segments import check_schema_versions, list_segments
 from trinity_like.common.errors import UserError
 from trinity_like.common.fs import atomic_write_json, atomic_write_text, fsync_path
 from trinity_like.common.modeling import set_offline_env
@@ -129,8 +129,7 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     ``role='all'`` refuses a directory that already holds a run unless ``resume``; a ``trainer`` refuses one
     with checkpoints unless ``resume``; an ``explorer`` joins whatever is there. A joining role must bring the
     run's config. ``allow_existing`` lets read-only users (``bench``) open any run directory."""
-    from trinity_like.common.tasks import generate_arithmetic, load_taskset, write_taskset
-    from trinity_like.common.tiny_model import ensure_tiny_model
+    from trinity_like.common.tasks import generate_arithmetic, write_taskset
     from trinity_like.trainer.ppo import latest_checkpoint
 
     if role not in (*ROLES, "serve"):
@@ -144,27 +143,47 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
         if role == "trainer" and ckpt is not None:
             raise RunError(f"run directory '{paths.run_dir}' holds trainer checkpoints (latest {ckpt.name}); "
                            "restart the trainer with --resume, or pick another name")
+    # Check what the user gave before writing anything: a config.yaml saved by an attempt that then failed would
+    # make the corrected retry look like "another config".
+    _check_model(cfg)
+    if cfg.mode != "offline" and cfg.explorer.taskset.path:
+        _check_taskset(paths.taskset)
+    if not allow_existing:
+        check_schema_versions(paths.buffer_dir)
     paths.run_dir.mkdir(parents=True, exist_ok=True)
     if not allow_existing:
         _check_same_config(cfg, paths, role, resume)
         _ensure_run_id(paths)
+    if cfg.mode != "offline" and not paths.taskset.is_file():
+        ts = cfg.explorer.taskset
+        write_taskset(paths.taskset, generate_arithmetic(ts.size, ts.max_operand, cfg.seed))
+    if cfg.mode != "offline":
+        _check_taskset(paths.taskset)
+    return paths
+
+
+def _check_model(cfg: Config) -> None:
+    """A model folder with a tokenizer that fits it (or build the tiny model, if asked)."""
+    from trinity_like.common.tiny_model import ensure_tiny_model
+    from trinity_like.common.tokenizer import check_tokenizer_fits_model
+
     if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         if not cfg.model.build_tiny_if_missing:
             raise RunError(f"model.path '{cfg.model.path}' has no model; point it at a Hugging Face model folder, "
                            "build one with `trinity-like make-tiny-model DIR`, or set model.build_tiny_if_missing=true")
         print(f"building the tiny model into {cfg.model.path} ...", flush=True)
         ensure_tiny_model(cfg.model.path, seed=cfg.seed)
-    if cfg.mode != "offline" and not paths.taskset.is_file():
-        if cfg.explorer.taskset.path:
-            raise RunError(f"explorer.taskset.path '{cfg.explorer.taskset.path}' does not exist")
-        ts = cfg.explorer.taskset
-        write_taskset(paths.taskset, generate_arithmetic(ts.size, ts.max_operand, cfg.seed))
-    if cfg.mode != "offline":
-        try:
-            load_taskset(paths.taskset)  # fail here, in one line, rather than inside an explorer actor
-        except (OSError, ValueError) as e:
-            raise RunError(str(e)) from None
-    return paths
+    check_tokenizer_fits_model(cfg.model.path)
+
+
+def _check_taskset(path) -> None:
+    """Fail here, in one line, rather than inside an explorer actor."""
+    from trinity_like.common.tasks import load_taskset
+
+    try:
+        load_taskset(path)
+    except (OSError, ValueError) as e:
+        raise RunError(str(e)) from None
 
 
 def init_ray(cfg: Config, address: str | None = None) -> None:
@@ -179,11 +198,33 @@ def init_ray(cfg: Config, address: str | None = None) -> None:
     if not address:
         ray.init(address="local", include_dashboard=False, **kwargs)
         return
+    check_ray_address(address)
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError) as e:
         raise RunError(f"cannot reach the Ray cluster at '{address}' ({str(e).splitlines()[0][:120]}); start one "
                        "with `ray start --head` or give its address with --address / RAY_ADDRESS") from None
+
+
+def check_ray_address(address: str | None, timeout_s: float = 3.0) -> None:
+    """Fail at once when the Ray cluster at ``address`` (``host:port`` or ``ray://host:port``) does not accept
+    connections: ``ray.init`` would retry for a minute or more before saying so. ``auto``, ``local`` and
+    forms this does not parse are left to ``ray.init``."""
+    import socket
+
+    if not address or address in ("auto", "local"):
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        source = "" if address != os.environ.get("RAY_ADDRESS") else " (from RAY_ADDRESS)"
+        raise RunError(f"cannot reach the Ray cluster at '{address}'{source}: {e.strerror or str(e) or type(e).__name__}; "
+                       "start one with `ray start --head` (it prints its address) or give the right one with "
+                       "--address / RAY_ADDRESS (leave both unset to run on a local Ray instance)") from None
 
 
 @dataclass
@@ -352,6 +393,7 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
     import ray
 
     set_offline_env()
+    check_ray_address(address or os.environ.get("RAY_ADDRESS"))  # before anything slow or written
     paths = prepare_run_dir(cfg, role=role, resume=resume)
     start = time.time()
     init_ray(cfg, address)

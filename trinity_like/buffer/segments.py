@@ -137,6 +137,38 @@ def read_segment(info: SegmentInfo, verify: bool = True) -> pa.Table:
     return table
 
 
+def schema_version(info: SegmentInfo) -> str | None:
+    """The schema version a segment was written with (from its footer; the rows are not read), or None if
+    the file records none; raise SegmentError if it is unreadable."""
+    try:
+        metadata = ipc.open_file(pa.memory_map(str(info.path))).schema.metadata or {}
+    except (OSError, pa.ArrowInvalid) as e:
+        raise SegmentError(f"segment {info.path} is unreadable: {e}") from None
+    version = metadata.get(b"trinity_like.schema_version")
+    return version.decode() if version is not None else None
+
+
+def check_schema_versions(buffer_dir: str | os.PathLike) -> None:
+    """Refuse a buffer that holds segments of another schema version (readers would have to skip them: a run
+    would silently train on part of its data). Unreadable segments are left to ``buffer verify``."""
+    from trinity_like.common.errors import UserError
+
+    other: dict[str | None, list[str]] = {}
+    for info in list_segments(buffer_dir):
+        try:
+            version = schema_version(info)
+        except SegmentError:
+            continue
+        if version != str(SCHEMA_VERSION):
+            other.setdefault(version, []).append(info.name)
+    if other:
+        found = "; ".join(f"{len(names)} segment(s) of schema version {v or 'none'}, e.g. {names[0]}"
+                          for v, names in other.items())
+        raise UserError(f"buffer '{buffer_dir}' holds {found}, and this build reads only version {SCHEMA_VERSION}; export them with the trinity_like version that wrote them "
+                        "(`trinity-like buffer export`) and ingest the file into a new buffer, or set buffer.path "
+                        "(or name) to start from an empty one")
+
+
 def stored_eids(buffer_dir: str | os.PathLike) -> set[str]:
     """Every eid in the buffer's readable segments (unreadable ones are left out with a logged error)."""
     eids: set[str] = set()

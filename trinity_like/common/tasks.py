@@ -61,11 +61,18 @@ def load_taskset(path: str | Path) -> list[Task]:
     if not path.is_file():
         raise FileNotFoundError(f"task file '{path}' does not exist; set explorer.taskset.path to a Parquet "
                                 f"file with columns {', '.join(TASK_COLUMNS)}, or leave it empty to generate one")
-    table = pq.read_table(path)
+    import pyarrow as pa
+
+    try:
+        table = pq.read_table(path)
+    except pa.ArrowException:
+        raise ValueError(f"task file '{path}' cannot be read as Parquet; write the tasks as a Parquet file with "
+                         f"columns {', '.join(TASK_COLUMNS)}") from None
     missing = [c for c in TASK_COLUMNS if c not in table.column_names]
     if missing:
-        raise ValueError(f"task file '{path}' lacks column(s) {', '.join(missing)}; it needs "
-                         f"{', '.join(TASK_COLUMNS)}")
+        raise ValueError(f"task file '{path}' lacks column(s) {', '.join(missing)} (it has "
+                         f"{', '.join(table.column_names) or 'none'}); a task file needs columns "
+                         f"{', '.join(TASK_COLUMNS)} (and optionally data_source)")
     if table.num_rows == 0:
         raise ValueError(f"task file '{path}' has no rows")
     rows = table.to_pylist()

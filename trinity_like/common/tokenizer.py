@@ -30,3 +30,34 @@ def hf_tokenizer(name_or_path: str, correct_pad_token: bool = True, correct_gemm
         warnings.warn(f"tokenizer of {name_or_path} has no pad token; using eos {tokenizer.eos_token!r}",
                       stacklevel=2)
     return tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+"""A model folder holds its tokenizer in at least one of these (fast, sentencepiece, BPE vocabulary)."""
+
+
+def check_tokenizer_fits_model(path: str | Path) -> None:
+    """Refuse a model folder whose tokenizer cannot drive its model; raise UserError saying how to fix it.
+
+    A mismatch is (1) no tokenizer files at all: ``transformers`` then quietly builds an empty tokenizer from
+    the model type (for qwen2, one token), and every prompt becomes unknown tokens; or (2) a tokenizer with
+    more tokens than the model has embedding rows (``vocab_size`` in ``config.json``): those ids index past the
+    embedding, which fails deep inside an engine, or on a GPU as a device-side assert. Fewer tokens than rows
+    is normal (embeddings are often padded)."""
+    from trinity_like.common.errors import UserError
+
+    path = Path(path)
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(f"model.path '{path}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
+                        "tokenizer files that came with this model into the folder (tokenizer.save_pretrained)")
+    config = json.loads((path / "config.json").read_text())
+    rows = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    try:
+        tokens = len(hf_tokenizer(str(path), correct_pad_token=False))
+    except (OSError, ValueError) as e:
+        raise UserError(f"the tokenizer in model.path '{path}' does not load ({str(e).splitlines()[0][:160]}); "
+                        "replace it with the tokenizer files that came with this model") from None
+    if rows and tokens > rows:
+        raise UserError(f"the tokenizer in model.path '{path}' has {tokens} tokens but the model has only {rows} "
+                        "embedding rows (vocab_size in config.json), so the model and tokenizer do not belong "
+                        "together; use the tokenizer the model was trained with")

@@ -200,7 +200,7 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None, api_key
           address: str | None = None) -> int:
     """``trinity-like serve``: check exposure, bind the port, join the run, serve until SIGINT/SIGTERM."""
     from trinity_like.common.modeling import set_offline_env
-    from trinity_like.launcher import init_ray, prepare_run_dir
+    from trinity_like.launcher import check_ray_address, init_ray, prepare_run_dir
 
     host = host or cfg.serve.host
     port = cfg.serve.port if port is None else port
@@ -208,6 +208,7 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None, api_key
     check_exposure(host, api_key)
     sock = bind_socket(host, port)
     set_offline_env()
+    check_ray_address(address or os.environ.get("RAY_ADDRESS"))
     prepare_run_dir(cfg, role="serve")
     init_ray(cfg, address)
 

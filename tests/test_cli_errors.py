@@ -1,0 +1,174 @@
+"""Mistakes people make, through the real command line: each is one line `error: ...` on stderr (what is wrong
+and how to fix it) and exit status 2, never a traceback. Every case fails before Ray starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trinity_like.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+@pytest.fixture
+def config(tmp_path, tiny_model_path) -> Path:
+    """A small valid config whose run directory lies under tmp_path."""
+    path = tmp_path / "run.yaml"
+    path.write_text(f"checkpoint_root_dir: {tmp_path / 'runs'}\nproject: errors\nname: run\n"
+                    f"model:\n  path: {tiny_model_path}\nexplorer:\n  taskset:\n    size: 8\n")
+    return path
+
+
+def _error(capsys, argv: list[str], *needles: str) -> str:
+    """Run the CLI; assert exit status 2 and a single `error:` line holding every needle; return that line."""
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_unknown_config_key(capsys, config):
+    _error(capsys, ["run", config, "trainer.total_stepz=3"],
+           "unknown config key 'trainer.total_stepz'", "valid keys under 'trainer'", "total_steps")
+
+
+def test_bad_value(capsys, config):
+    _error(capsys, ["run", config, "mode=turbo"], "bad value for 'mode'", "allowed values: sync, async, offline")
+    _error(capsys, ["run", config, "trainer.total_steps=many"], "bad value for 'trainer.total_steps'", "int")
+
+
+def test_missing_model_path(capsys, config, tmp_path):
+    _error(capsys, ["run", config, f"model.path={tmp_path / 'nowhere'}"],
+           "model.path", "has no model", "make-tiny-model", "model.build_tiny_if_missing=true")
+    assert not (tmp_path / "runs" / "errors" / "run" / "config.yaml").exists()  # nothing written for a retry to trip on
+
+
+def test_model_folder_without_tokenizer(capsys, config, tmp_path, tiny_model_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(Path(tiny_model_path) / "config.json", bare)
+    _error(capsys, ["run", config, f"model.path={bare}"], f"model.path '{bare}' has no tokenizer", "tokenizer.json")
+
+
+def test_tokenizer_larger_than_the_models_embedding(capsys, config, tmp_path, tiny_model_path):
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_path, other)
+    model_config = json.loads((other / "config.json").read_text())
+    model_config["vocab_size"] = 100
+    (other / "config.json").write_text(json.dumps(model_config))
+    _error(capsys, ["run", config, f"model.path={other}"],
+           "tokens but the model has only 100 embedding rows", "do not belong together",
+           "use the tokenizer the model was trained with")
+
+
+def test_task_file_missing(capsys, config, tmp_path):
+    missing = tmp_path / "tasks-nowhere.parquet"
+    _error(capsys, ["run", config, f"explorer.taskset.path={missing}"],
+           f"task file '{missing}' does not exist", "explorer.taskset.path", "task_id, prompt, answer")
+
+
+def test_task_file_with_wrong_columns(capsys, config, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "tasks.parquet"
+    pq.write_table(pa.table({"task_id": ["1"], "question": ["1+1="]}), bad)
+    _error(capsys, ["run", config, f"explorer.taskset.path={bad}"],
+           "lacks column(s) prompt, answer", "it has task_id, question", "needs columns task_id, prompt, answer")
+    not_parquet = tmp_path / "tasks.jsonl"
+    not_parquet.write_text('{"task_id": "1"}\n')
+    _error(capsys, ["run", config, f"explorer.taskset.path={not_parquet}"], "cannot be read as Parquet")
+
+
+def _segment_of_schema_version(buffer_dir: Path, version: bytes) -> str:
+    """A well-formed segment (checksum in its name) whose footer records another schema version."""
+    import zlib
+
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from trinity_like.common.experience import Experience, experiences_to_table
+
+    table = experiences_to_table([Experience(prompt_ids=[1, 2], response_ids=[3], source="human")])
+    table = table.replace_schema_metadata({b"trinity_like.schema_version": version})
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue().to_pybytes()
+    name = f"{time.time_ns():020d}-ingest-human-000000-1-{zlib.crc32(data):08x}.arrow"
+    (buffer_dir / "segments").mkdir(parents=True, exist_ok=True)
+    (buffer_dir / "segments" / name).write_bytes(data)
+    return name
+
+
+def test_buffer_of_another_schema_version(capsys, config, tmp_path):
+    name = _segment_of_schema_version(tmp_path / "runs" / "errors" / "run" / "buffer", b"0")
+    _error(capsys, ["run", config], f"holds 1 segment(s) of schema version 0, e.g. {name}",
+           "this build reads only version 1", "buffer export")
+
+
+def test_port_in_use(capsys, config):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        _error(capsys, ["serve", config, "--port", port], f"port {port} on 127.0.0.1 is in use", "--port")
+
+
+def test_role_joining_a_run_with_another_config(capsys, config):
+    from trinity_like.config import load_config
+    from trinity_like.launcher import prepare_run_dir
+
+    prepare_run_dir(load_config(config), role="trainer")  # the run's config, as a trainer job saved it
+    _error(capsys, ["run", config, "seed=3", "trainer.optimizer.lr=0.5", "--role", "explorer"],
+           "runs another config (differs in seed, trainer.optimizer.lr)", "start this explorer with the run's "
+           "config.yaml")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
+
+
+def test_ray_address_unreachable_fails_fast(capsys, config):
+    port = _closed_port()
+    start = time.monotonic()
+    _error(capsys, ["run", config, "--address", f"127.0.0.1:{port}"],
+           f"cannot reach the Ray cluster at '127.0.0.1:{port}'", "ray start --head", "--address / RAY_ADDRESS")
+    assert time.monotonic() - start < 10
+    assert not (Path(config).parent / "runs" / "errors").exists()  # refused before the run directory
+
+
+def test_fresh_process_from_ray_address_env(config):
+    """The installed entry point in a fresh process: RAY_ADDRESS from `ray job submit` pointing nowhere."""
+    port = _closed_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "trinity_like.cli", "run", str(config)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach the Ray cluster"), proc.stderr
+    assert "(from RAY_ADDRESS)" in lines[0]
+    assert time.monotonic() - start < 60
