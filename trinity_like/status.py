@@ -26,7 +26,13 @@ def _connect(address: str | None, namespace: str) -> str | None:
 
     if ray.is_initialized():
         return None
+    from trinity_like.launcher import RunError, check_ray_address
+
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        check_ray_address(target)  # a closed port fails in seconds; ray.init would retry for a minute
+    except RunError:
+        return f"no Ray cluster reachable at '{target}' (connection refused)"
     try:
         ray.init(address=target, namespace=namespace, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
