@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from trinity_like.common.errors import UserError
 
@@ -51,6 +52,16 @@ class Run:
     explorer: list[dict[str, Any]]
     trainer: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def setting(self, dotted: str, default: Any = None) -> Any:
+        """A value of the run's resolved ``config.yaml`` (``default`` when absent)."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
 
     @property
     def name(self) -> str:
@@ -78,11 +89,13 @@ def load_run(run_dir: str | Path) -> Run:
         raise UserError(f"{path} holds no records yet: plot the run after its first step")
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    config_path = run_dir / "config.yaml"
+    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
 
     def of(role: str) -> list[dict[str, Any]]:
         return sorted((r for r in records if r.get("role") == role), key=lambda r: (r["step"], r["time"]))
 
-    return Run(run_dir, of("explorer"), of("trainer"), summary)
+    return Run(run_dir, of("explorer"), of("trainer"), summary, config or {})
 
 
 def series(records: list[dict[str, Any]], key: str, x: str = "step") -> tuple[np.ndarray, np.ndarray]:
@@ -120,8 +133,8 @@ def _explorer_segments(r: dict[str, Any]) -> list[tuple[float, float, str, str]]
         start, rollout = r["timeline/start_unix_s"], r["timeline/rollout_start_unix_s"]
         eval_start = r.get("timeline/eval_start_unix_s", rollout)
     else:  # older records: backwards from the end with the durations
-        rollout = end - buffer_wait - r.get("time/explore_step_s", 0.0)
-        start = eval_start = rollout - wait - load
+        rollout = eval_start = end - buffer_wait - r.get("time/explore_step_s", 0.0)
+        start = rollout - wait - load
     out = [(start, start + wait, "admission wait", step)]
     if load:
         out.append((start + wait, start + wait + load, "load weights", f"L{int(r.get('sync/version', 0))}"))
@@ -186,17 +199,16 @@ def _explorer_steps(run: Run) -> np.ndarray:
     return np.asarray([r["step"] - 1 for r in run.explorer], dtype=np.float64)
 
 
-def _line(ax, x, y, color, label, n_smooth: int, marker_if_short: bool = True):
+def _line(ax, x, y, color, label, lw: float = 1.8, **kwargs):
     """A raw series in a light line and its moving average on top; markers when there are few points."""
     if len(x) == 0:
         return
     w = _window(len(x))
-    marker = "o" if marker_if_short and len(x) <= 30 else None
     if w > 1:
         ax.plot(x, y, color=color, alpha=0.25, lw=0.8)
-        ax.plot(x, smooth(y, w), color=color, lw=1.8, label=f"{label} ({w}-step mean)")
+        ax.plot(x, smooth(y, w), color=color, lw=lw, label=f"{label} ({w}-step mean)", **kwargs)
     else:
-        ax.plot(x, y, color=color, lw=1.5, marker=marker, ms=4, label=label)
+        ax.plot(x, y, color=color, lw=lw, marker="o" if len(x) <= 30 else None, ms=4, label=label, **kwargs)
 
 
 def reward_figure(run: Run):
@@ -212,20 +224,20 @@ def reward_figure(run: Run):
     ex_time = series(run.explorer, "rollout/reward_mean", x="time")[0]
     tr_step, tr_reward = series(run.trainer, "train/reward_mean")
     tr_time = series(run.trainer, "train/reward_mean", x="time")[0]
-    ex_step = ex_step - 1  # explorer step k's record is written as step k + 1
     data.update(explorer_step=ex_step, explorer_reward=ex_reward, trainer_step=tr_step, trainer_reward=tr_reward)
     span = max([*ex_time, *tr_time, run.t0]) - run.t0
     unit, uname = _time_unit(span)
     for col, (xe, xt, xlabel) in enumerate((
-            (ex_step, tr_step, "step (explorer step k generates the rows of trainer step k + 1)"),
+            (ex_step, tr_step, "step (explorer step k is drawn at k + 1: the trainer step that trains its rows)"),
             (_wall(run, ex_time) / unit, _wall(run, tr_time) / unit, f"wall time since the run started ({uname})"))):
         ax = axes[0, col]
-        _line(ax, xe, ex_reward, C_EXPLORER, "explorer: rollout reward (mean of the step's samples)", len(xe))
-        _line(ax, xt, tr_reward, C_TRAINER, "trainer: reward of the trained batch", len(xt))
+        # one explorer step's rows are often exactly one trainer batch: the wide line stays visible under the thin
+        _line(ax, xt, tr_reward, C_TRAINER, "trainer: reward of the trained batch", lw=3.2, alpha=0.55)
+        _line(ax, xe, ex_reward, C_EXPLORER, "explorer: rollout reward (mean of the step's samples)", lw=1.4)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("reward")
         ax.set_title("Reward " + ("per step" if col == 0 else "over wall time"))
-        ax.legend(loc="lower right")
+        ax.legend(loc="best")
 
     if has_eval:
         markers = iter(("o", "s", "^", "D", "v"))
@@ -257,7 +269,7 @@ def reward_figure(run: Run):
             ax.set_ylabel("held-out accuracy (greedy)")
             ax.set_ylim(-0.03, 1.03)
             ax.set_title("Evaluation " + ("per policy version" if col == 0 else "over wall time"))
-            ax.legend(loc="lower right")
+            ax.legend(loc="best")
     fig.suptitle(f"{run.name}: reward and evaluation", fontsize=12)
     fig.tight_layout()
     return fig, data
@@ -266,10 +278,15 @@ def reward_figure(run: Run):
 def staleness_figure(run: Run):
     """Per trainer step, the shares of the batch at each staleness (stacked bars), with mean and max."""
     plt = _plt()
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(13, 7.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(13, 6.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     steps = np.asarray([r["step"] for r in run.trainer], dtype=np.float64)
     ks = sorted({int(k.rsplit("/", 1)[1]) for r in run.trainer for k in r if k.startswith("train/staleness_frac/")})
     fracs = {k: np.asarray([r.get(f"train/staleness_frac/{k}", 0.0) for r in run.trainer]) for k in ks}
+    if not ks and all(r.get("train/staleness_max", 9) <= 1 for r in run.trainer):
+        # older records without the shares: with staleness 0 or 1 only, the mean is the share at 1
+        ks = [0, 1]
+        mean = np.asarray([r["train/staleness_mean"] for r in run.trainer])
+        fracs = {0: 1.0 - mean, 1: mean}
     data: dict[str, Any] = {"step": steps, "fractions": fracs}
     cmap = plt.get_cmap("viridis")
     if ks:
@@ -278,26 +295,32 @@ def staleness_figure(run: Run):
         for i, k in enumerate(ks):
             color = cmap(i / max(len(ks) - 1, 1) * 0.85)
             ax.bar(steps, fracs[k], bottom=bottom, width=width, color=color, linewidth=0,
-                   label=f"{k} version{'s' if k != 1 else ''} stale")
+                   label="0 (on-policy)" if k == 0 else f"{k} version{'s' if k != 1 else ''}")
             bottom += fracs[k]
         ax.set_ylim(0, 1.0)
         ax.set_ylabel("share of the batch's rows")
         ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), title="staleness")
-        ax.set_title("Staleness distribution of each trained batch")
+        rows = np.asarray([r.get("train/batch_size", 1.0) for r in run.trainer])
+        overall = ", ".join(f"{k}: {100 * float((fracs[k] * rows).sum() / rows.sum()):.1f}%" for k in ks)
+        ax.set_title(f"Staleness distribution of each trained batch (all rows: {overall})")
     else:
         ax.text(0.5, 0.5, "this run's records carry no staleness distribution\n(train/staleness_frac/*): "
                 "see mean and max below", ha="center", va="center", transform=ax.transAxes)
         ax.set_title("Staleness distribution of each trained batch")
-    for key, color, label in (("train/staleness_mean", "#1f77b4", "mean"), ("train/staleness_max", "#d62728", "max")):
+    for key, color, lw, ls, label in (("train/staleness_mean", "#1f77b4", 3.0, "-", "mean"),
+                                      ("train/staleness_max", "#d62728", 1.2, "--", "max")):
         x, y = series(run.trainer, key)
         data[key] = y
-        ax2.plot(x, y, color=color, lw=1.5, marker="o" if len(x) <= 30 else None, ms=4, label=label,
+        ax2.plot(x, y, color=color, lw=lw, ls=ls, marker="o" if len(x) <= 30 else None, ms=4, label=label,
                  drawstyle="steps-mid")
+    bound = run.setting("synchronizer.max_staleness")
+    if bound is not None and run.setting("mode") == "async":
+        ax2.axhline(bound, color="black", lw=0.8, ls=":", label=f"bound (max_staleness = {bound})")
     ax2.set_xlabel("trainer step")
     ax2.set_ylabel("staleness (versions)")
     ax2.set_title("Staleness mean and max per batch")
     ax2.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0))
-    top = max([0.0, *data["train/staleness_max"]])
+    top = max([0.0, *data["train/staleness_max"], bound or 0])
     ax2.set_ylim(-0.1, top + 0.5)
     ax2.yaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(f"{run.name}: staleness (trainer version - the row's model_version)", fontsize=12)
@@ -319,8 +342,13 @@ def off_policy_figure(run: Run):
         data[key] = (x, y)
         ax.plot(x, y, color=color, lw=1.3, marker="o" if n <= 30 else None, ms=4, label=label)
     ax.axhline(1.0, color="black", lw=0.8, ls="--", label="1 (on-policy)")
-    ax.set_yscale("log")
-    ax.set_ylabel("importance weight\n(log scale)")
+    top = max([1.0, *data["off_policy/weight_max"][1]])
+    if top > 10:  # a few huge weights would flatten everything else
+        ax.set_yscale("log")
+        ax.set_ylabel("importance weight\n(log scale)")
+    else:
+        ax.set_ylim(0, top * 1.08)
+        ax.set_ylabel("importance weight")
     ax.set_title("Importance weights: current (proximal) policy / behaviour policy, per response token")
     ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0))
     for key, color, label in (("off_policy/ess", C_SYNC, "normalised ESS = (sum w)^2 / (n sum w^2)"),
@@ -333,13 +361,15 @@ def off_policy_figure(run: Run):
     ax2.set_ylabel("fraction")
     ax2.set_title("Effective sample size and masked tokens")
     ax2.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0))
-    fig.suptitle(f"{run.name}: off-policy correction", fontsize=12)
+    correction = run.setting("algorithm.off_policy.correction", "?")
+    fig.suptitle(f"{run.name}: off-policy correction ({correction})", fontsize=12)
     fig.tight_layout()
     return fig, data
 
 
 _KIND_COLOR = {"generation": C_EXPLORER, "evaluation": C_EVAL, "admission wait": C_WAIT, "buffer full": C_BUFFER_WAIT,
-               "load weights": C_SYNC, "training": C_TRAINER, "data wait": C_WAIT, "publish weights": "#98df8a"}
+               "load weights": C_SYNC, "training": C_TRAINER, "data wait": C_WAIT, "publish weights": "#98df8a",
+               "outside steps": "#f2f2f2"}
 _LANES = ("explorer", "sync", "trainer")
 
 
@@ -362,7 +392,8 @@ def _draw_lanes(ax, segments, t0: float, unit: float, labels: bool, lo: float | 
                 continue
             ax.broken_barh([((start - t0) / unit, max(end - start, 0.0) / unit)], (y - 0.38, 0.76),
                            facecolors=_KIND_COLOR[kind], edgecolor="white" if labels else "none", linewidth=0.6)
-            if labels and kind in ("generation", "training", "publish weights", "load weights") and hi is not None:
+            shown = ("generation", "training") if lane != "sync" else ("publish weights", "load weights")
+            if labels and kind in shown and hi is not None:
                 width = min(end, hi) - max(start, lo)
                 if width > (hi - lo) * 0.035:
                     ax.text((max(start, lo) + min(end, hi)) / 2 / unit - t0 / unit, y, label, ha="center",
@@ -390,21 +421,14 @@ def timeline_figure(run: Run):
     ax.set_title(f"Whole run: {len(run.explorer)} explorer steps, {len(run.trainer)} trainer steps")
     lo, hi = _zoom_window(run, segments)
     pad = (hi - lo) * 0.01
-    if (lo, hi) != (t0, end):
-        ax.axvspan((lo - t0) / unit, (hi - t0) / unit, color="orange", alpha=0.25, lw=0)
-        ax.text((hi - t0) / unit, -0.55, " zoom below", fontsize=8, va="bottom", color="#b35900")
+    zoomed = (lo, hi) != (t0, end)
+    if zoomed:
+        ax.axvspan((lo - t0) / unit, (hi - t0) / unit, color="orange", alpha=0.3, lw=0)
     _draw_lanes(ax2, segments, t0, 1.0, labels=True, lo=lo, hi=hi)
-    # each published version, and the explorer load of it, joined by a line
-    loads = {s[3][1:]: s for s in segments["sync"] if s[2] == "load weights"}
-    for s in segments["sync"]:
-        if s[2] == "publish weights" and s[3][1:] in loads and lo <= s[1] <= hi:
-            ld = loads[s[3][1:]]
-            ax2.annotate("", xy=(ld[0] - t0, 1), xytext=(s[1] - t0, 1), arrowprops=dict(
-                arrowstyle="->", color=C_SYNC, lw=1.0, connectionstyle="arc3,rad=-0.3"))
     ax2.set_xlim(lo - t0 - pad, hi - t0 + pad)
     ax2.set_xlabel("wall time since the run started (s)")
-    ax2.set_title("Zoom: E k = explorer step k, T k = trainer step k, P v = version v published, "
-                  "L v = version v loaded by the explorer")
+    ax2.set_title(("Zoom on the orange band: " if zoomed else "")
+                  + "E k = explorer step k, T k = trainer step k, P v = version v published, L v = version v loaded")
     kinds = ["generation", "evaluation", "admission wait", "buffer full", "load weights", "training", "data wait",
              "publish weights"]
     present = {s[2] for lane in segments.values() for s in lane}
@@ -421,56 +445,72 @@ def timeline_figure(run: Run):
 
 
 def time_split(run: Run) -> dict[str, dict[str, float]]:
-    """Total seconds per role and activity, from the timeline segments (what the throughput figure's bars show)."""
+    """Seconds per role and activity over the run's wall time, from the timeline segments; ``outside steps`` is
+    the rest of the wall time (start-up, bookkeeping between steps, a role that finished before the other)."""
     segs = timeline_segments(run)
+    span = max(s[1] for lane in segs.values() for s in lane) - run.t0
     out: dict[str, dict[str, float]] = {}
     for lane in ("explorer", "trainer"):
         totals: dict[str, float] = {}
         for start, end, kind, _ in segs[lane]:
             totals[kind] = totals.get(kind, 0.0) + max(end - start, 0.0)
+        totals["outside steps"] = max(span - sum(totals.values()), 0.0)
         out[lane] = totals
     return out
 
 
+def rows_per_s(times: np.ndarray, rows: np.ndarray, t0: float) -> np.ndarray:
+    """Wall-clock rate at each record: rows of the last ``w`` records over the time they took (from ``t0`` for
+    the first records), so waiting counts; ``w`` is a twentieth of the records for long runs, else 1."""
+    order = np.argsort(times)
+    t, y = times[order], np.cumsum(rows[order])
+    w = _window(len(t))
+    t_prev = np.concatenate([np.full(w, t0), t])[: len(t)]
+    y_prev = np.concatenate([np.zeros(w), y])[: len(t)]
+    return (y - y_prev) / np.maximum(t - t_prev, 1e-9)
+
+
 def throughput_figure(run: Run):
-    """tokens/s of each role, rows generated / trained over wall time, and each role's time split."""
+    """tokens/s of each role while working, rows/s of wall time, and each role's wall time split."""
     plt = _plt()
     fig = plt.figure(figsize=(13, 9))
     gs = fig.add_gridspec(3, 1, height_ratios=[1.1, 1.1, 0.8])
     ax, ax2, ax3 = (fig.add_subplot(gs[i]) for i in range(3))
     t0 = run.t0
-    end = max([r["time"] for r in run.explorer + run.trainer])
+    end = max(s[1] for lane in timeline_segments(run).values() for s in lane)
     unit, uname = _time_unit(end - t0)
     data: dict[str, Any] = {}
     for records, key, color, label in ((run.explorer, "rollout/tokens_per_s", C_EXPLORER, "explorer: generated"),
                                        (run.trainer, "train/tokens_per_s", C_TRAINER, "trainer: trained")):
         t, y = series(records, key, x="time")
         data[key] = (t, y)
-        _line(ax, (t - t0) / unit, y, color, f"{label} response tokens / s of step time", len(t))
+        _line(ax, (t - t0) / unit, y, color, f"{label} response tokens")
     ax.set_ylabel("tokens / s")
-    ax.set_title("Throughput while working (per step: tokens / time generating or training)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0))
-    for records, key, color, label in ((run.explorer, "rollout/experiences", C_EXPLORER, "generated (explorer)"),
-                                       (run.trainer, "train/batch_size", C_TRAINER, "trained (trainer)")):
+    ax.set_title("While working: response tokens per second of generation or training time")
+    for records, key, color, label in ((run.explorer, "rollout/experiences", C_EXPLORER, "explorer: generated"),
+                                       (run.trainer, "train/batch_size", C_TRAINER, "trainer: trained")):
         t, y = series(records, key, x="time")
-        order = np.argsort(t)
-        t, y = t[order], np.cumsum(y[order])
-        data[f"cumulative {key}"] = (t, y)
-        if len(t):
-            rate = y[-1] / max(t[-1] - t0, 1e-9)
-            ax2.step(np.insert((t - t0) / unit, 0, 0.0), np.insert(y, 0, 0.0), where="post", color=color, lw=1.6,
-                     label=f"{label}: {rate:.1f} rows / s overall")
-    ax2.set_ylabel("rows (samples)")
-    ax2.set_title("Rows generated and trained so far (the gap is the buffer backlog)")
-    ax2.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0))
+        if not len(t):
+            continue
+        rate = rows_per_s(t, y, t0)
+        data[f"{key} per s"] = (np.sort(t), rate)
+        w = _window(len(t))
+        overall = y.sum() / max(t.max() - t0, 1e-9)
+        ax2.plot((np.sort(t) - t0) / unit, rate, color=color, lw=1.6, marker="o" if len(t) <= 30 else None, ms=4,
+                 label=f"{label} ({'' if w == 1 else f'over {w} steps; '}{overall:.1f} rows / s overall)")
+    ax2.set_ylabel("rows / s")
+    ax2.set_title("Over wall time, waiting included: rows (samples) per second")
     for a in (ax, ax2):
         a.set_xlabel(f"wall time since the run started ({uname})")
         a.set_xlim(0, (end - t0) / unit * 1.01)
+        a.set_ylim(bottom=0)
+        a.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0))
 
     split = time_split(run)
     data["time_split"] = split
-    order = {"explorer": ["generation", "evaluation", "load weights", "admission wait", "buffer full"],
-             "trainer": ["training", "publish weights", "data wait"]}
+    order = {"explorer": ["generation", "evaluation", "load weights", "admission wait", "buffer full",
+                          "outside steps"],
+             "trainer": ["training", "publish weights", "data wait", "outside steps"]}
     for y, lane in enumerate(("explorer", "trainer")):
         total = sum(split[lane].values()) or 1.0
         left = 0.0
@@ -478,16 +518,23 @@ def throughput_figure(run: Run):
             sec = split[lane].get(kind, 0.0)
             if not sec:
                 continue
-            ax3.barh(y, sec, left=left, color=_KIND_COLOR[kind], edgecolor="white", height=0.6)
-            if sec / total > 0.06:
-                ax3.text(left + sec / 2, y, f"{kind}\n{sec:.0f}s ({100 * sec / total:.0f}%)" if sec >= 10
-                         else f"{kind}\n{sec:.1f}s ({100 * sec / total:.0f}%)", ha="center", va="center",
-                         fontsize=8, color="white" if kind in ("generation", "training") else "black")
+            ax3.barh(y, sec / unit, left=left / unit, color=_KIND_COLOR[kind], edgecolor="white", height=0.6,
+                     hatch="//" if kind == "outside steps" else None)
+            if sec / total > 0.07:
+                ax3.text((left + sec / 2) / unit, y, f"{kind}\n{100 * sec / total:.0f}%", ha="center", va="center",
+                         fontsize=8, color="white" if kind in ("generation", "training", "evaluation") else "black")
             left += sec
+    from matplotlib.patches import Patch
+
+    present = [k for k in dict.fromkeys(order["explorer"] + order["trainer"])
+               if any(split[lane].get(k) for lane in split)]
+    ax3.legend(handles=[Patch(facecolor=_KIND_COLOR[k], hatch="//" if k == "outside steps" else None, label=k)
+                        for k in present], loc="upper left", bbox_to_anchor=(1.005, 1.0))
     ax3.set_yticks([0, 1], ["explorer", "trainer"])
     ax3.invert_yaxis()
-    ax3.set_xlabel("seconds summed over the run's steps")
-    ax3.set_title("Where each role's time went (working vs waiting)")
+    ax3.set_xlim(0, (end - t0) / unit * 1.01)
+    ax3.set_xlabel(f"wall time ({uname}), summed per activity")
+    ax3.set_title("Where each role's wall time went: working (colours) vs waiting (greys)")
     ax3.grid(axis="y", visible=False)
     fig.suptitle(f"{run.name}: throughput", fontsize=12)
     fig.tight_layout()
