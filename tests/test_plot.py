@@ -130,11 +130,14 @@ def test_two_step_run_without_correction(tmp_path):
     assert data["zoom"] == pytest.approx((T0, T0 + 2.4))  # a short run is shown whole
 
 
-def test_trainer_only_run(tmp_path):
-    """An offline run (the warm-up): no explorer lane content, and nothing fails."""
-    records = [r for r in _records(3) if r["role"] == "trainer"]
-    paths, _ = plot_run(_run_dir(tmp_path, records))
-    assert "timeline" in [p.stem for p in paths]
+@pytest.mark.parametrize("role, figures", [
+    ("trainer", FIGURES),  # an offline run (the warm-up): an empty explorer lane
+    ("explorer", ("reward", "timeline", "throughput")),  # an explorer job's records alone
+])
+def test_one_role_only(tmp_path, role, figures):
+    paths, skipped = plot_run(_run_dir(tmp_path, [r for r in _records(3) if r["role"] == role]))
+    _check_pngs(paths, figures)
+    assert len(skipped) == len(FIGURES) - len(figures)
 
 
 def test_helpers():
