@@ -80,6 +80,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                  address=args.address)
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from trinity_like.plot import plot_run
+
+    paths, skipped = plot_run(args.run_dir, args.out)
+    for path in paths:
+        print(path)
+    for note in skipped:
+        print(f"skipped {note}")
+    return 0
+
+
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from trinity_like.common.modeling import set_offline_env
     from trinity_like.common.tiny_model import make_tiny_model
@@ -141,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "TRINITY_SERVE_API_KEY)")
     p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS; none = a local Ray instance)")
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("plot", help="PNG figures of a run: reward and eval, staleness, IS weights and ESS, a "
+                                    "timeline of explorer / trainer / syncs, throughput")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory <checkpoint_root_dir>/<project>/<name> "
+                                                      "(the folder holding metrics.jsonl)")
+    p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default RUN_DIR/plots)")
+    p.set_defaults(func=_cmd_plot)
 
     p = sub.add_parser("make-tiny-model", help="build the offline tiny tokenizer + Qwen2 model")
     p.add_argument("out_dir")

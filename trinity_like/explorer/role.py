@@ -246,13 +246,18 @@ class ExplorerRole:
         """Run explorer step ``step`` (default: the next one of this explorer) and write its experiences."""
         if step is None:
             step = self.explore_step_num
+        # wall-clock phase starts (unix s) for the timeline of `trinity-like plot`; the record's `time` is the end
+        timeline = {"timeline/start_unix_s": time.time()}
         sync_metrics = await self._admit_and_sync(step)
         interval = self.cfg.explorer.eval_interval
+        timeline["timeline/eval_start_unix_s"] = time.time()
         eval_metrics = await self.evaluate() if interval and step % interval == 0 else {}
+        timeline["timeline/rollout_start_unix_s"] = time.time()
         start = time.perf_counter()
         finished = await self._rollout(step, self._tasks_for_step(step))
         metrics = await self._write(step, finished, start)
-        metrics.update({"rollout/admission_wait_s": sync_metrics["sync/wait_s"], **sync_metrics, **eval_metrics})
+        metrics.update({"rollout/admission_wait_s": sync_metrics["sync/wait_s"], **sync_metrics, **eval_metrics,
+                        **timeline})
         self.metrics.write(step + 1, metrics)
         return metrics
 

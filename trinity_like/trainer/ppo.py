@@ -280,6 +280,9 @@ class PPOTrainer(TrainEngineWrapper):
             "train/reward_mean": float(batch["rewards"].mean()),
             "train/staleness_mean": float(staleness.mean()),
             "train/staleness_max": float(staleness.max()),
+            # the distribution, for `trinity-like plot`: the share of rows k versions stale, for each k present
+            **{f"train/staleness_frac/{k}": float(n) / staleness.numel()
+               for k, n in enumerate(torch.bincount(staleness.long()).tolist()) if n},
             "train/batch_size": float(batch.batch_size[0]),
             "train/response_length_mean": response_tokens / batch.batch_size[0],
             "train/tokens_per_s": response_tokens / elapsed,

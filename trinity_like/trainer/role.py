@@ -152,17 +152,21 @@ class TrainerRole:
 
     def step(self) -> dict[str, float]:
         """Read one batch, train on it, commit its consumption, publish weights when the interval says so."""
+        # wall-clock phase starts (unix s) for the timeline of `trinity-like plot`; the record's `time` is the end
+        timeline = {"timeline/start_unix_s": time.time()}
         wait_start = time.perf_counter()
         if self.replay is not None:
             exps = self._next_replay_batch()
         else:
             exps = self._read_batch()
         wait_s = time.perf_counter() - wait_start
+        timeline["timeline/train_start_unix_s"] = time.time()
         metrics = self.engine.train_step(exps)
         step = self.engine.train_step_num
         if self.replay is not None:
             metrics["replay/epoch"] = float(self._replay_epoch)
         elif step % self.cfg.synchronizer.interval == 0 or step == self.cfg.trainer.total_steps:
+            timeline["timeline/sync_start_unix_s"] = time.time()
             sync_start = time.perf_counter()
             metrics.update(self.engine.sync_weight() or {})
             metrics["time/sync_s"] = time.perf_counter() - sync_start
@@ -171,6 +175,7 @@ class TrainerRole:
             self.save()
         metrics["time/wait_data_s"] = wait_s
         metrics["trainer/version"] = float(step)
+        metrics.update(timeline)
         if self.consumer is not None:
             metrics.update(self.consumer.stats())
         self.metrics.write(step, metrics)
