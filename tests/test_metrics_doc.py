@@ -3,7 +3,8 @@
 Two sources of the emitted names: a static scan of trinity_like/ (every string literal or f-string that is a
 whole ``area/metric`` key; f-string holes become patterns), and a short real run with a critic, an off-policy
 correction, the KL and entropy terms and an eval task set, whose metrics.jsonl keys are checked too (that
-catches keys assembled in ways the scan cannot see).
+catches keys assembled in ways the scan cannot see); that run also feeds every installed monitor from the
+two roles' own processes.
 """
 
 import ast
@@ -95,11 +96,13 @@ def test_every_documented_name_is_emitted():
 
 
 @pytest.mark.slow
-def test_keys_of_a_real_run_are_documented(tmp_path, tiny_model_path, ray_session):
+def test_keys_of_a_real_run_are_documented(tmp_path, tiny_model_path, ray_session, monkeypatch):
+    from trinity_like.common.monitors import monitor_problem
     from trinity_like.config import RunPaths, load_config
     from trinity_like.launcher import run
 
-    cfg = load_config(None, [
+    backends = [b for b in ("tensorboard", "wandb", "mlflow") if monitor_problem(b) is None]
+    cfg = load_config(None, [f"monitor.backends=[{','.join(backends)}]",
         f"checkpoint_root_dir={tmp_path}", "project=doc", "name=all", f"model.path={tiny_model_path}",
         "mode=async", "synchronizer.max_staleness=1", "trainer.total_steps=2",
         "explorer.batch_size=2", "explorer.repeat_times=4", "explorer.sampling.max_new_tokens=4",
@@ -116,5 +119,22 @@ def test_keys_of_a_real_run_are_documented(tmp_path, tiny_model_path, ray_sessio
     doc = _doc_names()
     missing = sorted(k for k in keys if not _documented(k, doc))
     assert not missing, f"logged by a real run but not in docs/metrics.md: {missing}"
-    # the default monitor saw the same run
-    assert list((RunPaths.of(cfg).run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    # the monitors saw the same run, each role (its own process) under its own prefix
+    run_dir = RunPaths.of(cfg).run_dir
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    assert {"trainer/actor/pg_loss", "explorer/rollout/reward_mean"} <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("trainer/actor/pg_loss")] == [1, 2]
+    if "wandb" in backends:
+        assert len(list((run_dir / "wandb").glob("offline-run-*/*.wandb"))) == 2
+    if "mlflow" in backends:
+        from mlflow.tracking import MlflowClient
+
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks readers of a file store too
+        client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+        runs = client.search_runs([client.get_experiment_by_name("doc/all").experiment_id])
+        assert sorted(r.info.run_name for r in runs) == ["explorer", "trainer"]
+        trainer = next(r for r in runs if r.info.run_name == "trainer")
+        assert len(client.get_metric_history(trainer.info.run_id, "trainer/actor/pg_loss")) == 2

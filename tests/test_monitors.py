@@ -58,10 +58,11 @@ def test_wandb_offline_run_per_role(tmp_path, monkeypatch):
         assert key in blobs
 
 
-def test_mlflow_file_store_run_per_role(tmp_path):
+def test_mlflow_file_store_run_per_role(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # the backend sets it for its process
     monitor = mon.MONITOR_BACKENDS["mlflow"](tmp_path, "p/n", SETTINGS)
     _log_all(monitor)
     client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
