@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -96,15 +95,14 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
 
 @register_monitor("tensorboard", "tensorboard", "pip install tensorboard")
 class TensorBoardMonitor:
-    """Scalars in ``<run_dir>/tensorboard/``, tagged ``<role>/<area>/<metric>``; each process writes its own
-    event file there (TensorBoard reads them all as one run)."""
+    """Scalars in ``<run_dir>/tensorboard/``, tagged ``<role>/<area>/<metric>``, at the record's step and time;
+    each process writes its own event file there (TensorBoard reads them all as one run)."""
 
     def __init__(self, run_dir: Path, experiment: str, settings: MonitorSettings) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = run_dir / "tensorboard"
-        self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=10,
-                                    filename_suffix=f".{socket.gethostname()}.{os.getpid()}")
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))  # file name has host and pid: one per process
 
     def log(self, role: str, step: int, metrics: dict[str, float], walltime: float) -> None:
         for key, value in _scalars(metrics).items():
