@@ -25,7 +25,7 @@ from trinity_like.common.errors import UserError
 MODES = ("sync", "async", "offline")
 ENGINES = ("hf", "vllm")
 SYNC_METHODS = ("checkpoint", "nccl", "memory")
-MONITORS = ("jsonl",)
+WANDB_MODES = ("offline", "online", "disabled")
 TASKSET_GENERATORS = ("arithmetic",)
 
 
@@ -434,8 +434,18 @@ class BufferConfig:
 
 @dataclass
 class MonitorConfig:
-    type: str = _choices("jsonl", MONITORS)
-    """Metrics sink; `metrics.jsonl` in the run directory is always written."""
+    backends: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Where each role's metrics go besides `metrics.jsonl` (always written): any of `tensorboard` (files in
+    `<run_dir>/tensorboard/`), `wandb` and `mlflow` (extras: `pip install .[wandb]`, `.[mlflow]`); `[]` = only
+    `metrics.jsonl`. Every role logs under its own prefix (`trainer/actor/pg_loss`); names in docs/metrics.md."""
+    wandb_mode: str = _choices("offline", WANDB_MODES)
+    """`offline` writes the W&B runs under `<run_dir>/wandb/` without a network (upload later with `wandb sync`);
+    `online` streams them to the W&B server (needs `WANDB_API_KEY`)."""
+    wandb_project: str = ""
+    """W&B project; empty = the run's `project`. The runs (one per role) are grouped as `<project>/<name>`."""
+    mlflow_tracking_uri: str = ""
+    """MLflow tracking store; empty = the local file store `<run_dir>/mlruns`. The runs (one per role) go into
+    the experiment `<project>/<name>`."""
 
 
 @dataclass
@@ -723,6 +733,7 @@ def validate(cfg: Config) -> None:
     """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem."""
     _check_fields(cfg, "")
     _validate_algorithm(cfg)
+    _validate_monitor(cfg)
     _validate_trainer(cfg)
     _validate_explorer_and_buffer(cfg)
     _validate_sources(cfg)
@@ -780,6 +791,18 @@ def _validate_algorithm(cfg: Config) -> None:
         if not 0 < rc.overlong_buffer.len <= max_len:
             raise ConfigError(f"reward.overlong_buffer.len={rc.overlong_buffer.len} must be in (0, {max_len}] "
                               "(the longest response)")
+
+
+def _validate_monitor(cfg: Config) -> None:
+    from trinity_like.common.monitors import monitor_problem
+
+    backends = cfg.monitor.backends
+    for name in backends:
+        problem = monitor_problem(name)
+        if problem:
+            raise ConfigError(f"bad value in 'monitor.backends': {problem}")
+    if len(set(backends)) != len(backends):
+        raise ConfigError(f"monitor.backends names a backend twice: {list(backends)}; list each once")
 
 
 def _validate_trainer(cfg: Config) -> None:

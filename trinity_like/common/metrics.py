@@ -1,24 +1,69 @@
-"""metrics.jsonl: one JSON object per step and role, with flat ``area/metric`` keys."""
+"""metrics.jsonl: one JSON object per step and role, with flat ``area/metric`` keys; and the monitors.
+
+:class:`MetricsWriter` is the one place a role logs through: it appends each record to ``metrics.jsonl``
+(always; the launcher, ``status`` and the warm-up tail it) and forwards it to the configured monitors
+(``monitor.backends``: TensorBoard, W&B, MLflow; see :mod:`trinity_like.common.monitors`). The metric names
+are listed in ``docs/metrics.md``.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trinity_like.common.fs import append_line
 
+if TYPE_CHECKING:
+    from trinity_like.common.monitors import Monitor
+    from trinity_like.config import Config, RunPaths
+
+logger = logging.getLogger(__name__)
+
 
 class MetricsWriter:
-    def __init__(self, path: str | Path, role: str) -> None:
+    def __init__(self, path: str | Path, role: str, monitors: list[Monitor] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.role = role
+        self.monitors: list[Monitor] = list(monitors or [])
+        """Backends still logging; one that raises is logged once and dropped from here."""
+
+    @classmethod
+    def for_run(cls, cfg: Config, paths: RunPaths, role: str) -> MetricsWriter:
+        """The writer of ``role`` in the run: ``paths.metrics`` plus the monitors of ``cfg.monitor.backends``."""
+        from trinity_like.common.monitors import open_monitors
+
+        monitors = open_monitors(cfg.monitor.backends, paths.run_dir, f"{cfg.project}/{cfg.name}", cfg.monitor)
+        return cls(paths.metrics, role, monitors)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"role": self.role, "step": step, "time": time.time(), **metrics}
         append_line(self.path, json.dumps(record, sort_keys=False))
+        for monitor in list(self.monitors):
+            try:
+                monitor.log(self.role, step, metrics, record["time"])
+            except Exception:
+                # a dashboard must not stop training: say so loudly, once, and keep metrics.jsonl going
+                logger.exception("monitor %s of role %s failed at step %d and is disabled for the rest of this "
+                                 "run; the metrics are still in %s", type(monitor).__name__, self.role, step,
+                                 self.path)
+                self.monitors.remove(monitor)
+                self._close(monitor)
+
+    def close(self) -> None:
+        """Flush and close the monitors; safe to call twice (metrics.jsonl needs no closing)."""
+        monitors, self.monitors = self.monitors, []
+        for monitor in monitors:
+            self._close(monitor)
+
+    def _close(self, monitor: Monitor) -> None:
+        try:
+            monitor.close()
+        except Exception:
+            logger.exception("monitor %s of role %s failed to close", type(monitor).__name__, self.role)
 
 
 def read_metrics(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:

@@ -112,7 +112,7 @@ class ExplorerRole:
 
             self.sender = RedisSender(self.cfg.buffer.redis_url, redis_stream(self.cfg),
                                       timeout_s=self.cfg.synchronizer.timeout_s)
-        self.metrics = MetricsWriter(self.paths.metrics, role="explorer")
+        self.metrics = MetricsWriter.for_run(self.cfg, self.paths, role="explorer")
         self.eval_tasks = prepare_eval_tasksets(self.cfg)
         self._order: list[int] = []
         self._epoch = -1
@@ -361,3 +361,5 @@ class ExplorerRole:
             self.fleet.kill()
         if getattr(self, "sender", None) is not None:
             await self.sender.close()
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()

@@ -86,7 +86,7 @@ class TrainerRole:
             self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy, priority=b.priority or None,
             where=b.where or None, max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps,
             resume_step=resume_step, mix=b.mix, mix_fill=b.mix_fill)
-        self.metrics = MetricsWriter(self.paths.metrics, role="trainer")
+        self.metrics = MetricsWriter.for_run(self.cfg, self.paths, role="trainer")
         self._last_end_check = 0.0
         self.ingester = None
         self.replay = None
@@ -246,13 +246,16 @@ class TrainerRole:
                 "resumed_from": self.resumed_from}
 
     def shutdown(self) -> None:
-        """Stop the helpers this role started (the Redis ingester, data-parallel workers); safe to call twice."""
+        """Stop the helpers this role started (the Redis ingester, data-parallel workers) and close the monitors;
+        safe to call twice."""
         if getattr(self, "heartbeat", None) is not None:
             self.heartbeat.stop()
         if self.ingester is not None:
             self.ingester.stop()
         if hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
 
     def _end(self, reason: str) -> None:
         import ray
