@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "metrics.md"
-AREAS = ("rollout", "eval", "actor", "critic", "off_policy", "buffer", "sync", "time", "train", "trainer", "replay")
+AREAS = ("rollout", "eval", "actor", "critic", "off_policy", "buffer", "sync", "time", "train", "trainer", "replay",
+         "timeline")
 KEY = re.compile(rf"(?:{'|'.join(AREAS)})/[\w@<>/.*]+")
 HOLE = "<*>"
 

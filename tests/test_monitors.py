@@ -151,3 +151,25 @@ def test_importing_monitors_stays_light():
             "print([m for m in ('torch', 'tensorboard', 'wandb', 'mlflow') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_timestamps_stay_in_metrics_jsonl_and_out_of_the_monitors(tmp_path):
+    """timeline/* are instants for `trinity-like plot`, not quantities to chart against steps."""
+    from trinity_like.common.metrics import MetricsWriter, read_metrics
+
+    class Recorder:
+        def __init__(self):
+            self.seen = []
+
+        def log(self, role, step, metrics, walltime):
+            self.seen.append(dict(metrics))
+
+        def close(self):
+            pass
+
+    recorder = Recorder()
+    writer = MetricsWriter(tmp_path / "metrics.jsonl", "trainer", [recorder])
+    writer.write(1, {"train/reward_mean": 0.5, "timeline/start_unix_s": 1.7e9})
+    assert recorder.seen == [{"train/reward_mean": 0.5}]
+    (record,), _ = read_metrics(tmp_path / "metrics.jsonl")
+    assert record["timeline/start_unix_s"] == 1.7e9 and record["train/reward_mean"] == 0.5

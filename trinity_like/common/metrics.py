@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+TIMESTAMP_PREFIX = "timeline/"
+"""Keys that hold when a phase of the step began (unix seconds): kept in metrics.jsonl, not sent to monitors."""
+
 
 class MetricsWriter:
     def __init__(self, path: str | Path, role: str, monitors: list[Monitor] | None = None) -> None:
@@ -42,9 +45,11 @@ class MetricsWriter:
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"role": self.role, "step": step, "time": time.time(), **metrics}
         append_line(self.path, json.dumps(record, sort_keys=False))
+        # timeline/* are wall-clock instants (for `trinity-like plot`), not quantities to chart against steps
+        scalars = {k: v for k, v in metrics.items() if not k.startswith(TIMESTAMP_PREFIX)}
         for monitor in list(self.monitors):
             try:
-                monitor.log(self.role, step, metrics, record["time"])
+                monitor.log(self.role, step, scalars, record["time"])
             except Exception:
                 # a dashboard must not stop training: say so loudly, once, and keep metrics.jsonl going
                 logger.exception("monitor %s of role %s failed at step %d and is disabled for the rest of this "
