@@ -49,6 +49,8 @@ def _error(capsys, argv: list[str], *needles: str) -> str:
 def test_unknown_config_key(capsys, config):
     _error(capsys, ["run", config, "trainer.total_stepz=3"],
            "unknown config key 'trainer.total_stepz'", "valid keys under 'trainer'", "total_steps")
+    _error(capsys, ["run", config, "monitor.type=jsonl"], "config key 'monitor.type' was replaced",
+           "monitor.backends")  # a key of an earlier version names what replaced it
 
 
 def test_bad_value(capsys, config):

@@ -29,6 +29,13 @@ WANDB_MODES = ("offline", "online", "disabled")
 TASKSET_GENERATORS = ("arithmetic",)
 
 
+RENAMED_KEYS = {
+    "monitor.type": "use monitor.backends, a list (e.g. [tensorboard]; [] = metrics.jsonl only, which is always "
+                    "written)",
+}
+"""Keys of earlier versions and what took their place, so an old config gets a hint rather than a key list."""
+
+
 class ConfigError(UserError):
     """A user mistake in the configuration; the message is one sentence saying what to change."""
 
@@ -679,6 +686,8 @@ def _explain_omegaconf_error(e: Exception, schema: Any, layers: list[Any]) -> st
     parent, _, leaf = key.rpartition(".")
     node = _dataclass_at(parent)
     if type(e).__name__ == "ConfigKeyError" or "not in" in msg:
+        if key in RENAMED_KEYS:
+            return f"config key '{key}' was replaced: {RENAMED_KEYS[key]}"
         if node is None:
             return f"unknown config key '{key}'"
         valid = ", ".join(f.name for f in dataclasses.fields(node))
