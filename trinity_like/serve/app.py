@@ -261,13 +261,11 @@ def build_app(state: ServeState) -> Guard:
                 return n
         return None
 
-    async def generate(request: Request, input_ids: list[int], body: _Body):
+    async def generate(input_ids: list[int], sampling: SamplingConfig, seed: int, stops: list[str]):
         if len(input_ids) > state.cfg.max_prompt_tokens:
             raise ApiError(400, f"the conversation is {len(input_ids)} tokens, over this server's limit "
                                 f"{state.cfg.max_prompt_tokens} (serve.max_prompt_tokens); start a new session",
                            "messages")
-        sampling, seed = sampling_of(body)
-        stops = stops_of(body)
         sample = await state.backend.generate(input_ids, sampling, seed)
         ids = [int(x) for x in sample.response_ids]
         logprobs = [float(x) for x in sample.logprobs]
@@ -291,10 +289,7 @@ def build_app(state: ServeState) -> Guard:
         record.response_ids += context_ids + ids
         record.action_mask += [False] * len(context_ids) + [True] * len(ids)
         record.logprobs += [0.0] * len(context_ids) + logprobs
-        if ids:
-            record.turn_ends.append(len(record.response_ids) - 1)
-        else:  # an empty reply (max_tokens hit at once cannot happen; a stop at the first token can)
-            record.turn_ends.append(max(len(record.response_ids) - 1, 0))
+        record.turn_ends.append(max(len(record.response_ids) - 1, 0))  # an empty reply has no token of its own
         record.versions.append(int(sample.model_version))
         record.completion_ids.append(cid)
         record.engine_ids.append(sample.engine_id)
@@ -340,8 +335,8 @@ def build_app(state: ServeState) -> Guard:
             messages = normalize_messages(body.messages)
         except ChatFormatError as e:
             raise ApiError(400, str(e), "messages") from None
-        sampling_of(body)  # reject bad sampling before any work
-        stops_of(body)
+        sampling, seed = sampling_of(body)  # bad sampling is refused before any work
+        stops = stops_of(body)
         session, group = ids_of(request, body)
         tools = body.tools or None
 
@@ -360,7 +355,7 @@ def build_app(state: ServeState) -> Guard:
                     session, group, messages, tools, lambda: render_ids(messages, tok, True, tools), extend)
             except ChatFormatError as e:
                 raise ApiError(400, str(e), "messages") from None
-            sample, ids, logprobs, finish, text = await generate(request, record.input_ids() + context, body)
+            sample, ids, logprobs, finish, text = await generate(record.input_ids() + context, sampling, seed, stops)
             content, calls = _parse_tool_calls(text)
             reply: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
@@ -395,8 +390,8 @@ def build_app(state: ServeState) -> Guard:
             prompt_ids = list(body.prompt)
         if not prompt_ids:
             raise ApiError(400, "prompt tokenises to nothing", "prompt")
-        sampling_of(body)
-        stops_of(body)
+        sampling, seed = sampling_of(body)
+        stops = stops_of(body)
         session, group = ids_of(request, body)
 
         def extend(record: Record):  # a session's next prompt must extend everything said so far, in tokens
@@ -408,7 +403,7 @@ def build_app(state: ServeState) -> Guard:
         lock = locks.setdefault(session, asyncio.Lock()) if session else asyncio.Lock()
         async with lock:
             record, context, _ = session_record(session, group, [], None, lambda: prompt_ids, extend)
-            sample, ids, logprobs, finish, text = await generate(request, record.input_ids() + context, body)
+            sample, ids, logprobs, finish, text = await generate(record.input_ids() + context, sampling, seed, stops)
             cid = await record_turn(request, record, context, ids, logprobs, sample, finish,
                                     {"role": "assistant", "content": text}, [])
         if cid is None:
@@ -558,9 +553,9 @@ def _canonical(messages: list[dict[str, Any]]) -> list[tuple]:
 
 def _parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """Hermes-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks -> OpenAI tool calls; the
-    text outside them is the content. A block that is not valid JSON stays in the content."""
-    calls = []
-    for j, match in enumerate(_TOOL_CALL.finditer(text)):
+    text outside them is the content. A block that is not a JSON object with a name stays in the content."""
+    calls, kept, last = [], [], 0
+    for match in _TOOL_CALL.finditer(text):
         try:
             obj = json.loads(match.group(1))
         except json.JSONDecodeError:
@@ -568,21 +563,15 @@ def _parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             continue
         args = obj.get("arguments", {})
-        calls.append({"id": f"call_{uuid.uuid4().hex[:12]}_{j}", "type": "function",
+        calls.append({"id": f"call_{uuid.uuid4().hex[:12]}_{len(calls)}", "type": "function",
                       "function": {"name": obj["name"],
                                    "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        kept.append(text[last:match.start()])
+        last = match.end()
     if not calls:
         return text, []
-    content = _TOOL_CALL.sub(lambda m: "" if _is_call(m.group(1)) else m.group(0), text).strip()
+    content = ("".join(kept) + text[last:]).strip()
     return content or None, calls
-
-
-def _is_call(block: str) -> bool:
-    try:
-        obj = json.loads(block)
-    except json.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and isinstance(obj.get("name"), str)
 
 
 def _logprobs_block(tok, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
