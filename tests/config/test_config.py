@@ -6,7 +6,7 @@ import pytest
 
 from trinity_like.config import Config, ConfigError, RunPaths, load_config, to_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 
@@ -154,5 +154,5 @@ def test_cross_field_rules(overrides, needle):
 
 def test_a_list_element_override_is_a_config_error_not_a_crash():
     with pytest.raises(ConfigError, match="set a list as a whole"):
-        load_config(Path(__file__).parents[1] / "configs" / "quickstart.yaml",
+        load_config(Path(__file__).parents[2] / "configs" / "quickstart.yaml",
                     ["explorer.eval_tasksets.0.max_operand=6"])

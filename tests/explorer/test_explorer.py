@@ -184,7 +184,7 @@ def test_custom_workflow_example_and_eval_and_bench(tmp_path, tiny_model_path, r
     from trinity_like.config import RunPaths
     from trinity_like.launcher import run
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "custom_workflow.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "custom_workflow.py"
     evals = "explorer.eval_tasksets=[{name: add, size: 8, max_operand: 4}, {name: add4, size: 8, k: 2, temperature: 1.0}]"
     cfg = _cfg(tmp_path, tiny_model_path, "name=custom", "mode=sync", f"explorer.workflow={example}:ReverseWorkflow",
                "explorer.batch_size=2", "explorer.repeat_times=2", "trainer.total_steps=2",

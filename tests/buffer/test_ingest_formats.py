@@ -21,7 +21,7 @@ from trinity_like.common.chat import (
 )
 from trinity_like.common.tokenizer import hf_tokenizer
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}}}}]
 
