@@ -226,8 +226,9 @@ def length_distribution(buffer_dir: Path) -> dict[str, float]:
 
 def run_once(args, root: Path, model: Path, stops: list[int], mode: str, staleness: int, name: str,
              sampler: CpuSampler) -> dict:
-    from trinity_like.config import RunPaths, load_config
+    from trinity_like.config import load_config
     from trinity_like.launcher import run
+    from trinity_like.runtime.paths import RunPaths
 
     cfg = load_config(None, overrides(args, root, model, stops, mode, staleness, name))
     load_before = os.getloadavg()[0]

@@ -94,8 +94,7 @@ class Receiver:
         self.receiver = WeightReceiver(timeout_s=300)
 
     def round(self, min_version: int) -> float:
-        from trinity_like.synchronizer.synchronizer import SYNCHRONIZER_NAME
-
+        from trinity_like.synchronizer.messages import SYNCHRONIZER_NAME
         sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
         spec = ray.get(sync.collective_ready.remote(self.key, min_version, 300))
         start = time.perf_counter()

@@ -60,8 +60,44 @@ def test_bad_value(capsys, config):
 
 def test_missing_model_path(capsys, config, tmp_path):
     _error(capsys, ["run", config, f"model.path={tmp_path / 'nowhere'}"],
-           "model.path", "has no model", "make-tiny-model", "model.build_tiny_if_missing=true")
+           "model.path", "has no model", "make-tiny-model", "model.build_tiny_at")
     assert not (tmp_path / "runs" / "errors" / "run" / "config.yaml").exists()  # nothing written for a retry to trip on
+
+
+def test_mistyped_model_path_builds_nothing(capsys, config, tmp_path):
+    """With the quickstart's `build_tiny_at`, a typo in model.path used to build a random model at the typo and
+    train it; the tiny model is now built only into the folder build_tiny_at names."""
+    typo = tmp_path / "some" / "typo"
+    line = _error(capsys, ["run", config, f"model.path={typo}", f"model.build_tiny_at={tmp_path / 'tiny'}"],
+                  f"model.path '{typo}' has no model", "build_tiny_at builds the tiny model only into")
+    assert str(tmp_path / "tiny") in line
+    assert not typo.exists() and not (tmp_path / "tiny").exists()
+
+
+def test_build_tiny_at_builds_and_says_so(capsys, config, tmp_path):
+    from trinity_like.config import load_config
+    from trinity_like.runtime.run_dir import prepare_run_dir
+
+    tiny = tmp_path / "tiny"
+    cfg = load_config(config, [f"model.path={tiny}", f"model.build_tiny_at={tiny}"])
+    prepare_run_dir(cfg)
+    assert (tiny / "config.json").is_file()
+    assert f"building the tiny model into {tiny} (model.build_tiny_at)" in capsys.readouterr().out
+
+
+def test_old_build_tiny_key_names_its_replacement(capsys, config):
+    _error(capsys, ["run", config, "model.build_tiny_if_missing=true"],
+           "config key 'model.build_tiny_if_missing' was replaced", "model.build_tiny_at")
+
+
+def test_garbled_checkpoint_pointer_stops_resume(capsys, config, tmp_path):
+    """A damaged `checkpoints/latest` used to make --resume start again from step 0 silently."""
+    ckpts = tmp_path / "runs" / "errors" / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / "latest").write_text("\x00\x00garbage")
+    _error(capsys, ["run", config, "--resume"], "checkpoint pointer", "is garbled", "delete it to start from step 0")
+    (ckpts / "latest").write_text("7\n")  # names a checkpoint that is not there
+    _error(capsys, ["run", config, "--resume"], "names step 7", "not a complete checkpoint")
 
 
 def test_model_folder_without_tokenizer(capsys, config, tmp_path, tiny_model_path):
@@ -138,8 +174,7 @@ def test_port_in_use(capsys, config):
 
 def test_role_joining_a_run_with_another_config(capsys, config):
     from trinity_like.config import load_config
-    from trinity_like.launcher import prepare_run_dir
-
+    from trinity_like.runtime.run_dir import prepare_run_dir
     prepare_run_dir(load_config(config), role="trainer")  # the run's config, as a trainer job saved it
     _error(capsys, ["run", config, "seed=3", "trainer.optimizer.lr=0.5", "--role", "explorer"],
            "runs another config (differs in seed, trainer.optimizer.lr)", "start this explorer with the run's "

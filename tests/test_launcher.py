@@ -2,8 +2,10 @@
 
 import pytest
 
-from trinity_like.config import RunPaths, load_config, read_run_id
-from trinity_like.launcher import RunError, config_differences, prepare_run_dir
+from trinity_like.common.errors import RunError
+from trinity_like.config import load_config
+from trinity_like.runtime.paths import RunPaths, read_run_id
+from trinity_like.runtime.run_dir import config_differences, prepare_run_dir
 
 
 def _cfg(tmp_path, model_path, *overrides):

@@ -166,8 +166,9 @@ def test_cli_errors(tmp_path, capsys, make, message):
 
 @pytest.mark.slow
 def test_real_async_run_with_correction(tmp_path, tiny_model_path, ray_session):
-    from trinity_like.config import RunPaths, load_config
+    from trinity_like.config import load_config
     from trinity_like.launcher import run
+    from trinity_like.runtime.paths import RunPaths
 
     cfg = load_config(None, [
         f"checkpoint_root_dir={tmp_path}", "project=e2e", "name=plot", f"model.path={tiny_model_path}",

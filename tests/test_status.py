@@ -73,8 +73,8 @@ def test_status_takes_the_overrides_the_run_was_started_with(tmp_path, tiny_mode
     """`status CONFIG key=value ...` finds the run directory the overrides name (the session's Ray instance
     is joined as it is; no synchronizer runs there for this namespace)."""
     from trinity_like.cli import main
-    from trinity_like.config import RunPaths, load_config
-
+    from trinity_like.config import load_config
+    from trinity_like.runtime.paths import RunPaths
     config = tmp_path / "run.yaml"
     config.write_text("project: st\nname: over\n")
     cfg = load_config(str(config), [f"checkpoint_root_dir={tmp_path}"])

@@ -8,7 +8,8 @@ import yaml
 
 from trinity_like.common.errors import UserError
 from trinity_like.common.tasks import demonstrations, generate_arithmetic
-from trinity_like.config import ConfigError, RunPaths, load_config
+from trinity_like.config import ConfigError, load_config
+from trinity_like.runtime.paths import RunPaths
 from trinity_like.warmup import demonstration_experiences, demonstration_records, write_demonstrations
 
 SUM = re.compile(r"^(\d+)\+(\d+)=$")
@@ -128,9 +129,9 @@ def test_warmup_then_rl_writes_evaluations(tmp_path, tiny_model_path, ray_sessio
     import torch
     from safetensors.torch import load_file
 
+    from trinity_like.common.errors import RunError
     from trinity_like.common.tasks import load_taskset
-    from trinity_like.launcher import RunError, run
-
+    from trinity_like.launcher import run
     cfg = load_config(None, [
         f"checkpoint_root_dir={tmp_path}", "project=warmup", "name=wu", f"model.path={tiny_model_path}",
         "mode=async", "explorer.batch_size=2", "explorer.repeat_times=4", "explorer.sampling.max_new_tokens=3",

@@ -30,6 +30,8 @@ TASKSET_GENERATORS = ("arithmetic",)
 
 
 RENAMED_KEYS = {
+    "model.build_tiny_if_missing": "use model.build_tiny_at: FOLDER (the tiny model is built only into the folder "
+                                   "named there, which model.path must name too)",
     "monitor.type": "use monitor.backends, a list (e.g. [tensorboard]; [] = metrics.jsonl only, which is always "
                     "written)",
 }
@@ -70,8 +72,9 @@ def allowed_values(meta: Any) -> tuple[str, ...] | None:
 class ModelConfig:
     path: str = "runs/models/tiny"
     """Folder of a Hugging Face causal LM and its tokenizer (loaded offline)."""
-    build_tiny_if_missing: bool = False
-    """Build the project's tiny model into `model.path` when that folder does not exist."""
+    build_tiny_at: str | None = None
+    """Build the project's tiny model into this folder when it holds no model yet; `model.path` must name the same
+    folder (a model.path that is missing anywhere else is an error, never a new random model)."""
 
 
 @dataclass
@@ -538,60 +541,6 @@ class Config:
         if self.trainer.batch_size is not None:
             return self.trainer.batch_size
         return self.explorer.batch_size * self.explorer.repeat_times
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """Where a run keeps its files; derived from a config, never set by users."""
-
-    run_dir: Path
-    buffer_dir: Path
-    checkpoint_dir: Path
-    taskset: Path
-    metrics: Path
-    summary: Path
-    config: Path
-    run_id: Path
-    """A random id written when the run directory is first prepared; names this run to its Synchronizer."""
-
-    @classmethod
-    def of(cls, cfg: Config) -> RunPaths:
-        run_dir = Path(cfg.checkpoint_root_dir).expanduser().absolute() / cfg.project / cfg.name
-        return cls(
-            run_dir=run_dir,
-            buffer_dir=Path(cfg.buffer.path).absolute() if cfg.buffer.path else run_dir / "buffer",
-            checkpoint_dir=run_dir / "checkpoints",
-            taskset=Path(cfg.explorer.taskset.path).absolute() if cfg.explorer.taskset.path
-            else run_dir / "tasks.parquet",
-            metrics=run_dir / "metrics.jsonl",
-            summary=run_dir / "summary.json",
-            config=run_dir / "config.yaml",
-            run_id=run_dir / "run_id",
-        )
-
-
-def explore_steps_needed(cfg: Config) -> int:
-    """Explorer steps whose output covers ``trainer.total_steps`` trainer batches."""
-    rows_per_step = cfg.explorer.batch_size * cfg.explorer.repeat_times
-    return -(-cfg.trainer.total_steps * cfg.train_batch_size // rows_per_step)
-
-
-def read_run_id(paths: RunPaths) -> str | None:
-    """The run's id (None before the run directory is prepared)."""
-    try:
-        return paths.run_id.read_text().strip() or None
-    except FileNotFoundError:
-        return None
-
-
-def namespace_of(cfg: Config) -> str:
-    """The Ray namespace in which the roles of one run meet."""
-    return f"{cfg.project}/{cfg.name}"
-
-
-def redis_stream(cfg: Config) -> str:
-    """The Redis Stream that carries this run's experiences (transport ``redis``)."""
-    return cfg.buffer.redis_stream or f"{namespace_of(cfg)}/experiences"
 
 
 # ---------------------------------------------------------------- loading

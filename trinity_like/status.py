@@ -26,8 +26,8 @@ def _connect(address: str | None, namespace: str) -> str | None:
 
     if ray.is_initialized():
         return None
-    from trinity_like.launcher import RunError, check_ray_address
-
+    from trinity_like.common.errors import RunError
+    from trinity_like.runtime.ray_cluster import check_ray_address
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
         check_ray_address(target)  # a closed port fails in seconds; ray.init would retry for a minute
@@ -43,8 +43,7 @@ def _connect(address: str | None, namespace: str) -> str | None:
 def _synchronizer_status(namespace: str) -> dict[str, Any] | None:
     import ray
 
-    from trinity_like.synchronizer import SYNCHRONIZER_NAME
-
+    from trinity_like.synchronizer.messages import SYNCHRONIZER_NAME
     try:
         actor = ray.get_actor(SYNCHRONIZER_NAME, namespace=namespace)
         return ray.get(actor.status.remote(), timeout=30)
@@ -94,8 +93,8 @@ def _last_trainer_record(metrics: Path) -> dict[str, Any] | None:
 
 def gather_status(config: str | None, namespace: str | None, address: str | None,
                   overrides: list[str] | None = None) -> dict[str, Any]:
-    from trinity_like.config import RunPaths, load_config, namespace_of
-
+    from trinity_like.config import load_config
+    from trinity_like.runtime.paths import RunPaths, namespace_of
     paths = None
     total = None
     if config:

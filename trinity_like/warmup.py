@@ -30,10 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trinity_like.common.errors import UserError
+from trinity_like.common.errors import RunError, UserError
 from trinity_like.common.experience import Experience
 from trinity_like.common.fs import atomic_write_json, atomic_write_text
-from trinity_like.config import BufferConfig, Config, RunPaths, WarmupConfig, validate
+from trinity_like.config import BufferConfig, Config, WarmupConfig, validate
+from trinity_like.runtime.checkpoints import latest_checkpoint
+from trinity_like.runtime.paths import RunPaths
+from trinity_like.runtime.run_dir import prepare_run_dir
 
 DEMO_SEED_OFFSET = 104_729
 """Generated demonstrations use ``seed + DEMO_SEED_OFFSET``: apart from the training tasks (``seed``) and the
@@ -149,16 +152,14 @@ def warmup_stage_config(cfg: Config, demonstrations_path: Path) -> Config:
 
 def rl_stage_config(cfg: Config, model_path: Path) -> Config:
     """The RL run from the warmed-up model. Its saved config.yaml re-runs exactly this stage (no warm-up)."""
-    model = dataclasses.replace(cfg.model, path=str(model_path), build_tiny_if_missing=False)
+    model = dataclasses.replace(cfg.model, path=str(model_path), build_tiny_at=None)
     return dataclasses.replace(cfg, model=model, warmup=WarmupConfig())
 
 
 def final_model(cfg: Config) -> Path:
     """The Hugging Face model folder of a finished run's last checkpoint."""
-    from trinity_like.launcher import RunError
-
-    pointer = RunPaths.of(cfg).checkpoint_dir / "latest"
-    model = pointer.parent / f"step_{pointer.read_text().strip()}" / "model" if pointer.is_file() else None
+    ckpt = latest_checkpoint(RunPaths.of(cfg).checkpoint_dir)
+    model = ckpt / "model" if ckpt is not None else None
     if model is None or not (model / "config.json").is_file():
         raise RunError(f"run '{RunPaths.of(cfg).run_dir}' left no final checkpoint to continue from")
     return model
@@ -183,7 +184,6 @@ def held_out_eval(cfg: Config, model: str | Path | None) -> dict[str, Any]:
 def _check_free(cfg: Config) -> None:
     """Refuse before any work if a stage's run directory already holds a run (the launcher would, later)."""
     from trinity_like.buffer.segments import list_segments
-    from trinity_like.launcher import RunError
 
     paths = RunPaths.of(cfg)
     if paths.summary.exists() or list_segments(paths.buffer_dir) or paths.checkpoint_dir.exists():
@@ -209,7 +209,6 @@ def run_with_warmup(cfg: Config, run_stage: RunStage, resume: bool = False) -> d
     ``run_stage(cfg) -> summary`` is the plain single-stage run. Returns the RL run's summary with the
     evaluations and the warm-up's figures merged in, and writes that into the RL run's ``summary.json``.
     ``resume`` continues the RL stage of an interrupted run from the finished warm-up's model."""
-    from trinity_like.launcher import prepare_run_dir
 
     if resume:
         warm_cfg = dataclasses.replace(cfg, name=warmup_run_name(cfg))

@@ -13,7 +13,7 @@ from trinity_like.algorithms import (
     compute_policy_loss,
     get_adv_estimator_fn,
 )
-from trinity_like.algorithms.registry import Registry
+from trinity_like.common.registry import Registry
 
 
 def test_agg_loss_modes_by_hand():

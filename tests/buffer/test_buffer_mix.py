@@ -10,7 +10,7 @@ from trinity_like.buffer.mix import choose_mix, mix_quotas, normalise_mix
 from trinity_like.buffer.sql import consumption_table
 from trinity_like.common.experience import SOURCES, Experience
 from trinity_like.config import ConfigError, load_config, to_yaml
-from trinity_like.launcher import config_differences
+from trinity_like.runtime.run_dir import config_differences
 
 
 def _group(gid: str, n: int, source: str = "explorer", version: int = 0) -> list[Experience]:

@@ -99,8 +99,9 @@ def test_every_documented_name_is_emitted():
 @pytest.mark.slow
 def test_keys_of_a_real_run_are_documented(tmp_path, tiny_model_path, ray_session, monkeypatch):
     from trinity_like.common.monitors import monitor_problem
-    from trinity_like.config import RunPaths, load_config
+    from trinity_like.config import load_config
     from trinity_like.launcher import run
+    from trinity_like.runtime.paths import RunPaths
 
     backends = [b for b in ("tensorboard", "wandb", "mlflow") if monitor_problem(b) is None]
     cfg = load_config(None, [f"monitor.backends=[{','.join(backends)}]",

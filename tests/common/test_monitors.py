@@ -11,7 +11,8 @@ import pytest
 
 from trinity_like.common import monitors as mon
 from trinity_like.common.metrics import MetricsWriter, read_metrics
-from trinity_like.config import ConfigError, RunPaths, load_config
+from trinity_like.config import ConfigError, load_config
+from trinity_like.runtime.paths import RunPaths
 
 RECORDS = [  # (role, step, metrics)
     ("trainer", 1, {"actor/pg_loss": 0.5, "train/batch_size": 8}),

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from trinity_like.config import Config, ConfigError, RunPaths, load_config, to_yaml
+from trinity_like.config import Config, ConfigError, load_config, to_yaml
+from trinity_like.runtime.paths import RunPaths
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -103,7 +104,7 @@ def test_cli_bad_task_file_is_one_line_exit_2(tmp_path):
     bad = tmp_path / "tasks.parquet"
     pq.write_table(pa.table({"task_id": ["1"], "question": ["1+1="]}), bad)
     proc = _cli("run", str(QUICKSTART), f"checkpoint_root_dir={tmp_path}", f"explorer.taskset.path={bad}",
-                f"model.path={tmp_path / 'no-model'}", "model.build_tiny_if_missing=false")
+                f"model.path={tmp_path / 'no-model'}")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: model.path")
     proc = _cli("run", str(QUICKSTART), f"checkpoint_root_dir={tmp_path}", f"explorer.taskset.path={bad}",

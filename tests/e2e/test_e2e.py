@@ -8,8 +8,9 @@ from safetensors.torch import load_file
 
 from trinity_like.buffer import query
 from trinity_like.buffer.sql import consumption_table
-from trinity_like.config import RunPaths, load_config
+from trinity_like.config import load_config
 from trinity_like.launcher import run
+from trinity_like.runtime.paths import RunPaths
 
 pytestmark = pytest.mark.slow
 
@@ -124,8 +125,7 @@ def test_checkpoint_method_prunes_old_versions(tmp_path, tiny_model_path, ray_se
 
 
 def test_existing_run_directory_is_refused(tmp_path, tiny_model_path, ray_session):
-    from trinity_like.launcher import RunError
-
+    from trinity_like.common.errors import RunError
     cfg = _cfg(tmp_path, tiny_model_path, "twice", "mode=sync", "trainer.total_steps=1")
     run(cfg)
     before = RunPaths.of(cfg).summary.read_text()

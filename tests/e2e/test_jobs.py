@@ -24,7 +24,8 @@ from trinity_like.buffer import query
 from trinity_like.buffer.ledger import Ledger
 from trinity_like.buffer.sql import consumption_table
 from trinity_like.common.metrics import read_metrics
-from trinity_like.config import RunPaths, load_config
+from trinity_like.config import load_config
+from trinity_like.runtime.paths import RunPaths
 
 pytestmark = pytest.mark.slow
 

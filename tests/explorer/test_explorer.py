@@ -145,10 +145,11 @@ def test_workflow_loading():
 
 
 def test_admission_holds_the_explorer_back_until_the_trainer_publishes(tmp_path, tiny_model_path, ray_session):
-    from trinity_like.config import namespace_of
-    from trinity_like.launcher import prepare_run_dir
-    from trinity_like.synchronizer import WeightsInfo, get_synchronizer
+    from trinity_like.synchronizer.messages import WeightsInfo
 
+    from trinity_like.runtime.paths import namespace_of
+    from trinity_like.runtime.run_dir import prepare_run_dir
+    from trinity_like.synchronizer import get_synchronizer
     cfg = _cfg(tmp_path, tiny_model_path, "name=admission", "mode=async", "synchronizer.max_staleness=0",
                "explorer.batch_size=2", "explorer.repeat_times=2")
     prepare_run_dir(cfg)
@@ -181,8 +182,8 @@ def test_custom_workflow_example_and_eval_and_bench(tmp_path, tiny_model_path, r
     import sys
     from pathlib import Path
 
-    from trinity_like.config import RunPaths
     from trinity_like.launcher import run
+    from trinity_like.runtime.paths import RunPaths
 
     example = Path(__file__).resolve().parents[2] / "examples" / "custom_workflow.py"
     evals = "explorer.eval_tasksets=[{name: add, size: 8, max_operand: 4}, {name: add4, size: 8, k: 2, temperature: 1.0}]"
@@ -219,9 +220,8 @@ def test_custom_workflow_example_and_eval_and_bench(tmp_path, tiny_model_path, r
 
 def test_dynamic_sampling_drops_groups_with_one_reward(tmp_path, tiny_model_path, ray_session):
     from trinity_like.buffer import count_rows
-    from trinity_like.config import RunPaths
-    from trinity_like.launcher import prepare_run_dir
-
+    from trinity_like.runtime.paths import RunPaths
+    from trinity_like.runtime.run_dir import prepare_run_dir
     reward_file = tmp_path / "const.py"
     reward_file.write_text("def compute_score(responses, ground_truths, **kw):\n    return [0.5] * len(responses)\n")
     cfg = _cfg(tmp_path, tiny_model_path, "name=dyn", "mode=sync", "explorer.dynamic_sampling=true",
@@ -240,9 +240,8 @@ def test_dynamic_sampling_drops_groups_with_one_reward(tmp_path, tiny_model_path
 
 def test_over_rollout_finishes_early_and_stragglers_join_later(tmp_path, tiny_model_path, ray_session):
     from trinity_like.buffer import query
-    from trinity_like.config import RunPaths
-    from trinity_like.launcher import prepare_run_dir
-
+    from trinity_like.runtime.paths import RunPaths
+    from trinity_like.runtime.run_dir import prepare_run_dir
     slow = tmp_path / "slow.py"
     slow.write_text(
         "import asyncio\n"

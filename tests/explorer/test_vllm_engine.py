@@ -252,7 +252,7 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
     original = export_state_dict(load_causal_lm(tiny_model_path))
     eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
 
-    from trinity_like.config import namespace_of
+    from trinity_like.runtime.paths import namespace_of
     from trinity_like.synchronizer import get_synchronizer
     from trinity_like.synchronizer.collective import WeightBroadcaster
 

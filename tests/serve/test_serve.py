@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from trinity_like.config import RunPaths, load_config
+from trinity_like.config import load_config
+from trinity_like.runtime.paths import RunPaths
 
 openai = pytest.importorskip("openai")
 
@@ -39,7 +40,7 @@ class ServerThread:
         self._error: BaseException | None = None
 
     def start(self) -> ServerThread:
-        from trinity_like.launcher import prepare_run_dir
+        from trinity_like.runtime.run_dir import prepare_run_dir
         from trinity_like.serve.server import bind_socket
 
         prepare_run_dir(self.cfg, role="serve")

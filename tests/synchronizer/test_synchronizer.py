@@ -11,7 +11,8 @@ import pytest
 import ray
 
 from trinity_like.common.modeling import export_state_dict, load_causal_lm, state_dict_digest
-from trinity_like.config import SamplingConfig, load_config, namespace_of
+from trinity_like.config import SamplingConfig, load_config
+from trinity_like.runtime.paths import namespace_of
 from trinity_like.synchronizer import CorruptWeightsError, read_weights, sync_due
 from trinity_like.synchronizer.weights_files import split_for_writers, write_part
 
@@ -219,10 +220,11 @@ def test_trainer_killed_mid_publish_leaves_every_explorer_on_the_previous_versio
 @pytest.mark.slow
 def test_explorer_restarted_mid_run_rejoins_with_the_latest_version_and_the_dead_one_is_reported(
         tmp_path, tiny_model_path, ray_session):
-    from trinity_like.explorer.role import ExplorerRole
-    from trinity_like.launcher import prepare_run_dir
-    from trinity_like.synchronizer import WeightsInfo, get_synchronizer
+    from trinity_like.synchronizer.messages import WeightsInfo
 
+    from trinity_like.explorer.role import ExplorerRole
+    from trinity_like.runtime.run_dir import prepare_run_dir
+    from trinity_like.synchronizer import get_synchronizer
     cfg = _cfg(tmp_path, tiny_model_path, "rejoin", "mode=async", "synchronizer.max_staleness=4",
                "synchronizer.interval=2", "synchronizer.method=memory")
     prepare_run_dir(cfg)
@@ -362,8 +364,9 @@ def test_explorer_steps_form_one_sequence_and_a_dead_explorers_steps_are_redone(
 
 
 def test_resumed_trainer_may_go_back_once_and_a_stale_synchronizer_is_replaced(ray_session):
-    from trinity_like.synchronizer import WeightsInfo, get_synchronizer
+    from trinity_like.synchronizer.messages import WeightsInfo
 
+    from trinity_like.synchronizer import get_synchronizer
     sync = get_synchronizer("sync/resume", run_id="run-a")
     try:
         for v in (1, 2, 3):

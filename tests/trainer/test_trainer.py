@@ -350,7 +350,7 @@ def test_fsdp2_checkpoint_resumes_exactly_and_loads_in_transformers(tmp_path, ti
                              "explorer.repeat_times=3", "trainer.optimizer.lr=0.01", *overrides])
     import ray
 
-    from trinity_like.config import namespace_of
+    from trinity_like.runtime.paths import namespace_of
     from trinity_like.synchronizer import CheckpointMonitor, get_synchronizer
 
     synchronizer = get_synchronizer(namespace_of(cfg))

@@ -23,7 +23,7 @@ from collections import defaultdict
 import torch
 
 from trinity_like.algorithms.functional import masked_whiten
-from trinity_like.algorithms.registry import Registry
+from trinity_like.common.registry import Registry
 
 ADV_ESTIMATORS: Registry = Registry("advantage estimator")
 

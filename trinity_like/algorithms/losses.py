@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from trinity_like.algorithms.functional import masked_mean, masked_sum
-from trinity_like.algorithms.registry import Registry
+from trinity_like.common.registry import Registry
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 

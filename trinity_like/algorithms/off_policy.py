@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from trinity_like.algorithms.functional import masked_mean, masked_sum
-from trinity_like.algorithms.registry import Registry
+from trinity_like.common.registry import Registry
 
 OFF_POLICY_CORRECTIONS: Registry = Registry("off-policy correction")
 

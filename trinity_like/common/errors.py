@@ -4,3 +4,7 @@ and exits with status 2, never with a traceback."""
 
 class UserError(ValueError):
     """Bad input, named with what is wrong and how to fix it."""
+
+
+class RunError(UserError):
+    """A run that could not start or finish for a reason the user can fix; the message says which."""

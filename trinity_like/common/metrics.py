@@ -18,8 +18,8 @@ from trinity_like.common.fs import append_line
 
 if TYPE_CHECKING:
     from trinity_like.common.monitors import Monitor
-    from trinity_like.config import Config, RunPaths
-
+    from trinity_like.config import Config
+    from trinity_like.runtime.paths import RunPaths
 logger = logging.getLogger(__name__)
 
 TIMESTAMP_PREFIX = "timeline/"

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from trinity_like.common.tasks import Task, generate_arithmetic, load_taskset, write_taskset
-from trinity_like.config import Config, EvalTasksetConfig, RunPaths, SamplingConfig
+from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
+from trinity_like.runtime.paths import RunPaths
 
 
 def eval_taskset_path(cfg: Config, ev: EvalTasksetConfig) -> Path:
@@ -78,8 +79,8 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
     from trinity_like.algorithms.rewards import load_reward_manager
     from trinity_like.common.tokenizer import hf_tokenizer
     from trinity_like.explorer.fleet import EngineFleet
-    from trinity_like.launcher import init_ray, prepare_run_dir
-
+    from trinity_like.runtime.ray_cluster import init_ray
+    from trinity_like.runtime.run_dir import prepare_run_dir
     cfg, weights = _resolve_checkpoint(cfg, checkpoint)
     if not cfg.explorer.eval_tasksets:
         cfg = dataclasses.replace(cfg, explorer=dataclasses.replace(cfg.explorer, eval_tasksets=[EvalTasksetConfig()]))

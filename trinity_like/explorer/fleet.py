@@ -46,8 +46,7 @@ class EngineActor:
         import uuid
 
         from trinity_like.common.modeling import set_offline_env
-        from trinity_like.config import namespace_of
-
+        from trinity_like.runtime.paths import namespace_of
         set_offline_env()
         self.engine = make_engine(cfg, f"{cfg.explorer.engine}-{index}")
         self.key = f"{self.engine.engine_id}-{uuid.uuid4().hex[:8]}"
@@ -77,8 +76,7 @@ class EngineActor:
         import ray
 
         from trinity_like.synchronizer.collective import WeightReceiver
-        from trinity_like.synchronizer.synchronizer import SYNCHRONIZER_NAME
-
+        from trinity_like.synchronizer.messages import SYNCHRONIZER_NAME
         sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
         spec = ray.get(sync.collective_ready.remote(self.key, min_version, self.timeout_s))
         if hasattr(self.engine, "receive_collective"):  # vLLM: its worker process joins the group

@@ -35,17 +35,12 @@ from trinity_like.common.fs import append_line
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
-from trinity_like.config import (
-    Config,
-    RunPaths,
-    explore_steps_needed,
-    namespace_of,
-    read_run_id,
-    redis_stream,
-)
+from trinity_like.config import Config
 from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
+from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream
+from trinity_like.runtime.schedule import explore_steps_needed
 from trinity_like.synchronizer.synchronizer import Heartbeat, sync_due
 
 logger = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from trinity_like.algorithms.registry import Registry
 from trinity_like.common.experience import Experience
+from trinity_like.common.registry import Registry
 from trinity_like.common.tasks import Task
 from trinity_like.config import SamplingConfig
 

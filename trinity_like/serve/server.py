@@ -22,7 +22,8 @@ import time
 from typing import Any
 
 from trinity_like.common.errors import UserError
-from trinity_like.config import Config, RunPaths, namespace_of, read_run_id
+from trinity_like.config import Config
+from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id
 
 logger = logging.getLogger(__name__)
 
@@ -200,8 +201,8 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None, api_key
           address: str | None = None) -> int:
     """``trinity-like serve``: check exposure, bind the port, join the run, serve until SIGINT/SIGTERM."""
     from trinity_like.common.modeling import set_offline_env
-    from trinity_like.launcher import check_ray_address, init_ray, prepare_run_dir
-
+    from trinity_like.runtime.ray_cluster import check_ray_address, init_ray
+    from trinity_like.runtime.run_dir import prepare_run_dir
     host = host or cfg.serve.host
     port = cfg.serve.port if port is None else port
     api_key = api_key or cfg.serve.api_key or os.environ.get(API_KEY_ENV, "")

@@ -1,15 +1,9 @@
 """Weight synchronisation between trainer and explorers: the Synchronizer actor, the CheckpointMonitor and the
 on-disk version format."""
 
-from trinity_like.synchronizer.monitor import MONITOR_NAME, STATE_DICT_DIR, CheckpointMonitor
-from trinity_like.synchronizer.synchronizer import (
-    SYNCHRONIZER_NAME,
-    Heartbeat,
-    Synchronizer,
-    WeightsInfo,
-    get_synchronizer,
-    sync_due,
-)
+from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
+from trinity_like.synchronizer.monitor import STATE_DICT_DIR, CheckpointMonitor
+from trinity_like.synchronizer.synchronizer import Heartbeat, Synchronizer, get_synchronizer, sync_due
 from trinity_like.synchronizer.weights_files import CorruptWeightsError, read_weights
 
 __all__ = ["MONITOR_NAME", "STATE_DICT_DIR", "SYNCHRONIZER_NAME", "CheckpointMonitor", "CorruptWeightsError",

@@ -25,19 +25,18 @@ from pathlib import Path
 import ray
 
 from trinity_like.common.fs import atomic_write_text
+from trinity_like.runtime.checkpoints import read_pointer
+from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
 from trinity_like.synchronizer.weights_files import MANIFEST, version_dir, version_of, write_manifest
 
-MONITOR_NAME = "checkpoint_monitor"
 STATE_DICT_DIR = "state_dict"
 
 logger = logging.getLogger(__name__)
 
 
-def _read_pointer(path: Path) -> int:
-    try:
-        return int(path.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return 0
+def _pointer_or_0(path: Path) -> int:
+    step = read_pointer(path)
+    return 0 if step is None else step
 
 
 def prune_versions(root: Path, keep: int, latest: int) -> None:
@@ -60,7 +59,7 @@ def complete_version(root: Path, version: int, parts: list[dict], keep: int) -> 
     """Make a version visible: its manifest, then the ``latest`` pointer, then pruning. Returns its folder."""
     vdir = version_dir(root, version)
     write_manifest(vdir, version, parts)
-    if version >= _read_pointer(root / "latest"):
+    if version >= _pointer_or_0(root / "latest"):
         atomic_write_text(root / "latest", f"{version}\n")
     prune_versions(root, keep, version)
     return vdir
@@ -72,8 +71,8 @@ class CheckpointMonitor:
         self.state_dict_root = self.dir / STATE_DICT_DIR
         self.keep_state_dicts = max(1, keep_state_dicts)
         self.namespace = namespace
-        self.latest_checkpoint_step = _read_pointer(self.dir / "latest")
-        self.latest_state_dict_step = _read_pointer(self.state_dict_root / "latest")
+        self.latest_checkpoint_step = _pointer_or_0(self.dir / "latest")
+        self.latest_state_dict_step = _pointer_or_0(self.state_dict_root / "latest")
         self._expected: dict[tuple[int, bool], int] = {}
         self._parts: dict[tuple[int, bool], list[dict]] = {}
         self._done: dict[tuple[int, bool], asyncio.Event] = {}
@@ -144,8 +143,6 @@ class CheckpointMonitor:
         self._event(key).set()
 
     async def _complete_version(self, step: int, parts: list[dict]) -> None:
-        from trinity_like.synchronizer.synchronizer import SYNCHRONIZER_NAME, WeightsInfo
-
         vdir = complete_version(self.state_dict_root, step, parts, self.keep_state_dicts)
         self.latest_state_dict_step = max(self.latest_state_dict_step, step)
         if self.namespace is not None:

@@ -38,7 +38,8 @@ from typing import Any
 
 import ray
 
-SYNCHRONIZER_NAME = "synchronizer"
+from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
+
 HEARTBEAT_S = 1.0
 """How often roles send a heartbeat."""
 GATHER_WINDOW_S = 0.25
@@ -50,22 +51,6 @@ logger = logging.getLogger(__name__)
 def sync_due(steps_done: int, interval: int, offset: int = 0) -> bool:
     """Whether the explorer loads the newest weights before its next step, having done ``steps_done``."""
     return steps_done == 0 or (steps_done >= offset and (steps_done - offset) % interval == 0)
-
-
-@dataclass
-class WeightsInfo:
-    """Where the weights of one published version are."""
-
-    version: int
-    path: str | None = None
-    """safetensors file (method ``checkpoint``)."""
-    refs: list[Any] = field(default_factory=list)
-    """One Ray ObjectRef of the state dict (method ``memory``); wrapped in a list so Ray does not
-    dereference it when the message crosses an actor boundary."""
-    bytes: int = 0
-    """Size of the weights of this version."""
-    method: str = ""
-    """``checkpoint`` or ``memory`` (empty for version 0, the initial model)."""
 
 
 @dataclass
@@ -197,8 +182,6 @@ class Synchronizer:
                 self._empty_since = now
             elif now - self._empty_since > self.exit_grace_s:
                 logger.warning("no role left for %.0fs: the synchronizer exits", self.exit_grace_s)
-                from trinity_like.synchronizer.monitor import MONITOR_NAME
-
                 try:  # the run's CheckpointMonitor goes with it
                     ray.kill(ray.get_actor(MONITOR_NAME, namespace=ray.get_runtime_context().namespace))
                 except ValueError:

@@ -35,11 +35,13 @@ from trinity_like.algorithms import (
     kl_penalty,
     masked_mean,
 )
-from trinity_like.algorithms.registry import Registry
 from trinity_like.common.experience import Experience
-from trinity_like.common.fs import atomic_publish_dir, atomic_write_text
+from trinity_like.common.fs import atomic_publish_dir
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
-from trinity_like.config import Config, RunPaths
+from trinity_like.common.registry import Registry
+from trinity_like.config import Config
+from trinity_like.runtime.checkpoints import latest_checkpoint, write_pointer
+from trinity_like.runtime.paths import RunPaths
 from trinity_like.trainer import parallel
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
 from trinity_like.trainer.critic import compute_values
@@ -102,16 +104,6 @@ def preference_pairs(exps: list[Experience]) -> list[Experience]:
     return out
 
 
-def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """The newest complete full checkpoint (``checkpoints/latest`` points at it), or None."""
-    pointer = Path(checkpoint_dir) / "latest"
-    try:
-        path = Path(checkpoint_dir) / f"step_{int(pointer.read_text())}"
-    except (FileNotFoundError, ValueError):
-        return None
-    return path if (path / "trainer_state.json").is_file() else None
-
-
 TRAINERS: Registry = Registry("trainer type")
 
 
@@ -139,7 +131,7 @@ class PPOTrainer(TrainEngineWrapper):
         if self.synchronizer is not None:
             import ray
 
-            from trinity_like.config import namespace_of
+            from trinity_like.runtime.paths import namespace_of
             from trinity_like.synchronizer import CheckpointMonitor
 
             self.monitor = CheckpointMonitor.get_actor(namespace_of(self.cfg), str(self.paths.checkpoint_dir),
@@ -572,8 +564,7 @@ class PPOTrainer(TrainEngineWrapper):
         """Publish the current weights (version = step); return ``sync/*`` metrics. ``checkpoint``: every rank
         writes its part and rank 0 waits until the monitor has published the version; ``memory``: rank 0
         puts the state dict in the object store and publishes the reference."""
-        from trinity_like.synchronizer import WeightsInfo
-
+        from trinity_like.synchronizer.messages import WeightsInfo
         if self.synchronizer is None:
             raise RuntimeError("sync_weight needs a synchronizer actor")
         start = time.perf_counter()
@@ -603,8 +594,8 @@ class PPOTrainer(TrainEngineWrapper):
     def _offer_for_broadcast(self, start: float) -> dict[str, float]:
         """Method ``nccl``: snapshot the weights into the broadcaster (rank 0), publish the version; the
         broadcaster's thread sends it to the engines when they come for it, while training goes on."""
-        from trinity_like.synchronizer import WeightsInfo
         from trinity_like.synchronizer.collective import WeightBroadcaster
+        from trinity_like.synchronizer.messages import WeightsInfo
 
         if not self._gathers():
             return {}
@@ -677,7 +668,7 @@ class PPOTrainer(TrainEngineWrapper):
             ray_get(self.monitor.register_thread_count.remote(step, checkpoint_thread_count=1))
             ray_get(self.monitor.notify_finished.remote(step))
         else:
-            atomic_write_text(self.paths.checkpoint_dir / "latest", f"{step}\n")
+            write_pointer(self.paths.checkpoint_dir / "latest", step)
         self._prune_checkpoints()
         return path
 

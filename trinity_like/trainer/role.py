@@ -20,15 +20,11 @@ from trinity_like.buffer import BufferConsumer
 from trinity_like.common.errors import UserError
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
-from trinity_like.config import (
-    Config,
-    RunPaths,
-    explore_steps_needed,
-    namespace_of,
-    read_run_id,
-    redis_stream,
-)
-from trinity_like.trainer.ppo import TRAINERS, latest_checkpoint
+from trinity_like.config import Config
+from trinity_like.runtime.checkpoints import latest_checkpoint
+from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream
+from trinity_like.runtime.schedule import explore_steps_needed
+from trinity_like.trainer.ppo import TRAINERS
 
 logger = logging.getLogger(__name__)
 

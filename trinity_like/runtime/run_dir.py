@@ -1,0 +1,157 @@
+"""Preparing a run directory: check what the user gave (model, task set, buffer schema, the run's config)
+before writing anything, then save the resolved config, the run's id and the task set."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from typing import Any
+
+from trinity_like.buffer.segments import check_schema_versions, list_segments
+from trinity_like.common.errors import RunError
+from trinity_like.common.fs import atomic_write_text, fsync_path
+from trinity_like.config import Config, load_config, to_yaml
+from trinity_like.runtime.checkpoints import latest_checkpoint
+from trinity_like.runtime.paths import RunPaths
+
+ROLES = ("all", "explorer", "trainer")
+PER_JOB_KEYS = ("explorer.num_engines", "explorer.num_threads", "explorer.engine", "explorer.vllm",
+                "trainer.num_threads", "synchronizer.timeout_s", "serve")
+"""Settings that may differ between the jobs of one run (resources of one job); every other key must match
+the run's ``config.yaml``."""
+
+
+def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_flat(value, f"{prefix}{f.name}."))
+        elif isinstance(value, dict):  # e.g. buffer.mix: one key per entry, so a difference names the entry
+            out.update({f"{prefix}{f.name}.{k}": v for k, v in value.items()})
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def config_differences(a: Config, b: Config) -> list[str]:
+    """Keys whose values differ between two configs, leaving out the per-job keys."""
+    fa, fb = _flat(a), _flat(b)
+    keys = list(fa) + [k for k in fb if k not in fa]  # a dict entry may be in one config only
+    return [k for k in keys if fa.get(k) != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in PER_JOB_KEYS)]
+
+
+def _ensure_run_id(paths: RunPaths) -> None:
+    """Write the run's id once; of two roles preparing at once, the first link wins and both read it."""
+    if paths.run_id.exists():
+        return
+    tmp = paths.run_dir / f".run_id.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    tmp.write_text(uuid.uuid4().hex + "\n")
+    fsync_path(tmp)
+    try:
+        os.link(tmp, paths.run_id)  # fails if it exists: never replaces another role's id
+        fsync_path(paths.run_dir)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+
+
+def _check_same_config(cfg: Config, paths: RunPaths, role: str, resume: bool) -> None:
+    """A role joining a run must run its config; ``--role all --resume`` may change it (and saves it)."""
+    if not paths.config.is_file():
+        atomic_write_text(paths.config, to_yaml(cfg))
+        return
+    saved = load_config(paths.config)
+    diff = config_differences(saved, cfg)
+    if not diff:
+        return
+    if role == "all" and resume:
+        print(f"note: resuming with changed settings: {', '.join(diff)}", flush=True)
+        atomic_write_text(paths.config, to_yaml(cfg))
+        return
+    raise RunError(f"the run in '{paths.run_dir}' runs another config (differs in {', '.join(diff[:6])}"
+                   f"{' ...' if len(diff) > 6 else ''}); start this {role} with the run's config.yaml, or pick "
+                   "another name")
+
+
+def _run_started(paths: RunPaths) -> bool:
+    """Whether the buffer shows that a run started here: rows an explorer wrote, or rows a trainer took.
+    Rows imported before the first start (``buffer ingest``, ``serve`` commits) are data prepared for the run,
+    not a run, so a run may start on a buffer that holds only those."""
+    from trinity_like.buffer.ledger import Ledger, consumer_names
+
+    if any(info.name.split("-", 2)[1] in ("explorer", "redis") for info in list_segments(paths.buffer_dir)):
+        return True
+    return any(Ledger(paths.buffer_dir, name, create=False).consumed_rows() for name in
+               consumer_names(paths.buffer_dir))
+
+
+def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all", resume: bool = False) -> RunPaths:
+    """Create the run directory, save the resolved config, build the tiny model and the task set if asked.
+
+    ``role='all'`` refuses a directory that already holds a run unless ``resume``; a ``trainer`` refuses one
+    with checkpoints unless ``resume``; an ``explorer`` joins whatever is there. A joining role must bring the
+    run's config. ``allow_existing`` lets read-only users (``bench``) open any run directory."""
+    from trinity_like.common.tasks import generate_arithmetic, write_taskset
+
+    if role not in (*ROLES, "serve"):
+        raise RunError(f"bad role {role!r}; allowed: {', '.join(ROLES)}")
+    paths = RunPaths.of(cfg)
+    if resume:
+        latest_checkpoint(paths.checkpoint_dir)  # a damaged pointer stops a resume here, in one line
+    if not allow_existing and not resume:
+        ckpt = latest_checkpoint(paths.checkpoint_dir)
+        if role == "all" and (paths.summary.exists() or _run_started(paths) or ckpt):
+            raise RunError(f"run directory '{paths.run_dir}' already holds a run; continue it with --resume, pick "
+                           "another name (name=...) or delete that folder")
+        if role == "trainer" and ckpt is not None:
+            raise RunError(f"run directory '{paths.run_dir}' holds trainer checkpoints (latest {ckpt.name}); "
+                           "restart the trainer with --resume, or pick another name")
+    # Check what the user gave before writing anything: a config.yaml saved by an attempt that then failed would
+    # make the corrected retry look like "another config".
+    _check_model(cfg)
+    if cfg.mode != "offline" and cfg.explorer.taskset.path:
+        _check_taskset(paths.taskset)
+    if not allow_existing:
+        check_schema_versions(paths.buffer_dir)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    if not allow_existing:
+        _check_same_config(cfg, paths, role, resume)
+        _ensure_run_id(paths)
+    if cfg.mode != "offline" and not paths.taskset.is_file():
+        ts = cfg.explorer.taskset
+        write_taskset(paths.taskset, generate_arithmetic(ts.size, ts.max_operand, cfg.seed))
+    if cfg.mode != "offline":
+        _check_taskset(paths.taskset)
+    return paths
+
+
+def _check_model(cfg: Config) -> None:
+    """A model folder with a tokenizer that fits it. The tiny model is built only into the folder that
+    ``model.build_tiny_at`` names, never at any path that happens to be missing (a mistyped ``model.path``
+    must stop the run, not train a random model there)."""
+    from trinity_like.common.tiny_model import ensure_tiny_model
+    from trinity_like.common.tokenizer import check_tokenizer_fits_model
+
+    if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+        tiny = cfg.model.build_tiny_at
+        if not tiny or os.path.abspath(tiny) != os.path.abspath(cfg.model.path):
+            hint = (f" (model.build_tiny_at builds the tiny model only into '{tiny}')" if tiny else "")
+            raise RunError(f"model.path '{cfg.model.path}' has no model{hint}; point it at a Hugging Face model "
+                           "folder, build one with `trinity-like make-tiny-model DIR`, or set model.build_tiny_at "
+                           "to the same folder as model.path")
+        print(f"building the tiny model into {cfg.model.path} (model.build_tiny_at) ...", flush=True)
+        ensure_tiny_model(cfg.model.path, seed=cfg.seed)
+    check_tokenizer_fits_model(cfg.model.path)
+
+
+def _check_taskset(path) -> None:
+    """Fail here, in one line, rather than inside an explorer actor."""
+    from trinity_like.common.tasks import load_taskset
+
+    try:
+        load_taskset(path)
+    except (OSError, ValueError) as e:
+        raise RunError(str(e)) from None
