@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (UserError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        cause = getattr(e, "cause", None)  # raised inside a Ray actor, it arrives wrapped with a traceback
+        print(f"error: {cause if isinstance(cause, UserError) else e}", file=sys.stderr)
         return 2
 
 

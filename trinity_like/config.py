@@ -162,6 +162,10 @@ class ExplorerConfig:
     """Longest a task's workflow may run before it counts as failed (and is retried)."""
     max_turns: int = _at_least(4, 1)
     """Most model turns of a multi-turn workflow episode."""
+    max_empty_steps: int = _at_least(100, 0)
+    """Explorer steps in a row that write no experience (every group filtered by `dynamic_sampling`, every task
+    failed) before the explorer stops with an error; 0 = never. Steps that write fewer rows than planned are
+    made up by more steps."""
     dynamic_sampling: bool = False
     """Drop groups whose samples all got the same reward (no advantage signal), as DAPO does; counted in
     `rollout/filtered_groups`."""

@@ -43,7 +43,7 @@ from trinity_like.progress import RunProgress
 from trinity_like.runtime.paths import RunPaths, namespace_of
 from trinity_like.runtime.ray_cluster import check_ray_address, init_ray
 from trinity_like.runtime.run_dir import prepare_run_dir
-from trinity_like.runtime.schedule import explore_steps_needed
+from trinity_like.runtime.schedule import Schedule
 from trinity_like.synchronizer.messages import MONITOR_NAME
 
 TRAINER_NAME = "trainer"
@@ -159,16 +159,14 @@ class _StopSignals:
 
 
 def _run_sync(cfg: Config, roles: _Roles, progress: RunProgress, stop: _StopSignals) -> None:
+    """Lock-step: before each trainer step, explorer steps until the buffer holds that step's batch. Driven
+    by the rows actually written, so steps that write fewer rows than planned (dynamic sampling, failed
+    tasks) are made up by more steps instead of leaving the trainer waiting."""
     import ray
 
-    rows_per_step = cfg.explorer.batch_size * cfg.explorer.repeat_times
-    explored = ray.get(roles.explorer.role_info.remote())["next_step"]  # > 0 when resuming
-    for k in range(ray.get(roles.trainer.role_info.remote())["version"], cfg.trainer.total_steps):
-        while explored * rows_per_step < (k + 1) * cfg.train_batch_size:
-            if stop.requested:
-                break
-            ray.get(roles.explorer.step.remote())
-            explored += 1
+    for _ in range(ray.get(roles.trainer.role_info.remote())["version"], cfg.trainer.total_steps):
+        while not stop.requested and not ray.get(roles.trainer.batch_ready.remote()):
+            ray.get(roles.explorer.step.remote())  # ExplorerStalled after explorer.max_empty_steps empty steps
             progress.poll()
         if stop.requested:
             break
@@ -221,7 +219,7 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
     start = time.time()
     init_ray(cfg, address)
     kinds = ("trainer", "explorer") if role == "all" else (role,)
-    totals = {"trainer": cfg.trainer.total_steps, "explorer": explore_steps_needed(cfg)}
+    totals = {"trainer": cfg.trainer.total_steps, "explorer": Schedule.of(cfg).planned_explore_steps}
     progress = RunProgress(paths.metrics, totals, kinds)
     print(f"run directory: {paths.run_dir}  mode: {cfg.mode}  role: {role}  namespace: {namespace_of(cfg)}",
           flush=True)

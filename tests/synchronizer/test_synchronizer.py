@@ -13,7 +13,7 @@ import ray
 from trinity_like.common.modeling import export_state_dict, load_causal_lm, state_dict_digest
 from trinity_like.config import SamplingConfig, load_config
 from trinity_like.runtime.paths import namespace_of
-from trinity_like.synchronizer import CorruptWeightsError, read_weights, sync_due
+from trinity_like.synchronizer import CorruptWeightsError, read_weights
 from trinity_like.synchronizer.weights_files import split_for_writers, write_part
 
 
@@ -21,15 +21,6 @@ def _cfg(tmp_path, model_path, name, *overrides):
     return load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "project=sync",
                               f"name={name}", "explorer.sampling.max_new_tokens=4", "explorer.batch_size=2",
                               "explorer.repeat_times=2", *overrides])
-
-
-def test_schedule_of_interval_and_offset():
-    # the documented table: explorer step k (steps done) loads when (k - offset) % interval == 0, k >= offset,
-    # and always before its first step
-    assert [k for k in range(10) if sync_due(k, 1, 0)] == list(range(10))
-    assert [k for k in range(10) if sync_due(k, 2, 0)] == [0, 2, 4, 6, 8]
-    assert [k for k in range(10) if sync_due(k, 3, 1)] == [0, 1, 4, 7]
-    assert [k for k in range(10) if sync_due(k, 2, 5)] == [0, 5, 7, 9]
 
 
 def test_version_files_split_over_writers_and_refuse_damage(tmp_path, tiny_model_path):
@@ -330,21 +321,31 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
         ray.kill(sync)
 
 
+def _schedule(total_steps: int):
+    from trinity_like.runtime.schedule import Schedule
+
+    # 4 planned rows per explorer step, 4 rows per trainer step: one explorer step per trainer step
+    return Schedule(mode="async", rows_per_step=4, train_batch_size=4, total_steps=total_steps, interval=1,
+                    offset=0, max_staleness=1)
+
+
 def test_explorer_steps_form_one_sequence_and_a_dead_explorers_steps_are_redone(ray_session):
     from trinity_like.synchronizer import get_synchronizer
 
     sync = get_synchronizer("sync/steps", heartbeat_timeout_s=1.0, exit_grace_s=60.0, run_id="run-a")
+    seven = _schedule(7)  # 28 rows needed
     try:
-        # the buffer already holds steps 0, 1 and 3: step 2 was lost (its explorer died) and goes first
-        ray.get(sync.init_explore_steps.remote([0, 1, 3, 3]))
-        ray.get(sync.init_explore_steps.remote([]))  # only the first explorer's view counts
+        # the buffer already holds steps 0, 1 and 3 (4 rows each): step 2 was lost (its explorer died) and goes first
+        ray.get(sync.init_explore_steps.remote({0: 4, 1: 4, 3: 4}))
+        ray.get(sync.init_explore_steps.remote({}))  # only the first explorer's view counts
         for rid in ("e1", "e2"):
             ray.get(sync.register.remote("explorer", rid))
-        claims = [ray.get(sync.claim_explore_step.remote(rid, 7)) for rid in ("e1", "e2", "e1", "e2")]
+        claims = [ray.get(sync.claim_explore_step.remote(rid, seven)) for rid in ("e1", "e2", "e1", "e2")]
         assert claims == [2, 4, 5, 6]
-        assert ray.get(sync.claim_explore_step.remote("e1", 7)) is None  # all 7 handed out
-        ray.get([sync.finish_explore_step.remote(s) for s in (2, 4, 5)])
-        assert not ray.get(sync.explore_finished.remote(7))  # step 6 is still running
+        # 12 rows written + 4 steps running x 4 planned rows = 28: covered
+        assert ray.get(sync.claim_explore_step.remote("e1", seven)) is None
+        ray.get([sync.finish_explore_step.remote(s, 4) for s in (2, 4, 5)])
+        assert not ray.get(sync.explore_finished.remote(seven))  # step 6 is still running
         # e2 stops heartbeating: it is reported dead and its step 6 is handed out again
         deadline = time.monotonic() + 20
         while ray.get(sync.status.remote())["roles"]["e2"]["state"] != "dead":
@@ -352,13 +353,40 @@ def test_explorer_steps_form_one_sequence_and_a_dead_explorers_steps_are_redone(
             assert time.monotonic() < deadline
             time.sleep(0.3)
         assert ray.get(sync.status.remote())["explore_steps"]["returned"] == [6]
-        assert ray.get(sync.claim_explore_step.remote("e3", 7)) == 6
-        ray.get(sync.finish_explore_step.remote(6))
-        assert ray.get(sync.explore_finished.remote(7))
+        assert ray.get(sync.claim_explore_step.remote("e3", seven)) == 6
+        ray.get(sync.finish_explore_step.remote(6, 4))
+        assert ray.get(sync.explore_finished.remote(seven))
+        assert ray.get(sync.status.remote())["explore_steps"]["rows_written"] == 28
         # a stopped explorer gives its claims back at once
-        assert ray.get(sync.claim_explore_step.remote("e1", 8)) == 7
+        assert ray.get(sync.claim_explore_step.remote("e1", _schedule(8))) == 7
         ray.get(sync.mark_ended.remote("explorer", "stopped", "e1"))
         assert ray.get(sync.status.remote())["explore_steps"]["returned"] == [7]
+    finally:
+        ray.kill(sync)
+
+
+def test_short_steps_and_dropped_rows_are_explored_again(ray_session):
+    """Exploring ends on rows written, not on steps run: a step that writes fewer rows than it planned
+    (dynamic sampling, failed tasks), or rows the trainer drops (too stale, quarantined), make more steps."""
+    from trinity_like.synchronizer import get_synchronizer
+
+    sync = get_synchronizer("sync/short", heartbeat_timeout_s=30.0, exit_grace_s=60.0, run_id="run-b")
+    two = _schedule(2)  # 8 rows needed
+    try:
+        ray.get(sync.init_explore_steps.remote({}))
+        assert [ray.get(sync.claim_explore_step.remote("e1", two)) for _ in range(3)] == [0, 1, None]
+        ray.get(sync.finish_explore_step.remote(0, 4))
+        ray.get(sync.finish_explore_step.remote(1, 1))  # 3 of its 4 rows were filtered out
+        assert not ray.get(sync.explore_finished.remote(two))
+        assert ray.get(sync.claim_explore_step.remote("e1", two)) == 2
+        ray.get(sync.finish_explore_step.remote(2, 0))  # an empty step
+        assert ray.get(sync.claim_explore_step.remote("e1", two)) == 3
+        ray.get(sync.finish_explore_step.remote(3, 4))
+        assert ray.get(sync.explore_finished.remote(two))  # 9 rows >= 8
+        ray.get(sync.report_dropped.remote(2))  # the trainer will never train 2 of them
+        assert not ray.get(sync.explore_finished.remote(two))
+        assert ray.get(sync.claim_explore_step.remote("e1", two)) == 4
+        assert ray.get(sync.claim_explore_step.remote("e1", two, 5)) is None  # max_steps caps the sequence
     finally:
         ray.kill(sync)
 

@@ -283,6 +283,15 @@ class BufferConsumer:
             return None
         return self._hand_out(chosen, step)
 
+    def ready(self, n: int, min_version: int | None = None, where: str | None = None, step: int = 0) -> bool:
+        """Whether ``try_read`` would return a batch now, without handing anything out (lock-step driving
+        explores until this holds)."""
+        self._refresh()
+        groups = self._groups_in_order(min_version, where or self.where, step)
+        if self.mix is None:
+            return _choose(groups, n) is not None
+        return choose_mix(((self._source_of(g), g) for g in groups), n, self.mix, self.mix_fill) is not None
+
     def _source_of(self, group: list[tuple[int, int]]) -> str:
         seg_i, row = group[0]
         return self._segments[seg_i].source[row]

@@ -1,9 +1,9 @@
 """The explorer role: setup -> run -> shutdown. Each step runs the workflow on ``batch_size`` tasks x
 ``repeat_times`` samples over the engine fleet, stamps the policy version and writes one buffer segment.
 
-Admission (AReaL's rule): explorer step j feeds trainer step ``c(j) = floor(j * rows_per_step /
-train_batch_size)``; it may start only once the published version is >= ``c(j) - max_staleness``, so no row it
-writes can be staler than the bound when trained. Weights are swapped only at a step boundary, so one step's
+Admission (AReaL's rule, on rows actually written: ``trinity_like.runtime.schedule``): an explorer step feeds
+trainer step ``c = rows_written_before // train_batch_size``; it may start only once the published version is
+>= ``c - max_staleness``, so no row it writes can be staler than the bound when trained. Weights are swapped only at a step boundary, so one step's
 samples all come from one version.
 
 Several explorers (in one job or in independent Ray jobs) share one run: each claims the next step of the
@@ -40,21 +40,22 @@ from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream
-from trinity_like.runtime.schedule import explore_steps_needed
-from trinity_like.synchronizer.synchronizer import Heartbeat, sync_due
+from trinity_like.runtime.schedule import ExplorerStalled, Schedule
+from trinity_like.synchronizer.synchronizer import Heartbeat
 
 logger = logging.getLogger(__name__)
 
 
-def written_explore_steps(paths: RunPaths) -> list[int]:
-    """The explorer steps whose experiences the buffer holds (an explorer's restart continues after them)."""
+def written_explore_steps(paths: RunPaths) -> dict[int, int]:
+    """The explorer steps whose experiences the buffer holds, with their row counts (an explorer's restart
+    continues after them, and the schedule counts their rows)."""
     from trinity_like.buffer import list_segments, read_only_sql
 
     if not list_segments(paths.buffer_dir):
-        return []
-    table = read_only_sql(paths.buffer_dir, "SELECT DISTINCT CAST(json_extract(info, '$.explore_step') AS BIGINT) "
-                                            "AS s FROM experiences WHERE s IS NOT NULL")
-    return sorted(table.column("s").to_pylist())
+        return {}
+    table = read_only_sql(paths.buffer_dir, "SELECT CAST(json_extract(info, '$.explore_step') AS BIGINT) AS s, "
+                                            "count(*) AS n FROM experiences WHERE s IS NOT NULL GROUP BY s")
+    return dict(zip(table.column("s").to_pylist(), table.column("n").to_pylist(), strict=True))
 
 
 class StepAbandoned(Exception):
@@ -72,6 +73,9 @@ class ExplorerRole:
         """The next step when ``step()`` is called without one (lock-step driving); ``run()`` claims steps."""
         self.steps_done = 0
         """Steps this explorer ran."""
+        self.schedule = Schedule.of(cfg)
+        self.empty_steps = 0
+        """Steps in a row that wrote no rows; ``explorer.max_empty_steps`` of them stop the explorer."""
         self._stop = False
         """Set by ``request_stop``: ``run()`` ends after the step in progress."""
 
@@ -121,25 +125,22 @@ class ExplorerRole:
         is logged and retried; the previous version keeps serving while the bound allows."""
         sc = self.cfg.synchronizer
         start = time.perf_counter()
-        rows_per_step = self.cfg.explorer.batch_size * self.cfg.explorer.repeat_times
-        consumer_step = step * rows_per_step // self.cfg.train_batch_size
-        if self.cfg.mode == "sync":  # the newest version published before the consuming trainer step
-            need = consumer_step - consumer_step % sc.interval
-        else:
-            need = max(0, consumer_step - sc.max_staleness)
+        need = self.schedule.version_needed(await self.synchronizer.rows_written.remote())
         if self.fleet.version < need:
             self._sync_state = "require_sync"
         info = None
         while info is None:  # in short waits, so that a stop request ends a long one
             if self._stop:
                 raise StepAbandoned(f"stop requested while step {step} waited for version {need}")
+            if (await self.synchronizer.ended.remote()).get("trainer") == "finished":
+                raise StepAbandoned(f"the trainer finished while step {step} waited for version {need}")
             if time.perf_counter() - start > sc.timeout_s:
                 raise TimeoutError(f"no policy version >= {need} was published within {sc.timeout_s:.0f}s: is the "
                                    "trainer running?")
             info = await self.synchronizer.wait_for_version.remote(need, 1.0, False)
         metrics = {"sync/wait_s": time.perf_counter() - start}
         due = (self.cfg.mode == "sync" or sc.style == "trainer_driven" or self.steps_done == 0  # a (re)started explorer
-               or sync_due(step, sc.interval, sc.offset))
+               or self.schedule.sync_due(step))
         load_start = time.perf_counter()
         while info.version > self.fleet.version and (due or self.fleet.version < need):
             try:
@@ -251,6 +252,8 @@ class ExplorerRole:
         start = time.perf_counter()
         finished = await self._rollout(step, self._tasks_for_step(step))
         metrics = await self._write(step, finished, start)
+        await self.synchronizer.finish_explore_step.remote(step, len(self._last_written))
+        self._count_empty(len(self._last_written))
         metrics.update({"rollout/admission_wait_s": sync_metrics["sync/wait_s"], **sync_metrics, **eval_metrics,
                         **timeline})
         self.metrics.write(step + 1, metrics)
@@ -272,6 +275,7 @@ class ExplorerRole:
                 e.task_id = task.task_id
                 e.info["explore_step"] = task_step
             exps.extend(group)
+        self._last_written = exps
         buffer_wait_s = 0.0
         if exps:
             if self.sender is not None:
@@ -319,27 +323,41 @@ class ExplorerRole:
         }
 
     async def run(self, num_steps: int | None = None) -> int:
-        """Claim and run steps of the run's sequence until all that the trainer's steps need are handed out,
-        the trainer finishes, or ``request_stop``; return the steps this explorer ran."""
-        total = explore_steps_needed(self.cfg) if num_steps is None else num_steps
+        """Claim and run steps of the run's sequence until the rows written cover what the trainer needs (and
+        no live trainer asks for more), the trainer finishes, or ``request_stop``; return the steps this
+        explorer ran."""
         try:
             while not self._stop:
                 if (await self.synchronizer.ended.remote()).get("trainer") == "finished":
                     break
-                step = await self.synchronizer.claim_explore_step.remote(self.role_id, total)
+                step = await self.synchronizer.claim_explore_step.remote(self.role_id, self.schedule, num_steps)
                 if step is None:
+                    if num_steps is None and await self.synchronizer.alive.remote("trainer"):
+                        await asyncio.sleep(1.0)  # covered for now; the trainer may still drop rows (stale,
+                        continue                  # quarantined), which are then explored again
                     break
                 try:
                     await self.step(step)
                 except StepAbandoned:
                     break  # the claim goes back to the run's sequence when this role ends as stopped
-                await self.synchronizer.finish_explore_step.remote(step)
             await self.drain()
         except BaseException as e:
             await self.synchronizer.mark_ended.remote("explorer", f"failed: {type(e).__name__}: {e}", self.role_id)
             raise
         await self.synchronizer.mark_ended.remote("explorer", "stopped" if self._stop else "finished", self.role_id)
         return self.steps_done
+
+    def _count_empty(self, rows: int) -> None:
+        """A step may write nothing (every group filtered, every task failed) and is made up by more steps;
+        ``explorer.max_empty_steps`` such steps in a row mean it never will, and say so rather than loop."""
+        self.empty_steps = 0 if rows else self.empty_steps + 1
+        limit = self.cfg.explorer.max_empty_steps
+        if limit and self.empty_steps >= limit:
+            raise ExplorerStalled(
+                f"the explorer wrote no experiences in {self.empty_steps} steps in a row (explorer.max_empty_steps); "
+                "every group was filtered (explorer.dynamic_sampling drops groups whose rewards are all equal) or "
+                "every task failed (see failed_tasks.jsonl in the run directory): check the reward function and "
+                "the task set, or turn dynamic_sampling off")
 
     async def request_stop(self) -> None:
         """Finish the step in progress, write it, and end ``run()`` (SIGINT / SIGTERM of the job)."""

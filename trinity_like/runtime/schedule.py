@@ -1,11 +1,88 @@
-"""The schedule: how explorer steps and trainer steps relate (placeholder, filled in the next commit)."""
+"""The schedule: how explorer steps and trainer steps relate, stated once, as pure functions.
+
+An explorer step plans ``batch_size * repeat_times`` rows, but may write fewer: dynamic sampling drops groups
+whose rewards are all equal, and a task that fails writes nothing. So every decision that depends on how far
+the explorer has got is taken on the rows it has actually *written*, never on the steps it has run:
+
+- the trainer step an explorer step feeds: ``c = rows_before // train_batch_size`` (rows written by earlier
+  steps);
+- admission (AReaL's rule): the step may start once the published version is at least
+  ``c - max_staleness`` (async), or the version of the trainer step that precedes it on the sync interval
+  (sync: ``c - c % interval``), so no row it writes is staler than the bound when trained;
+- whether to explore more: while the rows written, plus the rows planned by steps still running, fall short
+  of what the trainer still needs (``total_steps * train_batch_size`` plus every row the trainer dropped:
+  too stale or quarantined);
+- ``sync_due``: whether the explorer loads the newest weights before its next step.
+
+Worked example (batch_size 4, repeat_times 2 -> 8 planned rows per step; train_batch_size 12; interval 1):
+explorer steps that write 8, 8, 8 rows feed trainer steps 0, 0, 1 (rows before: 0, 8, 16); in async mode with
+max_staleness 1 they need versions 0, 0, 0; in sync mode 0, 0, 1. If step 1 writes only 3 rows (dynamic
+sampling), step 2 has 11 rows before it: it still feeds trainer step 0 and needs version 0 in both modes,
+where counting planned rows would have made a sync run wait for version 1, which needs rows nobody writes.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from trinity_like.common.errors import RunError
 from trinity_like.config import Config
 
 
-def explore_steps_needed(cfg: Config) -> int:
-    """Explorer steps whose output covers ``trainer.total_steps`` trainer batches."""
-    rows_per_step = cfg.explorer.batch_size * cfg.explorer.repeat_times
-    return -(-cfg.trainer.total_steps * cfg.train_batch_size // rows_per_step)
+class ExplorerStalled(RunError):
+    """The explorer wrote no rows for ``explorer.max_empty_steps`` steps in a row: the trainer would wait
+    forever."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    mode: str
+    rows_per_step: int
+    """Rows one explorer step plans: ``explorer.batch_size * explorer.repeat_times``."""
+    train_batch_size: int
+    total_steps: int
+    """Trainer steps of the run."""
+    interval: int
+    offset: int
+    max_staleness: int
+
+    @classmethod
+    def of(cls, cfg: Config) -> Schedule:
+        sc = cfg.synchronizer
+        return cls(mode=cfg.mode, rows_per_step=cfg.explorer.batch_size * cfg.explorer.repeat_times,
+                   train_batch_size=cfg.train_batch_size, total_steps=cfg.trainer.total_steps,
+                   interval=sc.interval, offset=sc.offset, max_staleness=sc.max_staleness)
+
+    @property
+    def rows_needed(self) -> int:
+        """Rows the trainer trains on over the whole run."""
+        return self.total_steps * self.train_batch_size
+
+    @property
+    def planned_explore_steps(self) -> int:
+        """Explorer steps that cover the run when every step writes all its planned rows (a lower bound, and
+        the progress bar's total)."""
+        return -(-self.rows_needed // self.rows_per_step)
+
+    def trainer_step_fed(self, rows_before: int) -> int:
+        """The trainer step (0-based) whose batch the next row goes into, ``rows_before`` rows having been
+        written."""
+        return rows_before // self.train_batch_size
+
+    def version_needed(self, rows_before: int) -> int:
+        """The lowest policy version an explorer step may generate with, ``rows_before`` rows written before
+        it (the admission rule)."""
+        c = self.trainer_step_fed(rows_before)
+        if self.mode == "sync":
+            return c - c % self.interval
+        return max(0, c - self.max_staleness)
+
+    def explore_more(self, rows_written: int, steps_running: int, rows_dropped: int = 0) -> bool:
+        """Whether another explorer step is needed: the rows written, plus those planned by the
+        ``steps_running`` steps not yet written, fall short of what the trainer needs, including the
+        ``rows_dropped`` rows it will never train (too stale, quarantined)."""
+        return rows_written + steps_running * self.rows_per_step < self.rows_needed + rows_dropped
+
+    def sync_due(self, steps_done: int) -> bool:
+        """Whether the explorer loads the newest weights before its next step, having done ``steps_done``."""
+        return steps_done == 0 or (steps_done >= self.offset and (steps_done - self.offset) % self.interval == 0)

@@ -3,8 +3,8 @@ on-disk version format."""
 
 from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
 from trinity_like.synchronizer.monitor import STATE_DICT_DIR, CheckpointMonitor
-from trinity_like.synchronizer.synchronizer import Heartbeat, Synchronizer, get_synchronizer, sync_due
+from trinity_like.synchronizer.synchronizer import Heartbeat, Synchronizer, get_synchronizer
 from trinity_like.synchronizer.weights_files import CorruptWeightsError, read_weights
 
 __all__ = ["MONITOR_NAME", "STATE_DICT_DIR", "SYNCHRONIZER_NAME", "CheckpointMonitor", "CorruptWeightsError",
-           "Heartbeat", "Synchronizer", "WeightsInfo", "get_synchronizer", "read_weights", "sync_due"]
+           "Heartbeat", "Synchronizer", "WeightsInfo", "get_synchronizer", "read_weights"]

@@ -24,8 +24,8 @@ one. Explorers keep the weights they hold until the trainer publishes a version 
 generated from the discarded versions stay in the buffer with their behaviour log-probs (valid off-policy
 data, corrected like any other).
 
-``sync_due`` is the explorer's schedule: it loads new weights before step k (k = steps done) when
-``(k - offset) % interval == 0`` and ``k >= offset``, and always before its first step.
+Which steps to hand out, and when the exploring is done, is decided on the rows the steps actually wrote
+(``trinity_like.runtime.schedule``), so a step that writes fewer rows than planned is made up by more steps.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 
 import ray
 
+from trinity_like.runtime.schedule import Schedule
 from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
 
 HEARTBEAT_S = 1.0
@@ -46,11 +47,6 @@ GATHER_WINDOW_S = 0.25
 """How long a collective round waits for more engines after the first one is ready."""
 
 logger = logging.getLogger(__name__)
-
-
-def sync_due(steps_done: int, interval: int, offset: int = 0) -> bool:
-    """Whether the explorer loads the newest weights before its next step, having done ``steps_done``."""
-    return steps_done == 0 or (steps_done >= offset and (steps_done - offset) % interval == 0)
 
 
 @dataclass
@@ -68,6 +64,14 @@ class ExploreSteps:
     """returned step -> the role that had it (given back if that role turns out alive)."""
     initialized: bool = False
     """Set by the first explorer from the buffer's contents (``init_explore_steps``)."""
+    rows: dict[int, int] = field(default_factory=dict)
+    """written step -> the rows it wrote (fewer than planned when groups were filtered or tasks failed)."""
+    rows_dropped: int = 0
+    """Rows the trainer reported it will never train (too stale, quarantined): explored again."""
+
+    @property
+    def rows_written(self) -> int:
+        return sum(self.rows.values())
 
     def release(self, role_id: str) -> list[int]:
         steps = sorted(s for s, rid in self.claims.items() if rid == role_id)
@@ -259,8 +263,8 @@ class Synchronizer:
             "latest_version": self._latest.version,
             "latest_path": self._latest.path,
             "ended": dict(self._ended),
-            "explore_steps": {"next": self._steps.next, "claimed": sorted(self._steps.claims),
-                              "returned": list(self._steps.returned)},
+            "explore_steps": {"next": self._steps.next, "rows_written": self._steps.rows_written,
+                              "claimed": sorted(self._steps.claims), "returned": list(self._steps.returned)},
             "collective": {"generation": self._generation, "rounds": self._round, "members": list(self._members),
                            "waiting": sorted(self._ready)},
             "roles": {rid: {"kind": r.kind, "state": r.state, "version": r.version,
@@ -287,40 +291,56 @@ class Synchronizer:
         self._resume_floor = step if step < self._latest.version else None
 
     # ------------------------------------------------------------ the global sequence of explorer steps
-    async def init_explore_steps(self, written: list[int]) -> None:
-        """Start the sequence after the steps the buffer already holds (first explorer only); a step below the
-        highest written one that is missing (its explorer died, or the synchronizer did) is done again."""
+    async def init_explore_steps(self, written: dict[int, int]) -> None:
+        """Start the sequence after the steps the buffer already holds (``written``: step -> rows; first
+        explorer only); a step below the highest written one that is missing (its explorer died, or the
+        synchronizer did) is done again."""
         if self._steps.initialized:
             return
-        done = set(written)
+        done = {int(k): int(v) for k, v in written.items()}
         self._steps.next = max(done) + 1 if done else 0
-        self._steps.returned = sorted(set(range(self._steps.next)) - done)
+        self._steps.returned = sorted(set(range(self._steps.next)) - set(done))
+        self._steps.rows = done
         self._steps.initialized = True
 
-    async def claim_explore_step(self, role_id: str, total: int) -> int | None:
-        """The next explorer step for ``role_id`` (a returned one first), or None when all ``total`` are
-        handed out."""
-        if not self._steps.initialized:
+    async def claim_explore_step(self, role_id: str, schedule: Schedule, max_steps: int | None = None) -> int | None:
+        """The next explorer step for ``role_id`` (a returned one first), or None when the rows written and
+        the steps running cover what the trainer needs (``Schedule.explore_more``), or ``max_steps`` steps
+        have been handed out."""
+        s = self._steps
+        if not s.initialized:
             raise RuntimeError("init_explore_steps must come before the first claim")
-        if self._steps.returned:
-            step = self._steps.take_returned()
-        elif self._steps.next < total:
-            step = self._steps.next
-            self._steps.next += 1
+        if s.returned:
+            step = s.take_returned()
+        elif (schedule.explore_more(s.rows_written, len(s.claims), s.rows_dropped)
+              and (max_steps is None or s.next < max_steps)):
+            step = s.next
+            s.next += 1
         else:
             return None
-        self._steps.claims[step] = role_id
+        s.claims[step] = role_id
         return step
 
-    async def finish_explore_step(self, step: int) -> None:
-        """The step's experiences are in the buffer."""
+    async def finish_explore_step(self, step: int, rows: int) -> None:
+        """The step's ``rows`` experiences are in the buffer."""
         self._steps.claims.pop(step, None)
+        self._steps.rows[step] = rows
         self._notify()
 
-    async def explore_finished(self, total: int) -> bool:
-        """Every one of ``total`` explorer steps is written: no more experiences will come."""
+    async def report_dropped(self, rows: int) -> None:
+        """The trainer will never train ``rows`` rows written so far (a running total): explore that many more."""
+        self._steps.rows_dropped = max(self._steps.rows_dropped, rows)
+
+    async def rows_written(self) -> int:
+        """Rows written by every finished explorer step (admission counts on these, not on steps)."""
+        return self._steps.rows_written
+
+    async def explore_finished(self, schedule: Schedule) -> bool:
+        """No explorer step is running or waiting to be redone, and the rows written cover the run: no more
+        experiences will come."""
         s = self._steps
-        return s.initialized and s.next >= total and not s.claims and not s.returned
+        return (s.initialized and not s.claims and not s.returned
+                and not schedule.explore_more(s.rows_written, 0, s.rows_dropped))
 
     async def alive(self, kind: str) -> int:
         """How many roles of ``kind`` are registered and neither stopped nor dead."""

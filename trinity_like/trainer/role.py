@@ -23,7 +23,7 @@ from trinity_like.common.modeling import set_offline_env
 from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream
-from trinity_like.runtime.schedule import explore_steps_needed
+from trinity_like.runtime.schedule import Schedule
 from trinity_like.trainer.ppo import TRAINERS
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class TrainerRole:
     def __init__(self, cfg: Config, resume: bool = False) -> None:
         set_offline_env()
         self.cfg = cfg
+        self.schedule = Schedule.of(cfg)
         self.paths = RunPaths.of(cfg)
         self.resume = resume
         self.state = "starting"
@@ -198,6 +199,11 @@ class TrainerRole:
         finally:
             self.state = "running"
 
+    def batch_ready(self) -> bool:
+        """Whether the buffer holds the next step's batch (sync mode explores until it does: an explorer step
+        may write fewer rows than it planned)."""
+        return self.consumer.ready(self.cfg.train_batch_size, self._min_version(), step=self.engine.train_step_num + 1)
+
     def _no_more_data(self) -> bool:
         """Asked on every buffer poll: stop requested, or every explorer step written and read (asks the
         synchronizer at most once a second). A dead explorer is not an end: the trainer waits for another."""
@@ -211,7 +217,10 @@ class TrainerRole:
         if now - self._last_end_check < 1.0:
             return False
         self._last_end_check = now
-        return ray.get(self.synchronizer.explore_finished.remote(explore_steps_needed(self.cfg)))
+        stats = self.consumer.stats()
+        dropped = stats["buffer/skipped_stale"] + stats.get("buffer/quarantined", 0.0)
+        self.synchronizer.report_dropped.remote(int(dropped))
+        return ray.get(self.synchronizer.explore_finished.remote(self.schedule))
 
     def run(self) -> int:
         """Train until ``trainer.total_steps`` or ``request_stop``; return the final version."""

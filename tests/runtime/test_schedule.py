@@ -1,0 +1,56 @@
+"""The schedule's pure functions against tables worked by hand."""
+
+from trinity_like.config import load_config
+from trinity_like.runtime.schedule import Schedule
+
+
+def _schedule(mode: str, **kw) -> Schedule:
+    # batch_size 4 x repeat_times 2 = 8 planned rows per explorer step; 12 rows per trainer step
+    args = dict(mode=mode, rows_per_step=8, train_batch_size=12, total_steps=4, interval=1, offset=0, max_staleness=1)
+    return Schedule(**{**args, **kw})
+
+
+def test_of_config_states_each_quantity_once():
+    cfg = load_config(None, ["explorer.batch_size=4", "explorer.repeat_times=2", "trainer.batch_size=12",
+                             "trainer.total_steps=4", "synchronizer.interval=2", "synchronizer.max_staleness=3"])
+    s = Schedule.of(cfg)
+    assert (s.rows_per_step, s.train_batch_size, s.total_steps, s.interval, s.max_staleness) == (8, 12, 4, 2, 3)
+    assert s.rows_needed == 48
+    assert s.planned_explore_steps == 6  # ceil(48 / 8)
+    assert Schedule.of(load_config(None, ["explorer.batch_size=4", "explorer.repeat_times=2"])).train_batch_size == 8
+
+
+def test_trainer_step_fed_and_admission_by_rows_written():
+    # rows before  0  8 16 24 32 40 |  11 (step 1 wrote only 3 rows)
+    # fed (//12)   0  0  1  2  2  3 |   0
+    # async (-1)   0  0  0  1  1  2 |   0
+    # sync         0  0  1  2  2  3 |   0
+    a, s = _schedule("async"), _schedule("sync")
+    rows = [0, 8, 16, 24, 32, 40, 11]
+    assert [a.trainer_step_fed(r) for r in rows] == [0, 0, 1, 2, 2, 3, 0]
+    assert [a.version_needed(r) for r in rows] == [0, 0, 0, 1, 1, 2, 0]
+    assert [s.version_needed(r) for r in rows] == [0, 0, 1, 2, 2, 3, 0]
+    # sync with interval 2: the newest version published on the interval before the fed step
+    assert [_schedule("sync", interval=2).version_needed(r) for r in rows] == [0, 0, 0, 2, 2, 2, 0]
+    # async with max_staleness 0 admits like sync
+    assert [_schedule("async", max_staleness=0).version_needed(r) for r in rows] == [0, 0, 1, 2, 2, 3, 0]
+
+
+def test_explore_more_counts_rows_written_running_and_dropped():
+    s = _schedule("async")  # 48 rows needed
+    assert s.explore_more(0, 0)
+    assert s.explore_more(40, 0) and not s.explore_more(40, 1)  # 40 + 8 planned = 48
+    assert s.explore_more(47, 0) and not s.explore_more(48, 0)
+    assert s.explore_more(48, 0, rows_dropped=1)  # a row the trainer will never train is explored again
+    assert not s.explore_more(49, 0, rows_dropped=1)
+
+
+def test_sync_due_table():
+    # explorer step k (steps done) loads when (k - offset) % interval == 0, k >= offset, and before its first step
+    def due(interval, offset):
+        return [k for k in range(10) if _schedule("async", interval=interval, offset=offset).sync_due(k)]
+
+    assert due(1, 0) == list(range(10))
+    assert due(2, 0) == [0, 2, 4, 6, 8]
+    assert due(3, 1) == [0, 1, 4, 7]
+    assert due(2, 5) == [0, 5, 7, 9]
