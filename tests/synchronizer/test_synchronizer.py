@@ -211,11 +211,10 @@ def test_trainer_killed_mid_publish_leaves_every_explorer_on_the_previous_versio
 @pytest.mark.slow
 def test_explorer_restarted_mid_run_rejoins_with_the_latest_version_and_the_dead_one_is_reported(
         tmp_path, tiny_model_path, ray_session):
-    from trinity_like.synchronizer.messages import WeightsInfo
-
     from trinity_like.explorer.role import ExplorerRole
     from trinity_like.runtime.run_dir import prepare_run_dir
     from trinity_like.synchronizer import get_synchronizer
+    from trinity_like.synchronizer.messages import WeightsInfo
     cfg = _cfg(tmp_path, tiny_model_path, "rejoin", "mode=async", "synchronizer.max_staleness=4",
                "synchronizer.interval=2", "synchronizer.method=memory")
     prepare_run_dir(cfg)
@@ -392,9 +391,8 @@ def test_short_steps_and_dropped_rows_are_explored_again(ray_session):
 
 
 def test_resumed_trainer_may_go_back_once_and_a_stale_synchronizer_is_replaced(ray_session):
-    from trinity_like.synchronizer.messages import WeightsInfo
-
     from trinity_like.synchronizer import get_synchronizer
+    from trinity_like.synchronizer.messages import WeightsInfo
     sync = get_synchronizer("sync/resume", run_id="run-a")
     try:
         for v in (1, 2, 3):
