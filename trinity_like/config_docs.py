@@ -1,6 +1,6 @@
 """Render ``docs/config.md``, the configuration reference, from the config dataclasses.
 
-The dataclasses in ``trinity_like/config.py`` are the one source of truth: each key's description is the
+The dataclasses in ``trinity_like/config/schema.py`` are the one source of truth: each key's description is the
 docstring under its field (an attribute docstring, which Python drops at run time, so the module's source is
 parsed with ``ast``), its type the annotation, its default the field's default, its allowed values the field's
 metadata. ``tests/test_config_docs.py`` fails when the committed file differs from what this module renders.
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trinity_like import config as config_module
+from trinity_like.config import schema as config_module
 from trinity_like.config import Config, allowed_values
 
 DOCS_PATH = Path(__file__).resolve().parents[1] / "docs" / "config.md"
@@ -27,9 +27,9 @@ REGENERATE = "trinity-like config-docs"
 INTRO = f"""\
 # Configuration reference
 
-<!-- Generated from the dataclasses in trinity_like/config.py by `{REGENERATE}`; do not edit by hand. -->
+<!-- Generated from the dataclasses in trinity_like/config/schema.py by `{REGENERATE}`; do not edit by hand. -->
 
-Every setting of `trinity-like run`, `bench` and `serve` is a field of a dataclass in `trinity_like/config.py`,
+Every setting of `trinity-like run`, `bench` and `serve` is a field of a dataclass in `trinity_like/config/schema.py`,
 described once, by the docstring under the field. This page is generated from them, and a test fails when it
 is out of date: after changing a field, run `{REGENERATE}`.
 

@@ -294,6 +294,8 @@ def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torc
 # ---------------------------------------------------------------- KL
 
 KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_LOSS_TYPES = (*KL_PENALTIES, "k1+", "k3+", "low_var_kl+")
+"""The KL loss may also use the straight-through forms (``+``: value of the estimator, gradient of k2)."""
 
 
 def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:

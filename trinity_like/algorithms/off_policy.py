@@ -32,28 +32,19 @@ effective sample size ESS = (sum w)^2 / (n sum w^2) over valid tokens, and stale
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trinity_like.algorithms.functional import masked_mean, masked_sum
+from trinity_like.common.algorithm_params import OffPolicyParams
 from trinity_like.common.registry import Registry
 
 OFF_POLICY_CORRECTIONS: Registry = Registry("off-policy correction")
 
 
-@dataclass
-class OffPolicyConfig:
-    """Parameters the corrections read (by attribute or dict key) from their ``config`` argument."""
-
-    cap: float = 2.0
-    """C: truncation bound (tis, seq_tis), sequence-ratio bound (seq_mis), token drop bound (decoupled)."""
-    low: float = 0.5
-    """Lower bound of the kept ratio range (icepop, geo_mask)."""
-    high: float = 2.0
-    """Upper bound of the kept ratio range (icepop, geo_mask)."""
-
+OffPolicyConfig = OffPolicyParams
+"""The corrections' parameters (defaults in ``trinity_like.common.algorithm_params``)."""
 
 _DEFAULTS = OffPolicyConfig()
 

@@ -21,9 +21,10 @@ import math
 import operator
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trinity_like.common.algorithm_params import OverlongBufferParams
 
 logger = logging.getLogger(__name__)
 
@@ -241,13 +242,8 @@ def score_batch(fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[
 # ---------------------------------------------------------------- managers
 
 
-@dataclass
-class OverlongBufferConfig:
-    enable: bool = False
-    len: int = 0
-    """Tokens before ``max_resp_len`` where the linear penalty starts."""
-    penalty_factor: float = 1.0
-    """Penalty at ``max_resp_len``."""
+OverlongBufferConfig = OverlongBufferParams
+"""DAPO's overlong penalty (defaults in ``trinity_like.common.algorithm_params``)."""
 
 
 class NaiveRewardManager:

@@ -8,3 +8,7 @@ class UserError(ValueError):
 
 class RunError(UserError):
     """A run that could not start or finish for a reason the user can fix; the message says which."""
+
+
+class ConfigError(UserError):
+    """A user mistake in the configuration; the message is one sentence saying what to change."""

@@ -36,6 +36,10 @@ def generate_arithmetic(size: int, max_operand: int, seed: int) -> list[Task]:
     ]
 
 
+TASKSET_GENERATORS = {"arithmetic": generate_arithmetic}
+"""``explorer.taskset.generate`` / ``eval_tasksets[].generate`` name -> generator ``(size, max_operand, seed)``."""
+
+
 def demonstrations(tasks: list[Task]) -> list[dict]:
     """One demonstration per task: a chat record whose user turn is the task's prompt and whose assistant turn
     is its answer, ``{"task_id", "messages": [{"role": "user", ...}, {"role": "assistant", ...}], "reward":

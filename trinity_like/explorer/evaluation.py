@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trinity_like.common.tasks import Task, generate_arithmetic, load_taskset, write_taskset
+from trinity_like.common.tasks import TASKSET_GENERATORS, Task, load_taskset, write_taskset
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
 from trinity_like.runtime.paths import RunPaths
 
@@ -26,7 +26,7 @@ def prepare_eval_tasksets(cfg: Config) -> dict[str, list[Task]]:
     for i, ev in enumerate(cfg.explorer.eval_tasksets):
         path = eval_taskset_path(cfg, ev)
         if not path.is_file() and not ev.path:
-            write_taskset(path, generate_arithmetic(ev.size, ev.max_operand, seed=cfg.seed + 7_919 * (i + 1)))
+            write_taskset(path, TASKSET_GENERATORS[ev.generate](ev.size, ev.max_operand, seed=cfg.seed + 7_919 * (i + 1)))
         out[ev.name] = load_taskset(path)
     return out
 

@@ -3,15 +3,13 @@ before writing anything, then save the resolved config, the run's id and the tas
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import uuid
-from typing import Any
 
 from trinity_like.buffer.segments import check_schema_versions, list_segments
 from trinity_like.common.errors import RunError
 from trinity_like.common.fs import atomic_write_text, fsync_path
-from trinity_like.config import Config, load_config, to_yaml
+from trinity_like.config import Config, flatten, load_config, to_yaml
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths
 
@@ -22,22 +20,9 @@ PER_JOB_KEYS = ("explorer.num_engines", "explorer.num_threads", "explorer.engine
 the run's ``config.yaml``."""
 
 
-def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            out.update(_flat(value, f"{prefix}{f.name}."))
-        elif isinstance(value, dict):  # e.g. buffer.mix: one key per entry, so a difference names the entry
-            out.update({f"{prefix}{f.name}.{k}": v for k, v in value.items()})
-        else:
-            out[f"{prefix}{f.name}"] = value
-    return out
-
-
 def config_differences(a: Config, b: Config) -> list[str]:
     """Keys whose values differ between two configs, leaving out the per-job keys."""
-    fa, fb = _flat(a), _flat(b)
+    fa, fb = flatten(a), flatten(b)
     keys = list(fa) + [k for k in fb if k not in fa]  # a dict entry may be in one config only
     return [k for k in keys if fa.get(k) != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in PER_JOB_KEYS)]
 
@@ -94,7 +79,7 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     ``role='all'`` refuses a directory that already holds a run unless ``resume``; a ``trainer`` refuses one
     with checkpoints unless ``resume``; an ``explorer`` joins whatever is there. A joining role must bring the
     run's config. ``allow_existing`` lets read-only users (``bench``) open any run directory."""
-    from trinity_like.common.tasks import generate_arithmetic, write_taskset
+    from trinity_like.common.tasks import TASKSET_GENERATORS, write_taskset
 
     if role not in (*ROLES, "serve"):
         raise RunError(f"bad role {role!r}; allowed: {', '.join(ROLES)}")
@@ -122,7 +107,7 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
         _ensure_run_id(paths)
     if cfg.mode != "offline" and not paths.taskset.is_file():
         ts = cfg.explorer.taskset
-        write_taskset(paths.taskset, generate_arithmetic(ts.size, ts.max_operand, cfg.seed))
+        write_taskset(paths.taskset, TASKSET_GENERATORS[ts.generate](ts.size, ts.max_operand, cfg.seed))
     if cfg.mode != "offline":
         _check_taskset(paths.taskset)
     return paths

@@ -1,32 +1,18 @@
-"""Configuration: one typed dataclass per part, loaded from YAML with ``key=value`` overrides.
-
-The dataclasses are the single source of truth for every setting: each field carries its description as a
-docstring right under it, and its allowed values in ``field(metadata=...)`` (``choices``, ``choices_from`` a
-registry, ``min``, ``max``). ``docs/config.md`` is generated from them (``trinity-like config-docs``).
-OmegaConf turns them into structured configs, so an unknown key or a value of the wrong type is caught on
-load; ``validate`` then checks choices, ranges and the rules that tie fields together.
-
-Every problem raises :class:`ConfigError` with one sentence that names the key and says how to fix it; the
-command line prints it and exits with status 2.
-
-Runtime state derived from a config (resolved paths) lives in :class:`RunPaths`, never in user fields.
-"""
+"""The config schema: one typed dataclass per part; each field's description is the docstring under it and its
+allowed values are in its metadata (``choices``, ``choices_from`` a registry, ``min``)."""
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from trinity_like.common.errors import UserError
+from trinity_like.common.algorithm_params import OffPolicyParams, OverlongBufferParams
+from trinity_like.common.errors import ConfigError  # noqa: F401 (re-exported: trinity_like.config.ConfigError)
 
 MODES = ("sync", "async", "offline")
 ENGINES = ("hf", "vllm")
 SYNC_METHODS = ("checkpoint", "nccl", "memory")
 WANDB_MODES = ("offline", "online", "disabled")
-TASKSET_GENERATORS = ("arithmetic",)
 
 
 RENAMED_KEYS = {
@@ -38,10 +24,6 @@ RENAMED_KEYS = {
 """Keys of earlier versions and what took their place, so an old config gets a hint rather than a key list."""
 
 
-class ConfigError(UserError):
-    """A user mistake in the configuration; the message is one sentence saying what to change."""
-
-
 def _choices(default: str, choices: tuple[str, ...]) -> Any:
     return field(default=default, metadata={"choices": choices})
 
@@ -51,19 +33,21 @@ def _at_least(default: Any, minimum: float) -> Any:
 
 
 def _registered(default: str, registry: str) -> Any:
-    """A name from ``trinity_like.algorithms.<registry>``: the allowed values are whatever is registered, looked
-    up only when a config is validated (importing the algorithms pulls in torch)."""
+    """A name from the registry ``"module:NAME"`` (a ``Registry``, a dict or a tuple of names): the allowed values
+    are whatever the code registers, never a copy of them, looked up only when a config is validated (the
+    modules pull in torch)."""
     return field(default=default, metadata={"choices_from": registry})
 
 
 def allowed_values(meta: Any) -> tuple[str, ...] | None:
-    """The allowed values a field's metadata names (``choices``, or a registry in ``trinity_like.algorithms``)."""
+    """The allowed values a field's metadata names (``choices``, or ``choices_from`` a registry)."""
     if "choices" in meta:
         return tuple(meta["choices"])
     if "choices_from" in meta:
-        import trinity_like.algorithms as algorithms
+        import importlib
 
-        names = getattr(algorithms, meta["choices_from"])
+        module, _, name = meta["choices_from"].partition(":")
+        names = getattr(importlib.import_module(module), name)
         return tuple(names.names() if hasattr(names, "names") else names)
     return None
 
@@ -95,7 +79,7 @@ class SamplingConfig:
 class TasksetConfig:
     path: str = ""
     """Parquet file of tasks with columns `task_id`, `prompt`, `answer`. Empty: `<run_dir>/tasks.parquet`."""
-    generate: str = _choices("arithmetic", TASKSET_GENERATORS)
+    generate: str = _registered("arithmetic", "trinity_like.common.tasks:TASKSET_GENERATORS")
     """Built-in generator that writes the task file when `path` does not exist."""
     size: int = _at_least(512, 1)
     """Number of tasks the generator writes."""
@@ -109,7 +93,7 @@ class EvalTasksetConfig:
     """Name in the metrics: `eval/<name>/accuracy/mean@k`."""
     path: str = ""
     """Parquet task file; empty = generated into `<run_dir>/eval-<name>.parquet`."""
-    generate: str = _choices("arithmetic", TASKSET_GENERATORS)
+    generate: str = _registered("arithmetic", "trinity_like.common.tasks:TASKSET_GENERATORS")
     """Generator of the eval tasks when `path` is empty (seeded apart from the training tasks)."""
     size: int = _at_least(64, 1)
     """Number of generated eval tasks."""
@@ -257,11 +241,11 @@ class TrainerConfig:
     """Full checkpoints kept (the newest); 0 = keep all."""
     num_threads: int = _at_least(1, 1)
     """torch threads for the trainer (per worker)."""
-    type: str = _choices("ppo", ("ppo",))
+    type: str = _registered("ppo", "trinity_like.trainer.ppo:TRAINERS")
     """TrainEngineWrapper implementation (registry `trinity_like.trainer.ppo.TRAINERS`)."""
     num_workers: int = _at_least(1, 1)
     """Data-parallel trainer workers (a torch.distributed group: gloo on CPU, NCCL on GPU)."""
-    strategy: str = _choices("ddp", ("ddp", "fsdp2"))
+    strategy: str = _registered("ddp", "trinity_like.trainer.parallel:STRATEGIES")
     """How workers share the model when `num_workers` > 1: `ddp` (a full replica each, gradients
     all-reduced) or `fsdp2` (`torch.distributed.fsdp.fully_shard`: parameters, gradients and optimizer
     state sharded per transformer block; for models that do not fit one device)."""
@@ -298,14 +282,14 @@ class SynchronizerConfig:
 
 @dataclass
 class OffPolicyConfig:
-    correction: str = _registered("none", "OFF_POLICY_CORRECTIONS")
+    correction: str = _registered("none", "trinity_like.algorithms:OFF_POLICY_CORRECTIONS")
     """Importance correction for stale data (`trinity_like.algorithms.off_policy`): none, tis, seq_tis,
     icepop, seq_mis, geo_mask, decoupled. Anything but `none` recomputes the proximal log-probs."""
-    cap: float = _at_least(2.0, 0.0)
+    cap: float = _at_least(OffPolicyParams.cap, 0.0)
     """C: truncation bound (tis, seq_tis), sequence-ratio bound (seq_mis), token drop bound (decoupled)."""
-    low: float = _at_least(0.5, 0.0)
+    low: float = _at_least(OffPolicyParams.low, 0.0)
     """Lower bound of the kept ratio range (icepop, geo_mask)."""
-    high: float = _at_least(2.0, 0.0)
+    high: float = _at_least(OffPolicyParams.high, 0.0)
     """Upper bound of the kept ratio range (icepop, geo_mask)."""
 
 
@@ -323,9 +307,9 @@ class KLControlConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = _registered("grpo", "ADV_ESTIMATORS")
+    adv_estimator: str = _registered("grpo", "trinity_like.algorithms:ADV_ESTIMATORS")
     """Advantage estimator, from the registry in `trinity_like.algorithms`."""
-    policy_loss: str = _registered("vanilla", "POLICY_LOSSES")
+    policy_loss: str = _registered("vanilla", "trinity_like.algorithms:POLICY_LOSSES")
     """Policy loss, from the registry in `trinity_like.algorithms`."""
     clip_ratio_low: float = _at_least(0.2, 0.0)
     """PPO lower clip range: the ratio is clipped below at 1 - clip_ratio_low."""
@@ -333,7 +317,7 @@ class AlgorithmConfig:
     """PPO upper clip range: the ratio is clipped above at 1 + clip_ratio_high."""
     clip_ratio_c: float = field(default=3.0, metadata={"min": 1.000001})
     """Dual-clip bound for negative advantages (> 1)."""
-    loss_agg_mode: str = _registered("token-mean", "LOSS_AGG_MODES")
+    loss_agg_mode: str = _registered("token-mean", "trinity_like.algorithms:LOSS_AGG_MODES")
     """How a (B, L) loss matrix becomes a scalar (see `agg_loss`)."""
     gamma: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
     """Discount factor (gae, reinforce_plus_plus)."""
@@ -357,12 +341,11 @@ class AlgorithmConfig:
     """Add `kl_loss_coef * KL(policy || reference)` to the loss (the reference is the initial model)."""
     kl_loss_coef: float = _at_least(0.001, 0.0)
     """Weight of the KL loss."""
-    kl_loss_type: str = _choices("low_var_kl", ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k3+",
-                                                "low_var_kl+"))
+    kl_loss_type: str = _registered("low_var_kl", "trinity_like.algorithms.losses:KL_LOSS_TYPES")
     """KL estimator of the KL loss (`+` = straight-through: value of the estimator, gradient of k2)."""
     use_kl_in_reward: bool = False
     """Subtract `beta * KL(behaviour || reference)` from the token rewards before the advantages."""
-    kl_penalty: str = _choices("kl", ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
+    kl_penalty: str = _registered("kl", "trinity_like.algorithms.losses:KL_PENALTIES")
     """KL estimator of the in-reward penalty."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Controller of the in-reward KL coefficient beta."""
@@ -377,17 +360,17 @@ class AlgorithmConfig:
 
 @dataclass
 class OverlongBufferConfig:
-    enable: bool = False
+    enable: bool = OverlongBufferParams.enable
     """Apply DAPO's linear penalty to responses longer than `max_resp_len - len` (manager dapo)."""
-    len: int = _at_least(0, 0)
+    len: int = _at_least(OverlongBufferParams.len, 0)
     """Tokens before `max_resp_len` where the penalty starts."""
-    penalty_factor: float = _at_least(1.0, 0.0)
+    penalty_factor: float = _at_least(OverlongBufferParams.penalty_factor, 0.0)
     """Penalty at `max_resp_len`."""
 
 
 @dataclass
 class RewardConfig:
-    manager: str = _choices("naive", ("naive", "dapo"))
+    manager: str = _registered("naive", "trinity_like.algorithms.rewards:REWARD_MANAGERS")
     """Reward manager: `naive` (score only) or `dapo` (score plus overlong penalty)."""
     function_path: str = ""
     """Python file with a custom reward function `fn(responses, ground_truths, **kwargs) -> list[float]`;
@@ -410,7 +393,7 @@ class BufferConfig:
     """Folder of the experience buffer. Empty: `<run_dir>/buffer`."""
     capacity: int = _at_least(0, 0)
     """Most unconsumed rows before explorers wait (back-pressure); 0 = unbounded."""
-    read_policy: str = _choices("fifo", ("fifo", "newest", "priority", "replay"))
+    read_policy: str = _registered("fifo", "trinity_like.buffer.reader:POLICIES")
     """Order in which the trainer takes rows: oldest first, newest first, by `priority`, or `replay`
     (rows reused up to `replay_max_uses` times)."""
     priority: str = ""
@@ -545,307 +528,3 @@ class Config:
         if self.trainer.batch_size is not None:
             return self.trainer.batch_size
         return self.explorer.batch_size * self.explorer.repeat_times
-
-
-# ---------------------------------------------------------------- loading
-
-
-def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load ``path`` (YAML; None = defaults), apply ``key=value`` overrides, validate, return a Config."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    schema = OmegaConf.structured(Config)
-    layers = []
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML file such as "
-                              "configs/quickstart.yaml")
-        try:
-            layers.append(OmegaConf.load(p))
-        except Exception as e:  # yaml.YAMLError and OmegaConf's own errors share no base class
-            raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}' is not of the form key=value (for example trainer.total_steps=5)")
-    try:
-        merged = OmegaConf.merge(schema, *layers)
-        for whole, items in _override_runs(overrides):
-            if whole:  # key={...} on a dict field replaces the dict (a merge would keep the keys it does not name)
-                key, _, value = items[0].partition("=")
-                OmegaConf.update(merged, key.strip(), _flow_mapping(items[0], value), merge=False)
-            else:
-                layers.append(OmegaConf.from_dotlist(items))
-                merged = OmegaConf.merge(merged, layers[-1])
-        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
-    except OmegaConfBaseException as e:
-        raise ConfigError(_explain_omegaconf_error(e, schema, layers)) from None
-    except (TypeError, AttributeError) as e:  # e.g. a list index in a dotted override (OmegaConf's own error)
-        raise ConfigError(f"cannot apply the overrides {' '.join(overrides) or '(none)'}: {str(e).splitlines()[0]}; "
-                          "set a list as a whole (key=[...]) rather than one element") from None
-    validate(cfg)
-    return cfg
-
-
-def _override_runs(overrides) -> list[tuple[bool, list[str]]]:
-    """The overrides in order, as runs of plain ``key=value`` items (merged as one layer) and single whole-dict
-    items ``key={...}`` on a dict field such as ``buffer.mix`` (which replace the dict)."""
-    runs: list[tuple[bool, list[str]]] = []
-    for item in overrides:
-        key, _, value = item.partition("=")
-        whole = _is_dict_field(key.strip()) and value.lstrip().startswith("{")
-        if whole or not runs or runs[-1][0]:
-            runs.append((whole, [item]))
-        else:
-            runs[-1][1].append(item)
-    return runs
-
-
-def _is_dict_field(key: str) -> bool:
-    parent, _, leaf = key.rpartition(".")
-    node = _dataclass_at(parent)
-    ftype = _field_type(node, leaf) if node is not None else None
-    return ftype is not None and ftype.startswith("dict[")
-
-
-def _flow_mapping(item: str, value: str) -> dict:
-    """``{explorer:0.5,human:0.5}`` (the shell-friendly form, no spaces) or ``{explorer: 0.5, human: 0.5}`` as a
-    dict. YAML alone reads ``explorer:0.5`` as one key, so a colon gets its space first."""
-    import re
-
-    import yaml
-
-    try:
-        parsed = yaml.safe_load(re.sub(r":(?!\s)", ": ", value))
-    except yaml.YAMLError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise ConfigError(f"override '{item}' is not a mapping; write it as key={{name: value, ...}}, for "
-                          "example buffer.mix={explorer: 0.75, agent: 0.25}")
-    return parsed
-
-
-def _explain_omegaconf_error(e: Exception, schema: Any, layers: list[Any]) -> str:
-    key = getattr(e, "full_key", None)
-    msg = str(getattr(e, "msg", None) or e).splitlines()[0]
-    if not key:
-        # Some merge errors (a scalar where a section belongs) carry no key: find it by trying each leaf.
-        key = _locate_bad_key(schema, layers) or "?"
-        section = _dataclass_at(key) if key != "?" else None
-        if section is not None:
-            keys = ", ".join(f.name for f in dataclasses.fields(section))
-            return f"'{key}' is a section, not a value; set its keys instead ({keys})"
-    parent, _, leaf = key.rpartition(".")
-    node = _dataclass_at(parent)
-    if type(e).__name__ == "ConfigKeyError" or "not in" in msg:
-        if key in RENAMED_KEYS:
-            return f"config key '{key}' was replaced: {RENAMED_KEYS[key]}"
-        if node is None:
-            return f"unknown config key '{key}'"
-        valid = ", ".join(f.name for f in dataclasses.fields(node))
-        where = f"under '{parent}'" if parent else "at the top level"
-        return f"unknown config key '{key}'; valid keys {where}: {valid}"
-    ftype = _field_type(node, leaf) if node is not None else None
-    expected = f" (expected {ftype})" if ftype else ""
-    return f"bad value for '{key}'{expected}: {msg}"
-
-
-def _leaves(node: Any, prefix: str = ""):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _leaves(v, f"{prefix}{k}.")
-    else:
-        yield prefix.rstrip("."), node
-
-
-def _locate_bad_key(schema: Any, layers: list[Any]) -> str | None:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    for layer in layers:
-        for key, value in _leaves(OmegaConf.to_container(layer)):
-            try:
-                OmegaConf.update(schema.copy(), key, value, merge=True)
-            except OmegaConfBaseException:
-                return key
-    return None
-
-
-def _dataclass_at(dotted: str) -> type | None:
-    """The config dataclass of section ``dotted`` ("" = the top level), or None if it names no section."""
-    node: type = Config
-    for part in filter(None, dotted.split(".")):
-        sub = {f.name: f for f in dataclasses.fields(node)}.get(part)
-        factory = sub.default_factory if sub is not None else None
-        if not (isinstance(factory, type) and dataclasses.is_dataclass(factory)):
-            return None
-        node = factory
-    return node
-
-
-def _field_type(node: type, name: str) -> str | None:
-    for f in dataclasses.fields(node):
-        if f.name == name:
-            return str(f.type)
-    return None
-
-
-def validate(cfg: Config) -> None:
-    """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem."""
-    _check_fields(cfg, "")
-    _validate_algorithm(cfg)
-    _validate_monitor(cfg)
-    _validate_trainer(cfg)
-    _validate_explorer_and_buffer(cfg)
-    _validate_sources(cfg)
-    if cfg.train_batch_size % cfg.explorer.repeat_times:
-        raise ConfigError(
-            f"trainer.batch_size={cfg.train_batch_size} is not a multiple of explorer.repeat_times="
-            f"{cfg.explorer.repeat_times}; groups are never split across batches, so make it one")
-    if cfg.mode == "async" and cfg.synchronizer.max_staleness < cfg.synchronizer.interval - 1:
-        raise ConfigError(
-            f"synchronizer.max_staleness={cfg.synchronizer.max_staleness} is smaller than "
-            f"synchronizer.interval - 1 = {cfg.synchronizer.interval - 1}: the explorer would wait for weights "
-            "that are never published; raise max_staleness or lower interval")
-    if cfg.mode == "offline" and not cfg.buffer.replay_sources:
-        raise ConfigError("mode 'offline' needs buffer.replay_sources: the stored experiences to train on (an "
-                          "earlier run's directory, a buffer folder, .arrow/.parquet/.jsonl files)")
-    if cfg.warmup.sft_steps and cfg.mode == "offline":
-        raise ConfigError("warmup.sft_steps > 0 warms a model up for an RL run, which mode 'offline' is not; set "
-                          "mode=async or mode=sync, or warmup.sft_steps=0")
-    if cfg.warmup.sft_steps and not cfg.explorer.eval_tasksets:
-        raise ConfigError("warmup.sft_steps > 0 measures the warm-up and the RL run on explorer.eval_tasksets, "
-                          "which is empty; add one (e.g. explorer.eval_tasksets=[{name: heldout, size: 64}])")
-    demos = cfg.warmup.demonstrations
-    if demos and not (Path(demos).is_file() and Path(demos).suffix in (".jsonl", ".parquet")):
-        raise ConfigError(f"warmup.demonstrations '{demos}' is not an existing .jsonl or .parquet file; give a file "
-                          "of chat records or Experience rows, or leave it empty to generate demonstrations")
-    for key in ("project", "name"):
-        value = getattr(cfg, key)
-        if not value or "/" in value or value in (".", ".."):
-            raise ConfigError(f"bad value for '{key}': {value!r}; use a non-empty name without '/'")
-
-
-def _validate_algorithm(cfg: Config) -> None:
-    algo, tr = cfg.algorithm, cfg.trainer
-    missing_input = {"remax": "greedy baseline rollouts (not produced by the explorer yet)"}
-    if algo.adv_estimator in missing_input:
-        raise ConfigError(f"algorithm.adv_estimator '{algo.adv_estimator}' needs {missing_input[algo.adv_estimator]}, "
-                          "not available yet; use gae, grpo, rloo, opmd, reinforce_plus_plus or reinforce_plus_plus_baseline")
-    if algo.policy_loss == "dpo":
-        if cfg.explorer.repeat_times != 2:
-            raise ConfigError("algorithm.policy_loss 'dpo' trains on (chosen, rejected) pairs: set "
-                              "explorer.repeat_times=2 (each group is one pair, ordered by reward)")
-        if tr.micro_batch_size % 2 or (tr.mini_batch_size or 2) % 2 or tr.max_token_len_per_micro_batch:
-            raise ConfigError("algorithm.policy_loss 'dpo' needs even trainer.micro_batch_size and "
-                              "trainer.mini_batch_size and count micro-batches (max_token_len_per_micro_batch=0), "
-                              "so that pairs are never split")
-        if algo.off_policy.correction != "none":
-            raise ConfigError("algorithm.policy_loss 'dpo' compares the policy with the reference model, not with "
-                              "the policy that generated the data: set algorithm.off_policy.correction=none")
-    rc = cfg.reward
-    if rc.function_path and not Path(rc.function_path).is_file():
-        raise ConfigError(f"reward.function_path '{rc.function_path}' does not exist; give the path of a Python "
-                          "file that defines the reward function")
-    if rc.manager == "dapo" and rc.overlong_buffer.enable:
-        max_len = rc.max_resp_len or cfg.explorer.sampling.max_new_tokens
-        if not 0 < rc.overlong_buffer.len <= max_len:
-            raise ConfigError(f"reward.overlong_buffer.len={rc.overlong_buffer.len} must be in (0, {max_len}] "
-                              "(the longest response)")
-
-
-def _validate_monitor(cfg: Config) -> None:
-    from trinity_like.common.monitors import monitor_problem
-
-    backends = cfg.monitor.backends
-    for name in backends:
-        problem = monitor_problem(name)
-        if problem:
-            raise ConfigError(f"bad value in 'monitor.backends': {problem}")
-    if len(set(backends)) != len(backends):
-        raise ConfigError(f"monitor.backends names a backend twice: {list(backends)}; list each once")
-
-
-def _validate_trainer(cfg: Config) -> None:
-    tr = cfg.trainer
-    rows = tr.mini_batch_size or cfg.train_batch_size
-    units = rows // 2 if cfg.algorithm.policy_loss == "dpo" else rows
-    if tr.strategy == "fsdp2" and tr.lora.enabled:
-        raise ConfigError("trainer.strategy 'fsdp2' with trainer.lora.enabled is not supported: LoRA trains a "
-                          "few small adapters, which DDP replicates cheaply; set trainer.strategy=ddp")
-    if units < tr.num_workers:
-        raise ConfigError(f"trainer.num_workers={tr.num_workers} is more than the {units} "
-                          f"{'pairs' if cfg.algorithm.policy_loss == 'dpo' else 'rows'} of a mini-batch: every worker "
-                          "needs a share; lower num_workers or raise trainer.mini_batch_size")
-
-
-def _validate_sources(cfg: Config) -> None:
-    import math
-
-    from trinity_like.common.experience import SOURCES
-
-    for key, names in (("buffer.mix", list(cfg.buffer.mix)), ("algorithm.sft_sources", cfg.algorithm.sft_sources)):
-        unknown = [n for n in names if n not in SOURCES]
-        if unknown:
-            raise ConfigError(f"bad source {unknown[0]!r} in '{key}'; use experience sources: {', '.join(SOURCES)}")
-    for source, share in cfg.buffer.mix.items():
-        if not (share > 0 and math.isfinite(share)):
-            raise ConfigError(f"bad value for 'buffer.mix.{source}': {share!r}; shares must be > 0 (they are "
-                              f"normalised to sum to 1): leave a source out of buffer.mix to train on none of it")
-    if cfg.buffer.mix and cfg.mode == "offline":
-        raise ConfigError("buffer.mix sets quotas on the trainer's buffer reads, which mode 'offline' does not make "
-                          "(it replays buffer.replay_sources); select sources with buffer.where, e.g. "
-                          "\"source IN ('human', 'explorer')\", or leave buffer.mix empty")
-    if cfg.buffer.mix and cfg.mode == "sync":
-        raise ConfigError("buffer.mix needs mode 'async': sync's lock-step schedule has the explorer write a whole "
-                          "trainer batch per step, so quotas for other sources would leave explorer rows behind to "
-                          "be trained ever staler; set mode=async (synchronizer.max_staleness bounds their age)")
-    if cfg.algorithm.sft_sources and cfg.algorithm.policy_loss == "dpo":
-        raise ConfigError("algorithm.sft_sources with algorithm.policy_loss 'dpo' would break DPO's (chosen, "
-                          "rejected) pairs; leave algorithm.sft_sources empty")
-
-
-def _validate_explorer_and_buffer(cfg: Config) -> None:
-    b = cfg.buffer
-    if b.read_policy == "priority" and not b.priority:
-        raise ConfigError("buffer.read_policy 'priority' needs buffer.priority, a SQL expression such as created_at")
-    if b.read_policy != "replay" and b.replay_max_uses != 1:
-        raise ConfigError("buffer.replay_max_uses > 1 needs buffer.read_policy=replay")
-    for i, ev in enumerate(cfg.explorer.eval_tasksets):
-        if ev.k > 1 and ev.temperature == 0:
-            raise ConfigError(f"explorer.eval_tasksets[{i}] ('{ev.name}') asks for k={ev.k} samples at temperature 0; "
-                              "greedy samples are all the same: set temperature > 0 or k=1")
-    names = [ev.name for ev in cfg.explorer.eval_tasksets]
-    if len(names) != len(set(names)):
-        raise ConfigError(f"explorer.eval_tasksets names must be unique, got {names}")
-
-
-def _check_fields(obj: Any, prefix: str) -> None:
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(value):
-            _check_fields(value, key + ".")
-            continue
-        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):  # e.g. explorer.eval_tasksets
-            for i, item in enumerate(value):
-                _check_fields(item, f"{key}[{i}].")
-            continue
-        meta = f.metadata
-        allowed = allowed_values(meta)
-        if allowed is not None and value not in allowed:
-            raise ConfigError(f"bad value for '{key}': {value!r}; allowed values: {', '.join(allowed)}")
-        if value is None:
-            continue
-        if "min" in meta and value < meta["min"]:
-            raise ConfigError(f"bad value for '{key}': {value!r}; it must be at least {meta['min']}")
-        if "max" in meta and value > meta["max"]:
-            raise ConfigError(f"bad value for '{key}': {value!r}; it must be at most {meta['max']}")
-
-
-def to_yaml(cfg: Config) -> str:
-    """The resolved config as YAML, the form saved into the run directory."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,0 +1,175 @@
+"""Loading: YAML plus ``key=value`` overrides through OmegaConf structured configs, errors explained in one
+sentence, and the resolved config back to YAML."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from trinity_like.common.errors import ConfigError
+from trinity_like.config.schema import RENAMED_KEYS, Config
+from trinity_like.config.validation import validate
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load ``path`` (YAML; None = defaults), apply ``key=value`` overrides, validate, return a Config."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(Config)
+    layers = []
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML file such as "
+                              "configs/quickstart.yaml")
+        try:
+            layers.append(OmegaConf.load(p))
+        except Exception as e:  # yaml.YAMLError and OmegaConf's own errors share no base class
+            raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (for example trainer.total_steps=5)")
+    try:
+        merged = OmegaConf.merge(schema, *layers)
+        for whole, items in _override_runs(overrides):
+            if whole:  # key={...} on a dict field replaces the dict (a merge would keep the keys it does not name)
+                key, _, value = items[0].partition("=")
+                OmegaConf.update(merged, key.strip(), _flow_mapping(items[0], value), merge=False)
+            else:
+                layers.append(OmegaConf.from_dotlist(items))
+                merged = OmegaConf.merge(merged, layers[-1])
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        raise ConfigError(_explain_omegaconf_error(e, schema, layers)) from None
+    except (TypeError, AttributeError) as e:  # e.g. a list index in a dotted override (OmegaConf's own error)
+        raise ConfigError(f"cannot apply the overrides {' '.join(overrides) or '(none)'}: {str(e).splitlines()[0]}; "
+                          "set a list as a whole (key=[...]) rather than one element") from None
+    validate(cfg)
+    return cfg
+
+
+def _override_runs(overrides) -> list[tuple[bool, list[str]]]:
+    """The overrides in order, as runs of plain ``key=value`` items (merged as one layer) and single whole-dict
+    items ``key={...}`` on a dict field such as ``buffer.mix`` (which replace the dict)."""
+    runs: list[tuple[bool, list[str]]] = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        whole = _is_dict_field(key.strip()) and value.lstrip().startswith("{")
+        if whole or not runs or runs[-1][0]:
+            runs.append((whole, [item]))
+        else:
+            runs[-1][1].append(item)
+    return runs
+
+
+def _is_dict_field(key: str) -> bool:
+    parent, _, leaf = key.rpartition(".")
+    node = _dataclass_at(parent)
+    ftype = _field_type(node, leaf) if node is not None else None
+    return ftype is not None and ftype.startswith("dict[")
+
+
+def _flow_mapping(item: str, value: str) -> dict:
+    """``{explorer:0.5,human:0.5}`` (the shell-friendly form, no spaces) or ``{explorer: 0.5, human: 0.5}`` as a
+    dict. YAML alone reads ``explorer:0.5`` as one key, so a colon gets its space first."""
+    import re
+
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(re.sub(r":(?!\s)", ": ", value))
+    except yaml.YAMLError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"override '{item}' is not a mapping; write it as key={{name: value, ...}}, for "
+                          "example buffer.mix={explorer: 0.75, agent: 0.25}")
+    return parsed
+
+
+def _explain_omegaconf_error(e: Exception, schema: Any, layers: list[Any]) -> str:
+    key = getattr(e, "full_key", None)
+    msg = str(getattr(e, "msg", None) or e).splitlines()[0]
+    if not key:
+        # Some merge errors (a scalar where a section belongs) carry no key: find it by trying each leaf.
+        key = _locate_bad_key(schema, layers) or "?"
+        section = _dataclass_at(key) if key != "?" else None
+        if section is not None:
+            keys = ", ".join(f.name for f in dataclasses.fields(section))
+            return f"'{key}' is a section, not a value; set its keys instead ({keys})"
+    parent, _, leaf = key.rpartition(".")
+    node = _dataclass_at(parent)
+    if type(e).__name__ == "ConfigKeyError" or "not in" in msg:
+        if key in RENAMED_KEYS:
+            return f"config key '{key}' was replaced: {RENAMED_KEYS[key]}"
+        if node is None:
+            return f"unknown config key '{key}'"
+        valid = ", ".join(f.name for f in dataclasses.fields(node))
+        where = f"under '{parent}'" if parent else "at the top level"
+        return f"unknown config key '{key}'; valid keys {where}: {valid}"
+    ftype = _field_type(node, leaf) if node is not None else None
+    expected = f" (expected {ftype})" if ftype else ""
+    return f"bad value for '{key}'{expected}: {msg}"
+
+
+def _leaves(node: Any, prefix: str = ""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
+def _locate_bad_key(schema: Any, layers: list[Any]) -> str | None:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for layer in layers:
+        for key, value in _leaves(OmegaConf.to_container(layer)):
+            try:
+                OmegaConf.update(schema.copy(), key, value, merge=True)
+            except OmegaConfBaseException:
+                return key
+    return None
+
+
+def _dataclass_at(dotted: str) -> type | None:
+    """The config dataclass of section ``dotted`` ("" = the top level), or None if it names no section."""
+    node: type = Config
+    for part in filter(None, dotted.split(".")):
+        sub = {f.name: f for f in dataclasses.fields(node)}.get(part)
+        factory = sub.default_factory if sub is not None else None
+        if not (isinstance(factory, type) and dataclasses.is_dataclass(factory)):
+            return None
+        node = factory
+    return node
+
+
+def _field_type(node: type, name: str) -> str | None:
+    for f in dataclasses.fields(node):
+        if f.name == name:
+            return str(f.type)
+    return None
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML, the form saved into the run directory."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaf values of a config (or any part of it) by dotted key; a dict field gives one key per entry."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(flatten(value, f"{prefix}{f.name}."))
+        elif isinstance(value, dict):  # e.g. buffer.mix: one key per entry, so a difference names the entry
+            out.update({f"{prefix}{f.name}.{k}": v for k, v in value.items()})
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out

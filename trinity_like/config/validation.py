@@ -1,0 +1,164 @@
+"""Validation: choices, ranges and the rules that tie fields together, each problem a ConfigError naming the
+key and the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from trinity_like.common.errors import ConfigError
+from trinity_like.config.schema import Config, allowed_values
+
+
+def validate(cfg: Config) -> None:
+    """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem."""
+    _check_fields(cfg, "")
+    _validate_algorithm(cfg)
+    _validate_monitor(cfg)
+    _validate_trainer(cfg)
+    _validate_explorer_and_buffer(cfg)
+    _validate_sources(cfg)
+    if cfg.train_batch_size % cfg.explorer.repeat_times:
+        raise ConfigError(
+            f"trainer.batch_size={cfg.train_batch_size} is not a multiple of explorer.repeat_times="
+            f"{cfg.explorer.repeat_times}; groups are never split across batches, so make it one")
+    if cfg.mode == "async" and cfg.synchronizer.max_staleness < cfg.synchronizer.interval - 1:
+        raise ConfigError(
+            f"synchronizer.max_staleness={cfg.synchronizer.max_staleness} is smaller than "
+            f"synchronizer.interval - 1 = {cfg.synchronizer.interval - 1}: the explorer would wait for weights "
+            "that are never published; raise max_staleness or lower interval")
+    if cfg.mode == "offline" and not cfg.buffer.replay_sources:
+        raise ConfigError("mode 'offline' needs buffer.replay_sources: the stored experiences to train on (an "
+                          "earlier run's directory, a buffer folder, .arrow/.parquet/.jsonl files)")
+    if cfg.warmup.sft_steps and cfg.mode == "offline":
+        raise ConfigError("warmup.sft_steps > 0 warms a model up for an RL run, which mode 'offline' is not; set "
+                          "mode=async or mode=sync, or warmup.sft_steps=0")
+    if cfg.warmup.sft_steps and not cfg.explorer.eval_tasksets:
+        raise ConfigError("warmup.sft_steps > 0 measures the warm-up and the RL run on explorer.eval_tasksets, "
+                          "which is empty; add one (e.g. explorer.eval_tasksets=[{name: heldout, size: 64}])")
+    demos = cfg.warmup.demonstrations
+    if demos and not (Path(demos).is_file() and Path(demos).suffix in (".jsonl", ".parquet")):
+        raise ConfigError(f"warmup.demonstrations '{demos}' is not an existing .jsonl or .parquet file; give a file "
+                          "of chat records or Experience rows, or leave it empty to generate demonstrations")
+    for key in ("project", "name"):
+        value = getattr(cfg, key)
+        if not value or "/" in value or value in (".", ".."):
+            raise ConfigError(f"bad value for '{key}': {value!r}; use a non-empty name without '/'")
+
+
+def _validate_algorithm(cfg: Config) -> None:
+    algo, tr = cfg.algorithm, cfg.trainer
+    missing_input = {"remax": "greedy baseline rollouts (not produced by the explorer yet)"}
+    if algo.adv_estimator in missing_input:
+        raise ConfigError(f"algorithm.adv_estimator '{algo.adv_estimator}' needs {missing_input[algo.adv_estimator]}, "
+                          "not available yet; use gae, grpo, rloo, opmd, reinforce_plus_plus or reinforce_plus_plus_baseline")
+    if algo.policy_loss == "dpo":
+        if cfg.explorer.repeat_times != 2:
+            raise ConfigError("algorithm.policy_loss 'dpo' trains on (chosen, rejected) pairs: set "
+                              "explorer.repeat_times=2 (each group is one pair, ordered by reward)")
+        if tr.micro_batch_size % 2 or (tr.mini_batch_size or 2) % 2 or tr.max_token_len_per_micro_batch:
+            raise ConfigError("algorithm.policy_loss 'dpo' needs even trainer.micro_batch_size and "
+                              "trainer.mini_batch_size and count micro-batches (max_token_len_per_micro_batch=0), "
+                              "so that pairs are never split")
+        if algo.off_policy.correction != "none":
+            raise ConfigError("algorithm.policy_loss 'dpo' compares the policy with the reference model, not with "
+                              "the policy that generated the data: set algorithm.off_policy.correction=none")
+    rc = cfg.reward
+    if rc.function_path and not Path(rc.function_path).is_file():
+        raise ConfigError(f"reward.function_path '{rc.function_path}' does not exist; give the path of a Python "
+                          "file that defines the reward function")
+    if rc.manager == "dapo" and rc.overlong_buffer.enable:
+        max_len = rc.max_resp_len or cfg.explorer.sampling.max_new_tokens
+        if not 0 < rc.overlong_buffer.len <= max_len:
+            raise ConfigError(f"reward.overlong_buffer.len={rc.overlong_buffer.len} must be in (0, {max_len}] "
+                              "(the longest response)")
+
+
+def _validate_monitor(cfg: Config) -> None:
+    from trinity_like.common.monitors import monitor_problem
+
+    backends = cfg.monitor.backends
+    for name in backends:
+        problem = monitor_problem(name)
+        if problem:
+            raise ConfigError(f"bad value in 'monitor.backends': {problem}")
+    if len(set(backends)) != len(backends):
+        raise ConfigError(f"monitor.backends names a backend twice: {list(backends)}; list each once")
+
+
+def _validate_trainer(cfg: Config) -> None:
+    tr = cfg.trainer
+    rows = tr.mini_batch_size or cfg.train_batch_size
+    units = rows // 2 if cfg.algorithm.policy_loss == "dpo" else rows
+    if tr.strategy == "fsdp2" and tr.lora.enabled:
+        raise ConfigError("trainer.strategy 'fsdp2' with trainer.lora.enabled is not supported: LoRA trains a "
+                          "few small adapters, which DDP replicates cheaply; set trainer.strategy=ddp")
+    if units < tr.num_workers:
+        raise ConfigError(f"trainer.num_workers={tr.num_workers} is more than the {units} "
+                          f"{'pairs' if cfg.algorithm.policy_loss == 'dpo' else 'rows'} of a mini-batch: every worker "
+                          "needs a share; lower num_workers or raise trainer.mini_batch_size")
+
+
+def _validate_sources(cfg: Config) -> None:
+    import math
+
+    from trinity_like.common.experience import SOURCES
+
+    for key, names in (("buffer.mix", list(cfg.buffer.mix)), ("algorithm.sft_sources", cfg.algorithm.sft_sources)):
+        unknown = [n for n in names if n not in SOURCES]
+        if unknown:
+            raise ConfigError(f"bad source {unknown[0]!r} in '{key}'; use experience sources: {', '.join(SOURCES)}")
+    for source, share in cfg.buffer.mix.items():
+        if not (share > 0 and math.isfinite(share)):
+            raise ConfigError(f"bad value for 'buffer.mix.{source}': {share!r}; shares must be > 0 (they are "
+                              f"normalised to sum to 1): leave a source out of buffer.mix to train on none of it")
+    if cfg.buffer.mix and cfg.mode == "offline":
+        raise ConfigError("buffer.mix sets quotas on the trainer's buffer reads, which mode 'offline' does not make "
+                          "(it replays buffer.replay_sources); select sources with buffer.where, e.g. "
+                          "\"source IN ('human', 'explorer')\", or leave buffer.mix empty")
+    if cfg.buffer.mix and cfg.mode == "sync":
+        raise ConfigError("buffer.mix needs mode 'async': sync's lock-step schedule has the explorer write a whole "
+                          "trainer batch per step, so quotas for other sources would leave explorer rows behind to "
+                          "be trained ever staler; set mode=async (synchronizer.max_staleness bounds their age)")
+    if cfg.algorithm.sft_sources and cfg.algorithm.policy_loss == "dpo":
+        raise ConfigError("algorithm.sft_sources with algorithm.policy_loss 'dpo' would break DPO's (chosen, "
+                          "rejected) pairs; leave algorithm.sft_sources empty")
+
+
+def _validate_explorer_and_buffer(cfg: Config) -> None:
+    b = cfg.buffer
+    if b.read_policy == "priority" and not b.priority:
+        raise ConfigError("buffer.read_policy 'priority' needs buffer.priority, a SQL expression such as created_at")
+    if b.read_policy != "replay" and b.replay_max_uses != 1:
+        raise ConfigError("buffer.replay_max_uses > 1 needs buffer.read_policy=replay")
+    for i, ev in enumerate(cfg.explorer.eval_tasksets):
+        if ev.k > 1 and ev.temperature == 0:
+            raise ConfigError(f"explorer.eval_tasksets[{i}] ('{ev.name}') asks for k={ev.k} samples at temperature 0; "
+                              "greedy samples are all the same: set temperature > 0 or k=1")
+    names = [ev.name for ev in cfg.explorer.eval_tasksets]
+    if len(names) != len(set(names)):
+        raise ConfigError(f"explorer.eval_tasksets names must be unique, got {names}")
+
+
+def _check_fields(obj: Any, prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_fields(value, key + ".")
+            continue
+        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):  # e.g. explorer.eval_tasksets
+            for i, item in enumerate(value):
+                _check_fields(item, f"{key}[{i}].")
+            continue
+        meta = f.metadata
+        allowed = allowed_values(meta)
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"bad value for '{key}': {value!r}; allowed values: {', '.join(allowed)}")
+        if value is None:
+            continue
+        if "min" in meta and value < meta["min"]:
+            raise ConfigError(f"bad value for '{key}': {value!r}; it must be at least {meta['min']}")
+        if "max" in meta and value > meta["max"]:
+            raise ConfigError(f"bad value for '{key}': {value!r}; it must be at most {meta['max']}")
