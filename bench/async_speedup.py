@@ -264,6 +264,7 @@ def evaluate_all(cfg, weights: list[str | None]) -> list[dict[str, float]]:
     from trinity_like.common.tokenizer import hf_tokenizer
     from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
     from trinity_like.explorer.fleet import EngineFleet
+    from trinity_like.synchronizer.messages import WeightsInfo
 
     (ev,) = cfg.explorer.eval_tasksets
     tasks = prepare_eval_tasksets(cfg)[ev.name]
@@ -278,7 +279,7 @@ def evaluate_all(cfg, weights: list[str | None]) -> list[dict[str, float]]:
             out = []
             for version, path in enumerate(weights):
                 if path is not None:
-                    await fleet.update_weights(version, path)
+                    await fleet.update_weights(WeightsInfo(version=version, path=path))
                 m = await evaluate(fleet, tokenizer, reward_manager, ev.name, tasks, ev,
                                    cfg.explorer.sampling.max_new_tokens, seed=cfg.seed)
                 out.append({"acc": m[f"{prefix}accuracy/mean@{ev.k}"], "reward": m[f"{prefix}reward_mean"]})

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trinity_like.config import schema as config_module
 from trinity_like.config import Config, allowed_values
+from trinity_like.config import schema as config_module
 
 DOCS_PATH = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 REGENERATE = "trinity-like config-docs"

@@ -27,6 +27,7 @@ def test_registry_backed_choices_are_the_registries_names():
     from trinity_like.common.tasks import TASKSET_GENERATORS
     from trinity_like.trainer.parallel import STRATEGIES
     from trinity_like.trainer.ppo import TRAINERS
+    from trinity_like.trainer.publish import PUBLISHERS
 
     fields = dict(_choice_fields(Config))
     expected = {
@@ -36,7 +37,7 @@ def test_registry_backed_choices_are_the_registries_names():
         "algorithm.kl_loss_type": KL_LOSS_TYPES, "algorithm.kl_penalty": KL_PENALTIES,
         "reward.manager": tuple(REWARD_MANAGERS), "buffer.read_policy": POLICIES,
         "explorer.taskset.generate": tuple(TASKSET_GENERATORS), "trainer.type": TRAINERS.names(),
-        "trainer.strategy": STRATEGIES,
+        "trainer.strategy": STRATEGIES, "synchronizer.method": PUBLISHERS.names(),
     }
     for key, names in expected.items():
         assert key in fields, f"{key} is not backed by a registry"

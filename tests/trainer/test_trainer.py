@@ -82,7 +82,7 @@ def test_state_dict_and_checkpoint_files(tmp_path, tiny_model_path, batch_exps):
     trained = export_state_dict(t.model)
     for k, v in export_state_dict(engine.model).items():
         assert torch.equal(v, trained[k])
-    ckpt = t.save_checkpoint(save_as_hf=True)
+    ckpt = t.save_checkpoint()
     assert ckpt.name == "step_1" and t.latest_checkpoint() == ckpt
     assert sorted(p.name for p in ckpt.iterdir()) == ["model", "optimizer.pt", "rng.pt", "scheduler.pt",
                                                       "trainer_state.json"]

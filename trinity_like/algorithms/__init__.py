@@ -22,11 +22,13 @@ from trinity_like.algorithms.losses import (
     POLICY_LOSSES,
     AdaptiveKLController,
     FixedKLController,
+    LossNeeds,
     PolicyLossConfig,
     agg_loss,
     compute_policy_loss,
     compute_value_loss,
     kl_penalty,
+    loss_needs,
 )
 from trinity_like.algorithms.off_policy import (
     OFF_POLICY_CORRECTIONS,
@@ -75,6 +77,6 @@ __all__ = [
     "compute_reinforce_plus_plus_baseline_outcome_advantage", "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_score", "compute_value_loss",
     "countdown_score", "format_score", "get_adv_estimator_fn", "get_kl_controller", "get_off_policy_correction_fn",
-    "get_policy_loss_fn", "kl_penalty", "load_reward_function", "load_reward_manager", "masked_mean", "masked_sum",
+    "get_policy_loss_fn", "kl_penalty", "loss_needs", "LossNeeds", "load_reward_function", "load_reward_manager", "masked_mean", "masked_sum",
     "masked_var", "masked_whiten", "math_score",
 ]

@@ -64,6 +64,33 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
 POLICY_LOSSES: Registry = Registry("policy loss")
 
 
+@dataclass(frozen=True)
+class LossNeeds:
+    """What a policy loss needs from the trainer besides log-probs and advantages, declared next to the loss so
+    that the trainer's step reads these fields and never a loss's name."""
+
+    paired_rows: bool = False
+    """Rows come as (chosen, rejected) pairs built from each group: shuffles, data-parallel shards and
+    micro-batches keep pairs whole, and a micro-batch weighs by its share of the rows (the loss is a mean over
+    pairs, ``loss_agg_mode`` does not apply)."""
+    reference_as_old: bool = False
+    """Needs the reference model's log-probs, passed as ``old_log_prob``."""
+
+    @property
+    def rows_per_unit(self) -> int:
+        """Rows that always travel together."""
+        return 2 if self.paired_rows else 1
+
+
+LOSS_NEEDS: dict[str, LossNeeds] = {}
+"""Policy loss name -> what it needs; a loss not listed needs nothing more (``LossNeeds()``)."""
+
+
+def loss_needs(name: str) -> LossNeeds:
+    POLICY_LOSSES.get(name)  # an unknown name fails here, listing the valid ones
+    return LOSS_NEEDS.get(name, LossNeeds())
+
+
 @dataclass
 class PolicyLossConfig:
     """Parameters the policy losses read (by attribute or dict key) from their ``config`` argument."""
@@ -242,6 +269,9 @@ def sft_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="t
     nll = -log_prob  # (B, L)
     loss = agg_loss(_weighted(nll, rollout_is_weights), response_mask, loss_agg_mode)
     return loss, {"actor/sft_nll": _scalar(masked_mean(nll, response_mask))}
+
+
+LOSS_NEEDS["dpo"] = LossNeeds(paired_rows=True, reference_as_old=True)
 
 
 @POLICY_LOSSES.register("dpo")

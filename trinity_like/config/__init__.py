@@ -19,7 +19,6 @@ from trinity_like.config.schema import (
     ENGINES,
     MODES,
     RENAMED_KEYS,
-    SYNC_METHODS,
     WANDB_MODES,
     AlgorithmConfig,
     BufferConfig,
@@ -47,4 +46,4 @@ from trinity_like.config.schema import (
 )
 from trinity_like.config.validation import validate
 
-__all__ = ['AlgorithmConfig', 'BufferConfig', 'Config', 'ConfigError', 'CriticConfig', 'ENGINES', 'EvalTasksetConfig', 'ExplorerConfig', 'KLControlConfig', 'LoraConfig', 'MODES', 'ModelConfig', 'MonitorConfig', 'OffPolicyConfig', 'OptimizerConfig', 'OverlongBufferConfig', 'RENAMED_KEYS', 'RewardConfig', 'SYNC_METHODS', 'SamplingConfig', 'ServeConfig', 'SynchronizerConfig', 'TasksetConfig', 'TrainerConfig', 'VLLMConfig', 'WANDB_MODES', 'WarmupConfig', 'allowed_values', 'flatten', 'load_config', 'to_yaml', 'validate']
+__all__ = ['AlgorithmConfig', 'BufferConfig', 'Config', 'ConfigError', 'CriticConfig', 'ENGINES', 'EvalTasksetConfig', 'ExplorerConfig', 'KLControlConfig', 'LoraConfig', 'MODES', 'ModelConfig', 'MonitorConfig', 'OffPolicyConfig', 'OptimizerConfig', 'OverlongBufferConfig', 'RENAMED_KEYS', 'RewardConfig', 'SamplingConfig', 'ServeConfig', 'SynchronizerConfig', 'TasksetConfig', 'TrainerConfig', 'VLLMConfig', 'WANDB_MODES', 'WarmupConfig', 'allowed_values', 'flatten', 'load_config', 'to_yaml', 'validate']

@@ -11,7 +11,6 @@ from trinity_like.common.errors import ConfigError  # noqa: F401 (re-exported: t
 
 MODES = ("sync", "async", "offline")
 ENGINES = ("hf", "vllm")
-SYNC_METHODS = ("checkpoint", "nccl", "memory")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
@@ -253,7 +252,7 @@ class TrainerConfig:
 
 @dataclass
 class SynchronizerConfig:
-    method: str = _choices("checkpoint", SYNC_METHODS)
+    method: str = _registered("checkpoint", "trinity_like.trainer.publish:PUBLISHERS")
     """How new weights reach the explorers: `checkpoint` (version folders of safetensors parts, written in
     parallel by the trainer ranks), `nccl` (collective broadcast from trainer rank 0 to every engine: NCCL
     on GPU, gloo on CPU), `memory` (Ray object store)."""

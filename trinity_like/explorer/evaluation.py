@@ -14,6 +14,7 @@ from pathlib import Path
 from trinity_like.common.tasks import TASKSET_GENERATORS, Task, load_taskset, write_taskset
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
 from trinity_like.runtime.paths import RunPaths
+from trinity_like.synchronizer.messages import WeightsInfo
 
 
 def eval_taskset_path(cfg: Config, ev: EvalTasksetConfig) -> Path:
@@ -95,7 +96,7 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
         try:
             await fleet.ready()
             if weights is not None:
-                await fleet.update_weights(1, weights)
+                await fleet.update_weights(WeightsInfo(version=1, path=weights))
             rows = []
             for ev in cfg.explorer.eval_tasksets:
                 m = await evaluate(fleet, tokenizer, reward_manager, ev.name, tasksets[ev.name], ev,

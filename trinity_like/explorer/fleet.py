@@ -10,12 +10,14 @@ fleet's current weights before it serves again. A call that keeps failing raises
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from trinity_like.config import Config, SamplingConfig
 from trinity_like.explorer.engines.base import Sample, WeightUpdate
+from trinity_like.synchronizer.messages import WeightsInfo
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +140,9 @@ class EngineFleet:
         actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(EngineActor)
         self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
         self.max_retries = cfg.explorer.max_retries
-        self._weights: tuple[int, str | None, list[Any], str] = (0, None, [], "")
-        """The newest weights every engine loaded: (version, path, refs, method). Restarted engines get these
-        (by broadcast: the newest version the trainer offers)."""
+        self._weights = WeightsInfo(version=0)
+        """The newest weights every engine loaded. Restarted engines get these (by broadcast: the newest version
+        the trainer offers)."""
         self._lock = asyncio.Lock()
         """Serialises weight updates with the catch-up of restarted engines."""
         self.restarts = 0
@@ -150,36 +152,34 @@ class EngineFleet:
 
     @property
     def version(self) -> int:
-        return self._weights[0]
+        return self._weights.version
 
-    async def update_weights(self, version: int, path: str | None = None, refs: list[Any] | None = None,
-                             method: str = "") -> int:
-        """Load version ``version`` into every engine (concurrently); return the bytes loaded. If any engine
-        fails (a damaged or deleted file), the error is logged, that engine keeps its previous version, the
-        fleet's version stays the old one, and ``WeightsLoadFailed`` is raised; calling again retries only the
-        engines that do not hold it yet."""
+    async def update_weights(self, info: WeightsInfo) -> int:
+        """Load the version ``info`` describes into every engine (concurrently); return the bytes loaded. If any
+        engine fails (a damaged or deleted file), the error is logged, that engine keeps its previous version,
+        the fleet's version stays the old one, and ``WeightsLoadFailed`` is raised; calling again retries only
+        the engines that do not hold it yet."""
         async with self._lock:
-            weights = (version, path, list(refs or []), method)
-            results = await asyncio.gather(*(self._sync_slot(s, weights) for s in self.slots), return_exceptions=True)
+            results = await asyncio.gather(*(self._sync_slot(s, info) for s in self.slots), return_exceptions=True)
             errors = [(s.index, r) for s, r in zip(self.slots, results, strict=True) if isinstance(r, BaseException)]
             for index, err in errors:
-                logger.error("engine %d could not load version %d from %s: %s", index, version,
-                             path or method or "memory", err)
+                logger.error("engine %d could not load version %d from %s: %s", index, info.version,
+                             info.path or info.method or "memory", err)
             if errors:
-                raise WeightsLoadFailed(f"{len(errors)} of {len(self.slots)} engines could not load version {version}: "
-                                        f"{errors[0][1]}")
+                raise WeightsLoadFailed(f"{len(errors)} of {len(self.slots)} engines could not load version "
+                                        f"{info.version}: {errors[0][1]}")
             # by broadcast an engine may have received a newer version than asked for
-            self._weights = (min(s.version for s in self.slots), *weights[1:])
+            self._weights = dataclasses.replace(info, version=min(s.version for s in self.slots))
             return sum(results)
 
-    async def _sync_slot(self, slot: _Slot, weights: tuple[int, str | None, list[Any], str] | None = None) -> int:
-        version, path, refs, method = weights or self._weights
-        if slot.version >= version:
+    async def _sync_slot(self, slot: _Slot, info: WeightsInfo | None = None) -> int:
+        info = info or self._weights
+        if slot.version >= info.version:
             return 0
-        if method == "nccl":
-            loaded = await slot.actor.receive_weights.remote(version)
+        if info.method == "nccl":
+            loaded = await slot.actor.receive_weights.remote(info.version)
         else:
-            loaded = await slot.actor.update_weights.remote(version, path, refs)
+            loaded = await slot.actor.update_weights.remote(info.version, info.path, info.refs)
         slot.version = loaded["version"]
         return loaded["bytes"]
 

@@ -144,8 +144,7 @@ class ExplorerRole:
         load_start = time.perf_counter()
         while info.version > self.fleet.version and (due or self.fleet.version < need):
             try:
-                metrics["sync/bytes"] = float(await self.fleet.update_weights(info.version, info.path, info.refs,
-                                                                             info.method))
+                metrics["sync/bytes"] = float(await self.fleet.update_weights(info))
                 metrics["sync/seconds"] = time.perf_counter() - load_start
                 await self.synchronizer.heartbeat.remote(self.role_id, version=info.version, state="running")
             except WeightsLoadFailed:

@@ -83,7 +83,7 @@ class FleetBackend:
         await self.fleet.ready()
         info = await self.synchronizer.latest.remote()
         if info.version > 0:
-            await self.fleet.update_weights(info.version, info.path, info.refs, info.method)
+            await self.fleet.update_weights(info)
         self._follow = asyncio.get_running_loop().create_task(self._follow_versions())
 
     async def _follow_versions(self) -> None:
@@ -94,7 +94,7 @@ class FleetBackend:
                 # polled rather than waited for: a finished trainer is normal here (another job may resume it)
                 info = await self.synchronizer.latest.remote()
                 if info.version > self.fleet.version:
-                    await self.fleet.update_weights(info.version, info.path, info.refs, info.method)
+                    await self.fleet.update_weights(info)
                     logger.info("serving version %d", info.version)
             except asyncio.CancelledError:
                 raise

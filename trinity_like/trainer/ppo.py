@@ -15,11 +15,8 @@ its rows of every mini-batch.
 
 from __future__ import annotations
 
-import abc
-import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -33,60 +30,26 @@ from trinity_like.algorithms import (
     get_off_policy_correction_fn,
     get_policy_loss_fn,
     kl_penalty,
+    loss_needs,
     masked_mean,
 )
 from trinity_like.common.experience import Experience
-from trinity_like.common.fs import atomic_publish_dir
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
-from trinity_like.common.registry import Registry
 from trinity_like.config import Config
-from trinity_like.runtime.checkpoints import latest_checkpoint, write_pointer
+from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths
 from trinity_like.trainer import parallel
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
+from trinity_like.trainer.checkpoint import Checkpointer
 from trinity_like.trainer.critic import compute_values
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "chat_template.jinja")
+from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
+from trinity_like.trainer.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
 
 
 def ray_get(ref):
     import ray
 
     return ray.get(ref)
-
-
-class TrainEngineWrapper(abc.ABC):
-    """What the trainer role needs from a training engine (the shape of Trinity-RFT's wrapper)."""
-
-    @abc.abstractmethod
-    def prepare(self) -> None:
-        """Load the model and optimizer; resume from the latest checkpoint if there is one."""
-
-    @property
-    @abc.abstractmethod
-    def train_step_num(self) -> int:
-        """Trainer steps done; also the version of the weights held now."""
-
-    @abc.abstractmethod
-    def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
-        """Train one step on ``batch_exps``; return metrics with namespaced keys."""
-
-    @abc.abstractmethod
-    def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> Path:
-        """Write a full checkpoint (weights, optimizer, step)."""
-
-    @abc.abstractmethod
-    def save_state_dict(self) -> Path:
-        """Write the weights of the current version for the synchronizer."""
-
-    @abc.abstractmethod
-    def upload_state_dict(self) -> object:
-        """Hand the current weights to the synchronizer without a file (method ``memory``)."""
-
-    @abc.abstractmethod
-    def sync_weight(self) -> None:
-        """Publish the current weights by the configured synchronizer method."""
 
 
 def preference_pairs(exps: list[Experience]) -> list[Experience]:
@@ -104,9 +67,6 @@ def preference_pairs(exps: list[Experience]) -> list[Experience]:
     return out
 
 
-TRAINERS: Registry = Registry("trainer type")
-
-
 @TRAINERS.register("ppo")
 class PPOTrainer(TrainEngineWrapper):
     """Single-process PPO/GRPO trainer on CPU with a transformers model."""
@@ -122,9 +82,9 @@ class PPOTrainer(TrainEngineWrapper):
         """The policy without a DDP wrapper (for no-grad passes and weights); set in ``prepare``."""
         self.monitor = None
         """The run's CheckpointMonitor when running under Ray with a synchronizer."""
-        self.last_sync_bytes = 0
-        self.broadcaster = None
-        """Method ``nccl``: rank 0's WeightBroadcaster, started at the first sync."""
+        self.publisher = PUBLISHERS.get(cfg.synchronizer.method)(self)
+        """Publishes each version by ``synchronizer.method`` (``trinity_like.trainer.publish``)."""
+        self.checkpointer = Checkpointer(self)
 
     # ------------------------------------------------------------ setup
     def prepare(self) -> None:
@@ -135,7 +95,7 @@ class PPOTrainer(TrainEngineWrapper):
             from trinity_like.synchronizer import CheckpointMonitor
 
             self.monitor = CheckpointMonitor.get_actor(namespace_of(self.cfg), str(self.paths.checkpoint_dir),
-                                                       self._keep_versions())
+                                                       keep_versions(self.cfg))
             ctx = ray.get_runtime_context()
             self.monitor.notify_started.remote(f"{ctx.get_node_id()}/pid{os.getpid()}", ctx.get_job_id())
         torch.set_num_threads(self.cfg.trainer.num_threads)
@@ -159,8 +119,10 @@ class PPOTrainer(TrainEngineWrapper):
         self.module = self.model
         algo = self.cfg.algorithm
         self.ref_model = None
-        self.dpo = algo.policy_loss == "dpo"
-        if (algo.use_kl_loss or algo.use_kl_in_reward or self.dpo) and not lora.enabled:
+        self.needs = loss_needs(algo.policy_loss)
+        """What the policy loss needs besides log-probs and advantages (pairs, the reference as old policy)."""
+        self.uses_reference = algo.use_kl_loss or algo.use_kl_in_reward or self.needs.reference_as_old
+        if self.uses_reference and not lora.enabled:
             # with LoRA the reference is the base model with its adapters disabled: no second copy
             self.ref_model = load_causal_lm(self.cfg.model.path, train=False).requires_grad_(False)
         self.critic = None
@@ -227,7 +189,7 @@ class PPOTrainer(TrainEngineWrapper):
     def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
         start = time.perf_counter()
         algo, temperature = self.cfg.algorithm, self.cfg.explorer.sampling.temperature
-        if self.dpo:
+        if self.needs.paired_rows:
             batch_exps = preference_pairs(batch_exps)
         batch = experiences_to_batch(batch_exps, self.pad_token_id, sft_sources=algo.sft_sources)
         mask = batch["response_mask"]  # (B, R)
@@ -236,10 +198,9 @@ class PPOTrainer(TrainEngineWrapper):
         version = batch["model_version"]
         staleness = torch.where(version < 0, 0, self._step - version).clamp(min=0).float()
         metrics = self._prepare_old_log_probs(batch, staleness, temperature)
-        if self.ref_model is not None or (self.cfg.trainer.lora.enabled and (
-                algo.use_kl_loss or algo.use_kl_in_reward or self.dpo)):
+        if self.uses_reference:
             batch["ref_log_probs"] = self._ref_log_probs(batch, temperature)  # (B, R)
-            if self.dpo:  # DPO's "old" policy is the reference
+            if self.needs.reference_as_old:
                 batch["old_log_probs"] = batch["ref_log_probs"]
         if algo.use_kl_in_reward:
             metrics.update(self._apply_kl_penalty(batch))
@@ -288,7 +249,7 @@ class PPOTrainer(TrainEngineWrapper):
         with self.module.disable_adapter():
             return compute_log_probs(self.module, batch, temperature)
 
-    def _plain_policy(self):
+    def plain_policy(self):
         """The policy as a plain transformers model: the module itself, or a copy with LoRA merged in."""
         if not self.cfg.trainer.lora.enabled:
             return self.module
@@ -299,15 +260,15 @@ class PPOTrainer(TrainEngineWrapper):
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights as the plain model holds them (LoRA adapters merged in), full tensors.
         Collective under FSDP2: every rank calls it."""
-        return export_state_dict(self._plain_policy())
+        return export_state_dict(self.plain_policy())
 
-    def _writes(self) -> bool:
+    def writes(self) -> bool:
         """Whether this rank writes weights and checkpoints (rank 0; the others only join FSDP2's gathers)."""
         return self.dp_rank == 0
 
-    def _gathers(self) -> bool:
+    def gathers(self) -> bool:
         """Whether this rank must take part in assembling full weights (FSDP2: all ranks; DDP: rank 0)."""
-        return self._writes() or parallel.is_sharded(self.module)
+        return self.writes() or parallel.is_sharded(self.module)
 
     @staticmethod
     def _clip_and_step(module, optimizer, max_norm: float) -> float:
@@ -393,11 +354,7 @@ class PPOTrainer(TrainEngineWrapper):
                 order = torch.arange(rows)
             else:
                 gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._step * 101 + epoch + salt)
-                if self.dpo:
-                    pairs = torch.randperm(rows // 2, generator=gen)
-                    order = torch.stack([2 * pairs, 2 * pairs + 1], dim=1).reshape(-1)
-                else:
-                    order = torch.randperm(rows, generator=gen)
+                order = self._rows_of_units(torch.randperm(rows // self.needs.rows_per_unit, generator=gen))
             for lo in range(0, rows, mini):
                 yield batch[order[lo:lo + mini]]
 
@@ -405,10 +362,13 @@ class PPOTrainer(TrainEngineWrapper):
         """This rank's rows of a mini-batch (all of them without data parallelism)."""
         if self.dp_world == 1:
             return mb
-        if self.dpo:  # whole (chosen, rejected) pairs per rank
-            pairs = torch.arange(self.dp_rank, mb.batch_size[0] // 2, self.dp_world)
-            return mb[torch.stack([2 * pairs, 2 * pairs + 1], dim=1).reshape(-1)]
-        return mb[torch.arange(self.dp_rank, mb.batch_size[0], self.dp_world)]
+        units = torch.arange(self.dp_rank, mb.batch_size[0] // self.needs.rows_per_unit, self.dp_world)
+        return mb[self._rows_of_units(units)]
+
+    def _rows_of_units(self, units: torch.Tensor) -> torch.Tensor:
+        """Row indices of whole units (a unit: one row, or a (chosen, rejected) pair), in the units' order."""
+        k = self.needs.rows_per_unit
+        return (units.unsqueeze(1) * k + torch.arange(k)).reshape(-1)  # (U * k,)
 
     def _micro_batches(self, mb) -> list[slice]:
         """Slices of ``mb``: by ``micro_batch_size``, or packed up to ``max_token_len_per_micro_batch`` tokens."""
@@ -514,172 +474,39 @@ class PPOTrainer(TrainEngineWrapper):
 
     def _micro_weight(self, micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str | None = None) -> float:
         """The micro-batch's share of the mini-batch's normaliser: its valid tokens (token-mean), its valid
-        sequences (seq-* modes) or its rows (DPO, a mean over pairs). ``loss_agg_mode`` defaults to the
+        sequences (seq-* modes) or its rows (a loss over paired rows is a mean over pairs). ``loss_agg_mode`` defaults to the
         configured one (the SFT part of a mixed loss is always a token mean)."""
-        if self.dpo:
+        if self.needs.paired_rows:
             return micro_mask.shape[0] / mini_mask.shape[0]
         if (loss_agg_mode or self.cfg.algorithm.loss_agg_mode) == "token-mean":
             return float(micro_mask.sum() / mini_mask.sum().clamp(min=1.0))
         return float((micro_mask.sum(-1) > 0).sum() / (mini_mask.sum(-1) > 0).sum().clamp(min=1))
 
-    # ------------------------------------------------------------ weights out
-    def _keep_versions(self) -> int:
-        """Weight versions kept on disk: an explorer only ever loads one of the newest few."""
-        return self.cfg.synchronizer.max_staleness + 2
+    # ------------------------------------------------------------ weights out (trinity_like.trainer.publish)
+    def weights_for_export(self) -> dict[str, torch.Tensor]:
+        """The plain policy's full tensors, not copied (FSDP2: gathered, so every rank calls it)."""
+        return export_state_dict(self.plain_policy(), copy=False)
 
     def save_state_dict(self) -> Path:
-        """Write this version's weights as ``state_dict/version-<k>/``: every data-parallel rank writes its
-        share of the tensors in parallel (``weights_files``); the CheckpointMonitor completes the version (its
-        manifest) and publishes it once the last part is in. Without a monitor (standalone use) the single
-        writer completes it itself. Returns the version folder."""
-        from trinity_like.synchronizer.monitor import STATE_DICT_DIR, complete_version
-        from trinity_like.synchronizer.weights_files import split_for_writers, version_dir, write_part
-
-        root = self.paths.checkpoint_dir / STATE_DICT_DIR
-        version = self._step
-        sd = export_state_dict(self._plain_policy(), copy=False)  # FSDP2: gathered on every rank
-        share = split_for_writers(sd, self.dp_world)[self.dp_rank]
-        if self.monitor is not None:
-            ray_get(self.monitor.register_thread_count.remote(version, state_dict_thread_count=self.dp_world))
-        part = write_part(version_dir(root, version), self.dp_rank, self.dp_world, {k: sd[k] for k in share})
-        self.last_sync_bytes = part["bytes"]
-        if self.monitor is not None:
-            ray_get(self.monitor.notify_finished.remote(version, is_state_dict=True, part=part))
-            return version_dir(root, version)
-        if self.dp_world > 1:
-            raise RuntimeError("data-parallel writers need a CheckpointMonitor to complete a version")
-        return complete_version(root, version, [part], self._keep_versions())
+        """Write this version's weights (this rank's share) as ``state_dict/version-<k>/``."""
+        return write_state_dict(self)[0]
 
     def upload_state_dict(self):
         """An object-store reference to the current weights (None on ranks that do not write)."""
-        import ray
-
-        if not self._gathers():
-            return None
-        sd = self.policy_state_dict()
-        self.last_sync_bytes = sum(t.numel() * t.element_size() for t in sd.values())
-        return ray.put(sd) if self._writes() else None
+        return upload_state_dict(self)[0]
 
     def sync_weight(self) -> dict[str, float]:
-        """Publish the current weights (version = step); return ``sync/*`` metrics. ``checkpoint``: every rank
-        writes its part and rank 0 waits until the monitor has published the version; ``memory``: rank 0
-        puts the state dict in the object store and publishes the reference."""
-        from trinity_like.synchronizer.messages import WeightsInfo
+        """Publish the current weights (version = step) by ``synchronizer.method``; return ``sync/*`` metrics."""
         if self.synchronizer is None:
             raise RuntimeError("sync_weight needs a synchronizer actor")
-        start = time.perf_counter()
-        if self.cfg.synchronizer.method == "nccl":
-            return self._offer_for_broadcast(start)
-        if self.cfg.synchronizer.method == "memory":
-            ref = self.upload_state_dict()
-            if not self._writes():
-                return {}
-            size = self.last_sync_bytes
-            ray_get(self.synchronizer.publish.remote(WeightsInfo(version=self._step, refs=[ref], bytes=size,
-                                                                 method="memory")))
-        else:
-            self.save_state_dict()
-            size = self.last_sync_bytes
-            if not self._writes():
-                return {"sync/bytes": float(size)}
-            wait_start = time.perf_counter()
-            if not ray_get(self.monitor.monitor_step.remote(self._step, True, self.cfg.synchronizer.timeout_s)):
-                raise TimeoutError(f"version {self._step} was not completed by every writer within "
-                                   f"{self.cfg.synchronizer.timeout_s:.0f}s")
-            return {"sync/version": float(self._step), "sync/seconds": time.perf_counter() - start,
-                    "sync/bytes": float(size), "sync/wait_s": time.perf_counter() - wait_start}
-        return {"sync/version": float(self._step), "sync/seconds": time.perf_counter() - start,
-                "sync/bytes": float(size)}
-
-    def _offer_for_broadcast(self, start: float) -> dict[str, float]:
-        """Method ``nccl``: snapshot the weights into the broadcaster (rank 0), publish the version; the
-        broadcaster's thread sends it to the engines when they come for it, while training goes on."""
-        from trinity_like.synchronizer.collective import WeightBroadcaster
-        from trinity_like.synchronizer.messages import WeightsInfo
-
-        if not self._gathers():
-            return {}
-        sd = export_state_dict(self._plain_policy(), copy=False)  # FSDP2: gathered on every rank
-        if not self._writes():
-            return {}
-        sc = self.cfg.synchronizer
-        if self.broadcaster is None:
-            self.broadcaster = WeightBroadcaster(self.synchronizer, sc.bucket_mb, sc.timeout_s)
-        size = self.broadcaster.offer(self._step, sd)
-        ray_get(self.synchronizer.publish.remote(WeightsInfo(version=self._step, bytes=size, method="nccl")))
-        last = {f"sync/broadcast_{k.split('/')[1]}": v for k, v in self.broadcaster.last_round.items()}
-        return {"sync/version": float(self._step), "sync/seconds": time.perf_counter() - start,
-                "sync/bytes": float(size), **last, "sync/broadcast_failures": float(self.broadcaster.failures)}
+        return self.publisher.publish()
 
     def shutdown(self) -> None:
-        if self.broadcaster is not None:
-            self.broadcaster.close()
+        self.publisher.close()
 
-    # ------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False) -> Path:
-        """Write ``checkpoints/step_<k>/`` atomically, then point ``checkpoints/latest`` at it and keep the
-        newest ``trainer.keep_checkpoints``. Holds everything an exact resume needs:
-
-            model/              the weights in Hugging Face format (safetensors + config + tokenizer files):
-                                loadable by transformers and vLLM
-            optimizer.pt        AdamW state;  scheduler.pt  learning-rate schedule position
-            trainer_state.json  step, KL controller coefficient;  rng.pt  torch / numpy / random states
-
-        The write always blocks (CPU checkpoints are small); ``save_as_hf`` is accepted for the seeds' API and
-        has no effect because the model is always written in Hugging Face format. Under FSDP2 every rank
-        calls this (the full tensors are gathered collectively) and rank 0 writes."""
-        import random
-
-        import numpy as np
-
-        step = self._step
-        path = self.paths.checkpoint_dir / f"step_{step}"
-        if not self._gathers():
-            return path
-        plain = self._plain_policy()
-        weights = export_state_dict(plain)
-        optimizer = parallel.optimizer_state(self.module, self.optimizer)
-        critic = None
-        if self.critic is not None:
-            critic = {"model": export_state_dict(self.critic_module),
-                      "optimizer": parallel.optimizer_state(self.critic_module, self.critic_optimizer)}
-        if not self._writes():
-            return path
-
-        def fill(tmp: Path) -> None:
-            if self.cfg.trainer.lora.enabled:
-                self.module.save_pretrained(tmp / "adapter")  # the trainable state, for resume
-            plain.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
-            for name in TOKENIZER_FILES:
-                src = Path(self.cfg.model.path) / name
-                if src.is_file():
-                    (tmp / "model" / name).write_bytes(src.read_bytes())
-            torch.save(optimizer, tmp / "optimizer.pt")
-            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-            torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
-                       tmp / "rng.pt")
-            if critic is not None:
-                torch.save(critic, tmp / "critic.pt")
-            (tmp / "trainer_state.json").write_text(json.dumps(
-                {"step": step, "kl_coef": self.kl_ctrl.value, "strategy": self._strategy()}) + "\n")
-
-        atomic_publish_dir(path, fill)
-        if self.monitor is not None:
-            ray_get(self.monitor.register_thread_count.remote(step, checkpoint_thread_count=1))
-            ray_get(self.monitor.notify_finished.remote(step))
-        else:
-            write_pointer(self.paths.checkpoint_dir / "latest", step)
-        self._prune_checkpoints()
-        return path
-
-    def _strategy(self) -> str:
-        return "single" if self.dp_world == 1 else self.cfg.trainer.strategy
-
-    def _prune_checkpoints(self) -> None:
-        keep = self.cfg.trainer.keep_checkpoints
-        steps = sorted(int(p.name.split("_")[1]) for p in self.paths.checkpoint_dir.glob("step_*") if p.is_dir())
-        for old in steps[:-keep] if keep else []:
-            shutil.rmtree(self.paths.checkpoint_dir / f"step_{old}", ignore_errors=True)
+    # ------------------------------------------------------------ checkpoints (trinity_like.trainer.checkpoint)
+    def save_checkpoint(self) -> Path:
+        return self.checkpointer.save()
 
     def latest_checkpoint(self) -> Path | None:
         return latest_checkpoint(self.paths.checkpoint_dir)
@@ -687,38 +514,4 @@ class PPOTrainer(TrainEngineWrapper):
     def load_checkpoint(self, path: Path) -> None:
         """Restore everything ``save_checkpoint`` wrote (after ``prepare`` and, with workers,
         ``enable_data_parallel``; under FSDP2 every rank calls it)."""
-        import random
-
-        from safetensors.torch import load_file
-
-        from trinity_like.common.errors import UserError
-
-        meta = json.loads((path / "trainer_state.json").read_text())
-        saved = meta.get("strategy", "single")
-        if (saved == "fsdp2") != (self._strategy() == "fsdp2"):
-            raise UserError(f"checkpoint {path} was written by a '{saved}' trainer and cannot resume a "
-                            f"'{self._strategy()}' one (their optimizer states differ in layout); resume with "
-                            "the trainer.strategy and trainer.num_workers it was written with")
-        if self.cfg.trainer.lora.enabled:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.module, load_file(str(path / "adapter" / "adapter_model.safetensors")))
-        else:
-            state: dict[str, torch.Tensor] = {}
-            for f in sorted((path / "model").glob("*.safetensors")):
-                state.update(load_file(str(f)))
-            parallel.load_full_state_dict(self.module, state)
-        parallel.load_optimizer_state(self.module, self.optimizer, torch.load(path / "optimizer.pt", weights_only=False))
-        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-        rng = torch.load(path / "rng.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        import numpy as np
-
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["random"])
-        if self.critic is not None:
-            critic = torch.load(path / "critic.pt", weights_only=False)
-            parallel.load_full_state_dict(self.critic_module, critic["model"])
-            parallel.load_optimizer_state(self.critic_module, self.critic_optimizer, critic["optimizer"])
-        self._step = int(meta["step"])
-        self.kl_ctrl.value = float(meta["kl_coef"])
+        self._step = self.checkpointer.load(path)

@@ -24,19 +24,23 @@ from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream
 from trinity_like.runtime.schedule import Schedule
-from trinity_like.trainer.ppo import TRAINERS
+from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
+from trinity_like.trainer.ppo import PPOTrainer  # noqa: F401  (registers trainer.type ppo)
+from trinity_like.trainer.publish import PUBLISHERS
 
 logger = logging.getLogger(__name__)
 
 
-def make_train_engine(cfg: Config, synchronizer=None):
-    """The TrainEngineWrapper ``trainer.type`` names; spread over ``trainer.num_workers`` data-parallel
-    workers when there is more than one."""
+def make_train_engine(cfg: Config, synchronizer=None) -> TrainEngineWrapper:
+    """The TrainEngineWrapper ``trainer.type`` names; spread over ``trainer.num_workers`` data-parallel workers
+    (each holding that engine) when there is more than one."""
+    engine_cls = TRAINERS.get(cfg.trainer.type)
     if cfg.trainer.num_workers > 1:
         from trinity_like.trainer.workers import DataParallelTrainer
 
         return DataParallelTrainer(cfg, synchronizer)
-    return TRAINERS.get(cfg.trainer.type)(cfg, synchronizer)
+    return engine_cls(cfg, synchronizer)
+
 
 CONSUMER_NAME = "trainer"
 
@@ -127,7 +131,7 @@ class TrainerRole:
         from trinity_like.synchronizer import CheckpointMonitor
 
         ray.get(self.synchronizer.trainer_resumed.remote(step))
-        if self.cfg.synchronizer.method == "checkpoint":  # the trainer (or its rank 0) created the monitor
+        if PUBLISHERS.get(self.cfg.synchronizer.method).writes_files:  # version files the monitor tracks
             ray.get(CheckpointMonitor.get_actor(namespace_of(self.cfg)).rollback.remote(step))
         if step > 0 and ray.get(self.synchronizer.latest.remote()).version != step:
             self.engine.sync_weight()
@@ -185,7 +189,7 @@ class TrainerRole:
         step = self.engine.train_step_num
         if self.replay is None:
             self.consumer.commit(step)
-        self.engine.save_checkpoint(block_until_saved=True)
+        self.engine.save_checkpoint()
         self._saved_step = step
 
     def _read_batch(self) -> list:

@@ -21,6 +21,7 @@ import socket
 from typing import Any
 
 from trinity_like.config import Config
+from trinity_like.trainer.engine import TrainEngineWrapper
 
 
 class ResourcePoolManager:
@@ -116,12 +117,13 @@ class TrainWorker:
         import torch
         import torch.distributed as dist
 
-        from trinity_like.trainer.ppo import PPOTrainer
+        from trinity_like.trainer.engine import TRAINERS
+        from trinity_like.trainer.ppo import PPOTrainer  # noqa: F401  (registers trainer.type ppo)
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
                                 world_size=self.world_size)
-        self.engine = PPOTrainer(self.cfg, self.synchronizer)
+        self.engine = TRAINERS.get(self.cfg.trainer.type)(self.cfg, self.synchronizer)
         self.engine.prepare()
         self.engine.enable_data_parallel(self.rank, self.world_size)
 
@@ -150,10 +152,11 @@ def start_train_workers(cfg: Config, synchronizer=None) -> RayWorkerGroup:
     return group
 
 
-class DataParallelTrainer:
-    """A TrainEngineWrapper over ``trainer.num_workers`` TrainWorkers: every call goes to all of them and rank
-    0's answer is returned. Weights out and checkpoints too: under FSDP2 assembling full tensors is a
-    collective, and rank 0 writes (under DDP the other ranks return at once)."""
+class DataParallelTrainer(TrainEngineWrapper):
+    """A TrainEngineWrapper over ``trainer.num_workers`` TrainWorkers, each holding the engine ``trainer.type``
+    names: every call goes to all of them and rank 0's answer is returned. Weights out and checkpoints too:
+    under FSDP2 assembling full tensors is a collective, and rank 0 writes (under DDP the other ranks return
+    at once)."""
 
     def __init__(self, cfg: Config, synchronizer=None) -> None:
         self.cfg, self.synchronizer = cfg, synchronizer
@@ -171,8 +174,8 @@ class DataParallelTrainer:
         self._step += 1
         return metrics
 
-    def save_checkpoint(self, block_until_saved: bool = False, save_as_hf: bool = False):
-        return self.group.execute_all("call", "save_checkpoint", block_until_saved, save_as_hf)[0]
+    def save_checkpoint(self):
+        return self.group.execute_all("call", "save_checkpoint")[0]
 
     def load_checkpoint(self, path):
         self.group.execute_all("call", "load_checkpoint", path)
@@ -185,9 +188,14 @@ class DataParallelTrainer:
         return self.group.execute_all("call", "upload_state_dict")[0]
 
     def sync_weight(self) -> dict[str, float]:
+        """Every rank publishes (rank 0's metrics come back); when each rank writes a part of the files, the
+        bytes written are the sum over ranks."""
+        from trinity_like.trainer.publish import PUBLISHERS
+
         results = self.group.execute_all("call", "sync_weight")
-        written = sum(r.get("sync/bytes", 0.0) for r in results[1:]) if self.cfg.synchronizer.method != "memory" else 0
-        return {**results[0], "sync/bytes": results[0].get("sync/bytes", 0.0) + written}
+        if not PUBLISHERS.get(self.cfg.synchronizer.method).writes_files:
+            return results[0]
+        return {**results[0], "sync/bytes": sum(r.get("sync/bytes", 0.0) for r in results)}
 
     def shutdown(self) -> None:
         self.group.kill()

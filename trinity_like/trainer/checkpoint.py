@@ -1,0 +1,136 @@
+"""Full checkpoints of a trainer engine: ``checkpoints/step_<k>/`` written atomically, ``checkpoints/latest``
+moved to it (by the CheckpointMonitor when there is one), the newest ``trainer.keep_checkpoints`` kept.
+
+A checkpoint holds everything an exact resume needs:
+
+    model/              the weights in Hugging Face format (safetensors + config + tokenizer files): loadable by
+                        transformers and vLLM
+    adapter/            LoRA adapters (trainer.lora.enabled), the trainable state
+    optimizer.pt        AdamW state;  scheduler.pt  learning-rate schedule position
+    critic.pt           value model and its optimizer (GAE)
+    trainer_state.json  step, KL controller coefficient, strategy (written last: marks the checkpoint complete)
+    rng.pt              torch / numpy / random states
+
+Under FSDP2 every rank calls ``save`` and ``load`` (assembling full tensors is collective) and rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trinity_like.common.errors import UserError
+from trinity_like.common.fs import atomic_publish_dir
+from trinity_like.common.modeling import export_state_dict
+from trinity_like.runtime.checkpoints import TRAINER_STATE, write_pointer
+from trinity_like.trainer import parallel
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "chat_template.jinja")
+
+
+def _ray_get(ref):
+    import ray
+
+    return ray.get(ref)
+
+
+class Checkpointer:
+    """Writes and restores the full state of a PPO-family engine (its module, optimizers, scheduler, critic,
+    KL controller and step)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def save(self) -> Path:
+        """Write ``checkpoints/step_<k>/`` atomically (k = the engine's step), then move ``checkpoints/latest``
+        to it and prune. Always blocks: the trainer role commits its buffer ledger right before."""
+        e = self.engine
+        step = e.train_step_num
+        path = e.paths.checkpoint_dir / f"step_{step}"
+        if not e.gathers():
+            return path
+        plain = e.plain_policy()
+        weights = export_state_dict(plain)
+        optimizer = parallel.optimizer_state(e.module, e.optimizer)
+        critic = None
+        if e.critic is not None:
+            critic = {"model": export_state_dict(e.critic_module),
+                      "optimizer": parallel.optimizer_state(e.critic_module, e.critic_optimizer)}
+        if not e.writes():
+            return path
+
+        def fill(tmp: Path) -> None:
+            if e.cfg.trainer.lora.enabled:
+                e.module.save_pretrained(tmp / "adapter")  # the trainable state, for resume
+            plain.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
+            for name in TOKENIZER_FILES:
+                src = Path(e.cfg.model.path) / name
+                if src.is_file():
+                    (tmp / "model" / name).write_bytes(src.read_bytes())
+            torch.save(optimizer, tmp / "optimizer.pt")
+            torch.save(e.scheduler.state_dict(), tmp / "scheduler.pt")
+            torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
+                       tmp / "rng.pt")
+            if critic is not None:
+                torch.save(critic, tmp / "critic.pt")
+            (tmp / TRAINER_STATE).write_text(json.dumps(
+                {"step": step, "kl_coef": e.kl_ctrl.value, "strategy": self._strategy()}) + "\n")
+
+        atomic_publish_dir(path, fill)
+        if e.monitor is not None:
+            _ray_get(e.monitor.register_thread_count.remote(step, checkpoint_thread_count=1))
+            _ray_get(e.monitor.notify_finished.remote(step))
+        else:
+            write_pointer(e.paths.checkpoint_dir / "latest", step)
+        self._prune()
+        return path
+
+    def load(self, path: Path) -> int:
+        """Restore everything ``save`` wrote into the engine (after its ``prepare`` and, with workers,
+        ``enable_data_parallel``); return the step it was written at."""
+        from safetensors.torch import load_file
+
+        e = self.engine
+        meta = json.loads((path / TRAINER_STATE).read_text())
+        saved = meta.get("strategy", "single")
+        if (saved == "fsdp2") != (self._strategy() == "fsdp2"):
+            raise UserError(f"checkpoint {path} was written by a '{saved}' trainer and cannot resume a "
+                            f"'{self._strategy()}' one (their optimizer states differ in layout); resume with "
+                            "the trainer.strategy and trainer.num_workers it was written with")
+        if e.cfg.trainer.lora.enabled:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(e.module, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+        else:
+            state: dict[str, torch.Tensor] = {}
+            for f in sorted((path / "model").glob("*.safetensors")):
+                state.update(load_file(str(f)))
+            parallel.load_full_state_dict(e.module, state)
+        parallel.load_optimizer_state(e.module, e.optimizer, torch.load(path / "optimizer.pt", weights_only=False))
+        e.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["random"])
+        if e.critic is not None:
+            critic = torch.load(path / "critic.pt", weights_only=False)
+            parallel.load_full_state_dict(e.critic_module, critic["model"])
+            parallel.load_optimizer_state(e.critic_module, e.critic_optimizer, critic["optimizer"])
+        e.kl_ctrl.value = float(meta["kl_coef"])
+        return int(meta["step"])
+
+    def _strategy(self) -> str:
+        e = self.engine
+        return "single" if e.dp_world == 1 else e.cfg.trainer.strategy
+
+    def _prune(self) -> None:
+        root, keep = self.engine.paths.checkpoint_dir, self.engine.cfg.trainer.keep_checkpoints
+        steps = sorted(int(p.name.split("_")[1]) for p in root.glob("step_*") if p.is_dir())
+        for old in steps[:-keep] if keep else []:
+            shutil.rmtree(root / f"step_{old}", ignore_errors=True)
