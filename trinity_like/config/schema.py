@@ -241,7 +241,7 @@ class TrainerConfig:
     num_threads: int = _at_least(1, 1)
     """torch threads for the trainer (per worker)."""
     type: str = _registered("ppo", "trinity_like.trainer.ppo:TRAINERS")
-    """TrainEngineWrapper implementation (registry `trinity_like.trainer.ppo.TRAINERS`)."""
+    """TrainEngineWrapper implementation (registry `trinity_like.trainer.engine.TRAINERS`)."""
     num_workers: int = _at_least(1, 1)
     """Data-parallel trainer workers (a torch.distributed group: gloo on CPU, NCCL on GPU)."""
     strategy: str = _registered("ddp", "trinity_like.trainer.parallel:STRATEGIES")
