@@ -263,7 +263,10 @@ def _shutdown(cfg: Config, roles: _Roles, role: str) -> None:
     try:
         ray.get([a.shutdown.remote() for a in roles.actors], timeout=60)
     except Exception as e:  # a role that died cannot shut down; killing it below is all there is
-        print(f"warning: a role did not shut down cleanly: {type(e).__name__}", file=sys.stderr)
+        cause = getattr(e, "cause", None) or e  # a Ray error wraps the role's own exception
+        first = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else ""
+        print(f"warning: a role did not shut down cleanly: {type(cause).__name__}{': ' + first if first else ''}",
+              file=sys.stderr)
     for actor in roles.actors:
         ray.kill(actor)
     if role == "all":
