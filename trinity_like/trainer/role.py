@@ -98,7 +98,7 @@ class TrainerRole:
 
             self.replay = ReplayReader(b.replay_sources, where=b.where or None, batch_size=self.cfg.train_batch_size,
                                        seed=self.cfg.seed, vocab_size=vocab_size,
-                                       quarantine=Ledger(self.paths.buffer_dir, CONSUMER_NAME))
+                                       quarantine=Ledger(self.paths.buffer_dir, CONSUMER_NAME, create=False))
             if not len(self.replay):
                 raise UserError(f"buffer.replay_sources hold no rows{' matching buffer.where' if b.where else ''}: "
                                 f"{', '.join(b.replay_sources)}")
