@@ -28,7 +28,7 @@ def test_buffer_status_counts_sources_and_leaves_imported_rows_out_of_staleness(
     text = format_status({"namespace": "p/n", "cluster": "connected", "synchronizer": True, "roles": [], "buffer": st,
                           "trainer_version": 3})
     assert "buffer: 10 rows, 6 not yet trained (explorer 8/4, human 2/2: rows/untrained)" in text
-    assert buffer_status(tmp_path / "empty", None) == {"rows": 0, "unconsumed": 0, "by_source": {}}
+    assert buffer_status(tmp_path / "empty", None) == {"rows": 0, "unconsumed": 0, "quarantined": 0, "by_source": {}}
 
 
 def _report(step, total=10):

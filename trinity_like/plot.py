@@ -200,13 +200,6 @@ def _wall(run: Run, times: np.ndarray) -> np.ndarray:
     return times - run.t0
 
 
-def _explorer_steps(run: Run) -> np.ndarray:
-    """Explorer records' steps in trainer-step units: the version they generated with, which is the trainer
-    step whose weights they used (so explorer and trainer share the x axis even when one explorer step feeds
-    several trainer steps or the explorer runs ahead)."""
-    return np.asarray([r["step"] - 1 for r in run.explorer], dtype=np.float64)
-
-
 def _line(ax, x, y, color, label, lw: float = 1.8, **kwargs):
     """A raw series in a light line and its moving average on top; markers when there are few points."""
     if len(x) == 0:

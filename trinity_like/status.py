@@ -54,22 +54,26 @@ def _synchronizer_status(namespace: str) -> dict[str, Any] | None:
 def buffer_status(buffer_dir: Path, trainer_version: int | None) -> dict[str, Any]:
     """Rows written and rows the trainer has not consumed (committed or pending), per source too; the model
     versions of the untrained rows made by this run's policy and their staleness (imported rows, version -1,
-    are never stale)."""
+    are never stale); rows the trainer quarantined as untrainable count apart, not as untrained."""
     from trinity_like.buffer import list_segments, read_only_sql
 
     if not list_segments(buffer_dir):
-        return {"rows": 0, "unconsumed": 0, "by_source": {}}
+        return {"rows": 0, "unconsumed": 0, "quarantined": 0, "by_source": {}}
     per_source = read_only_sql(buffer_dir, """
-        WITH tagged AS (
+        WITH flagged AS (
             SELECT source, model_version,
-                   eid NOT IN (SELECT eid FROM consumption WHERE consumer = 'trainer') AS untrained
-            FROM experiences)
+                   eid IN (SELECT eid FROM quarantine WHERE consumer = 'trainer') AS quarantined,
+                   eid IN (SELECT eid FROM consumption WHERE consumer = 'trainer') AS consumed
+            FROM experiences),
+        tagged AS (SELECT *, NOT consumed AND NOT quarantined AS untrained FROM flagged)
         SELECT source, count(*) AS rows, count(*) FILTER (WHERE untrained) AS unconsumed,
+               count(*) FILTER (WHERE quarantined) AS quarantined,
                min(model_version) FILTER (WHERE untrained AND model_version >= 0) AS min_version,
                max(model_version) FILTER (WHERE untrained AND model_version >= 0) AS max_version
         FROM tagged GROUP BY source ORDER BY source""").to_pylist()
     out: dict[str, Any] = {"rows": sum(r["rows"] for r in per_source),
                            "unconsumed": sum(r["unconsumed"] for r in per_source),
+                           "quarantined": sum(r["quarantined"] for r in per_source),
                            "by_source": {r["source"]: {"rows": r["rows"], "unconsumed": r["unconsumed"]}
                                          for r in per_source}}
     versions = [v for r in per_source for v in (r["min_version"], r["max_version"]) if v is not None]
@@ -170,6 +174,9 @@ def format_status(report: dict[str, Any]) -> str:
                 text += f", staleness {s_lo}-{s_hi} at trainer version {report['trainer_version']}"
             text += ")"
         lines.append(text)
+        if b.get("quarantined"):
+            lines.append(f"  {b['quarantined']} row(s) quarantined as untrainable, never trained (see the trainer's "
+                         "log, or `buffer query DIR \"SELECT * FROM quarantine\"`)")
     last = report.get("last_trainer_step")
     if last is not None:
         total = f"/{last['total_steps']}" if last["total_steps"] else ""

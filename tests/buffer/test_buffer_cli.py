@@ -103,7 +103,7 @@ def test_export_query_stats_verify(tmp_path):
 
     stats = json.loads(_cli("stats", buf, "--json").stdout)
     assert stats["rows"] == 6 and stats["segments"] == 3 and stats["by_model_version"] == {"0": 2, "1": 2, "2": 2}
-    assert stats["consumers"]["trainer"] == {"committed": 2, "pending": 0, "unconsumed": 4,
+    assert stats["consumers"]["trainer"] == {"committed": 2, "pending": 0, "quarantined_rows": 0, "unconsumed": 4,
                                              "last_committed_step": 1}
 
     victim = list_segments(buf)[1]

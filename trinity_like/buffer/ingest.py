@@ -19,7 +19,12 @@ Accepted input (JSONL, one object per line, or Parquet, one record per row):
   whole or not at all.
 
 Every record is validated; a bad one is reported with its line number and reason (naming the field) and
-written to a rejects file, the good ones go in as one atomic segment (``strict`` takes none if any is bad). A
+written to a rejects file, the good ones go in as one atomic segment (``strict`` takes none if any is bad).
+Token ids that no model can train on refuse the whole ingest instead (UserError, nothing written): a negative
+id always, and an id past the vocabulary of the run's model when the buffer is a run's (``<run>/buffer`` with
+``<run>/config.yaml`` naming ``model.path``); such ids mean the file was tokenised for another model, so the
+other records of that file are suspect too. (With ``--tokenizer``, an id past that tokenizer's vocabulary
+only rejects its record, as before.) A
 record without an ``eid`` gets one derived from its content, so ingesting the same file twice adds nothing the
 second time; rows whose eid is already in the buffer are skipped and counted as duplicates.
 
@@ -40,8 +45,9 @@ from typing import Any
 from trinity_like.buffer.segments import stored_eids
 from trinity_like.buffer.writer import BufferWriter
 from trinity_like.common.errors import UserError
-from trinity_like.common.experience import SOURCES, Experience
+from trinity_like.common.experience import SOURCES, Experience, experiences_to_table, table_row_problems
 from trinity_like.common.fs import atomic_write_text
+from trinity_like.common.tokenizer import model_vocab_size
 
 _FIELDS = {f.name for f in fields(Experience)}
 _ID_LISTS = ("prompt_ids", "response_ids")
@@ -316,6 +322,8 @@ def ingest_files(paths: list[Path], buffer_dir: Path, source: str | None = None,
     report = IngestReport()
     seen = stored_eids(buffer_dir)
     good: list[Experience] = []
+    origin: list[str] = []
+    """``file:line`` of each good row."""
     bad_lines: list[str] = []
     for path in paths:
         for line, record in read_records(path):
@@ -333,14 +341,48 @@ def ingest_files(paths: list[Path], buffer_dir: Path, source: str | None = None,
                     continue
                 seen.add(exp.eid)
                 good.append(exp)
+                origin.append(f"{path}:{line}")
+    table = experiences_to_table(good) if good else None
+    if table is not None:
+        _refuse_bad_token_ids(table, origin, run_model(buffer_dir))
     if bad_lines:
         rejects = buffer_dir / "rejects" / f"rejects-{time.time_ns()}.jsonl"
         atomic_write_text(rejects, "\n".join(bad_lines) + "\n")
         report.rejects_file = str(rejects)
     if good and not (strict and report.rejected):
-        info = BufferWriter(buffer_dir, writer_id=f"ingest-{source or 'auto'}").write(good)
+        info = BufferWriter(buffer_dir, writer_id=f"ingest-{source or 'auto'}").write_table(table)
         report.accepted, report.segment = len(good), info.name
     return report
+
+
+def run_model(buffer_dir: Path) -> Path | None:
+    """The model folder of the run a buffer belongs to (``<run>/buffer`` beside ``<run>/config.yaml`` with
+    ``model.path``, resolved as the run resolves it), or None when the buffer is not a run's."""
+    import yaml
+
+    config = Path(buffer_dir).absolute().parent / "config.yaml"
+    if Path(buffer_dir).name != "buffer" or not config.is_file():
+        return None
+    try:
+        path = ((yaml.safe_load(config.read_text()) or {}).get("model") or {}).get("path")
+    except (yaml.YAMLError, AttributeError):
+        return None
+    return Path(path).expanduser() if path else None
+
+
+def _refuse_bad_token_ids(table, origin: list[str], model: Path | None) -> None:
+    """UserError naming the first row (file:line) whose token ids no model, or not the run's ``model``, can
+    train on; the record checks before this one leave token ids as the only thing that can be wrong here."""
+    vocab_size = model_vocab_size(model) if model is not None else None
+    problems = table_row_problems(table, vocab_size)
+    if not problems:
+        return
+    row, problem = next(iter(problems.items()))
+    more = f" (and {len(problems) - 1} more row(s))" if len(problems) > 1 else ""
+    whose = f" of the run's model {model}" if vocab_size is not None else ""
+    raise UserError(f"{origin[row]}: {problem}{whose}{more}; nothing was ingested. Token ids must come from the "
+                    f"model's own tokenizer: re-tokenise the file with it, or ingest chat records (messages) with "
+                    f"--tokenizer {model or 'MODEL_DIR'}")
 
 
 def export(buffer_dir: Path, out: Path, where: str | None = None) -> int:

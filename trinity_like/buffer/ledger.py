@@ -10,7 +10,14 @@ later steps and every pending file, so exactly what was consumed after step k is
 crashes each experience therefore ends up in exactly one committed step (or, with the replay policy, in one
 committed step per use).
 
-Row counts are in the names so that a writer's back-pressure check is a directory listing.
+    consumers/<name>/quarantine-<time_ns:020d>-<rows>.arrow            rows found untrainable, never handed out
+
+A quarantine file holds rows ``(eid, segment, row, problem)``: rows the reader found untrainable (see
+``table_row_problems``). They are kept in their segments, never handed out, and a resume keeps these files,
+so a poison row is named once and never retried.
+
+Row counts are in the names so that a writer's back-pressure check is a directory listing (a quarantined row
+counts as consumed: it will never be).
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from trinity_like.common.fs import atomic_write_with, fsync_path
 CONSUMERS = "consumers"
 LEDGER_SCHEMA = pa.schema([("eid", pa.string()), ("step", pa.int64()), ("segment", pa.string()),
                            ("row", pa.int64())])
+QUARANTINE_SCHEMA = pa.schema([("eid", pa.string()), ("segment", pa.string()), ("row", pa.int64()),
+                               ("problem", pa.string())])
+_QUARANTINE = re.compile(r"^quarantine-(\d{20})-(\d+)\.arrow$")
 _COMMIT = re.compile(r"^commit-(\d{8})-(\d{20})-(\d+)\.arrow$")
 _PENDING = re.compile(r"^pending-(\d{8})-(\d{20})-(\d+)\.arrow$")
 
@@ -43,7 +53,7 @@ def consumer_names(buffer_dir: str | os.PathLike) -> list[str]:
 
 def _write(path: Path, table: pa.Table) -> None:
     def write(tmp: Path) -> None:
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, LEDGER_SCHEMA) as writer:
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
 
     atomic_write_with(path, write)
@@ -79,10 +89,31 @@ class Ledger:
                 pending.append((int(m.group(1)), int(m.group(3)), self.dir / name))
         return commits, pending
 
+    def _quarantine_files(self) -> list[tuple[int, Path]]:
+        """(rows, path) of each quarantine file, oldest first."""
+        names = sorted(os.listdir(self.dir)) if self.dir.is_dir() else []
+        return [(int(m.group(2)), self.dir / n) for n in names if (m := _QUARANTINE.match(n))]
+
     def consumed_rows(self) -> int:
-        """Rows committed or pending (a listing, no reads)."""
+        """Rows committed, pending or quarantined (a listing, no reads)."""
         commits, pending = self.files()
-        return sum(rows for _, rows, _ in commits) + sum(rows for _, rows, _ in pending)
+        return (sum(rows for _, rows, _ in commits) + sum(rows for _, rows, _ in pending)
+                + self.quarantined_rows())
+
+    def quarantined_rows(self) -> int:
+        return sum(rows for rows, _ in self._quarantine_files())
+
+    def quarantined(self) -> pa.Table:
+        tables = [_read(p) for _, p in self._quarantine_files()]
+        return pa.concat_tables(tables) if tables else QUARANTINE_SCHEMA.empty_table()
+
+    def add_quarantined(self, records: list[tuple[str, str, int, str]]) -> None:
+        """Record ``(eid, segment, row, problem)`` rows as untrainable, in one atomic file."""
+        if records:
+            eids, segments, rows, problems = zip(*records, strict=True)
+            table = pa.table({"eid": list(eids), "segment": list(segments), "row": list(rows),
+                              "problem": list(problems)}, schema=QUARANTINE_SCHEMA)
+            _write(self.dir / f"quarantine-{time.time_ns():020d}-{len(records)}.arrow", table)
 
     def resume(self, resume_step: int | None) -> None:
         """Forget consumption after ``resume_step`` (None: keep every commit) and every pending record."""

@@ -19,7 +19,8 @@ from trinity_like.buffer.segments import (
 
 
 def buffer_stats(buffer_dir: Path) -> dict[str, Any]:
-    """Rows by source and model_version, consumption per consumer, segments, bytes, quarantined files."""
+    """Rows by source and model_version, consumption per consumer (with the rows it quarantined as untrainable),
+    segments, bytes, quarantined segment files."""
     by_source: Counter = Counter()
     by_version: Counter = Counter()
     segments = list_segments(buffer_dir)
@@ -35,11 +36,13 @@ def buffer_stats(buffer_dir: Path) -> dict[str, Any]:
     rows = sum(s.num_rows for s in segments)
     consumers = {}
     for name in consumer_names(buffer_dir):
-        commits, pending = Ledger(buffer_dir, name, create=False).files()
+        ledger = Ledger(buffer_dir, name, create=False)
+        commits, pending = ledger.files()
         committed = sum(r for _, r, _ in commits)
         in_flight = sum(r for _, r, _ in pending)
-        consumers[name] = {"committed": committed, "pending": in_flight,
-                           "unconsumed": rows - committed - in_flight,
+        quarantined = ledger.quarantined_rows()
+        consumers[name] = {"committed": committed, "pending": in_flight, "quarantined_rows": quarantined,
+                           "unconsumed": rows - committed - in_flight - quarantined,
                            "last_committed_step": max((s for s, _, _ in commits), default=None)}
     q = Path(buffer_dir) / QUARANTINE
     return {

@@ -24,11 +24,15 @@ Mix (``mix``, config ``buffer.mix``): a set share of each experience source per 
 filled with its own whole groups in policy order; see ``mix.py`` for the rule.
 
 Corrupt or truncated segments are skipped with a logged error (``buffer verify`` quarantines them).
+
+Untrainable rows (``table_row_problems``: a token id outside the vocabulary ``vocab_size``, a NaN, per-token
+fields of the wrong length...) are found when their segment is opened, and quarantined: recorded in the
+ledger folder, named once in the log, counted in ``buffer/quarantined``, never handed out. A batch is built
+from the remaining rows, so one poison row never stops the trainer; the rest of its group is still trained.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -43,7 +47,7 @@ from trinity_like.buffer.ledger import Ledger
 from trinity_like.buffer.mix import choose_mix, normalise_mix
 from trinity_like.buffer.segments import SUFFIX, SegmentError, SegmentInfo, read_segment, segment_dir
 from trinity_like.common.errors import UserError
-from trinity_like.common.experience import Experience, table_to_experiences
+from trinity_like.common.experience import Experience, table_row_problems, table_to_experiences
 
 logger = logging.getLogger(__name__)
 
@@ -102,9 +106,10 @@ class BufferConsumer:
     def __init__(self, buffer_dir: str | Path, name: str = "trainer", policy: str = "fifo",
                  priority: str | None = None, where: str | None = None, max_uses: int = 1,
                  cooldown_steps: int = 0, resume_step: int | None = None, mix: dict[str, float] | None = None,
-                 mix_fill: bool = True) -> None:
+                 mix_fill: bool = True, vocab_size: int | None = None) -> None:
         """``mix``: share of each source per batch (normalised here; empty or None = no quotas); ``mix_fill``:
-        a source short of rows gives its quota to the others rather than hold the batch back."""
+        a source short of rows gives its quota to the others rather than hold the batch back. ``vocab_size``:
+        the trained model's, so that rows with token ids past it are quarantined (None: only negative ids)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown read policy {policy!r}; valid: {', '.join(POLICIES)}")
         if policy == "priority" and not priority:
@@ -117,6 +122,7 @@ class BufferConsumer:
         self.max_uses, self.cooldown_steps = max_uses, cooldown_steps
         self.mix = normalise_mix(mix) if mix else None
         self.mix_fill = mix_fill
+        self.vocab_size = vocab_size
         self._last_mix: dict[str, float] = {}
         """Per mix source: its share of the rows of the last batch handed out (the ``buffer/mix_*`` metrics)."""
         self.ledger = Ledger(self.buffer_dir, name)
@@ -136,6 +142,10 @@ class BufferConsumer:
         self._delivered = 0
         self._con = None
         self._prior = self._committed_uses()
+        quarantined = self.ledger.quarantined()
+        self._quarantined = set(zip(quarantined.column("segment").to_pylist(), quarantined.column("row").to_pylist(),
+                                    strict=True))
+        """(segment, row) of every quarantined row: recorded in the ledger folder, never handed out."""
 
     # ------------------------------------------------------------ state
     def _committed_uses(self) -> dict[str, list[tuple[int, int]]]:
@@ -172,10 +182,23 @@ class BufferConsumer:
             for row, step in self._prior.pop(info.name, ()):
                 seg.uses[row] += 1
                 seg.last_step[row] = max(seg.last_step[row], step)
+            self._quarantine(seg, table)
             self._segments.append(seg)
             self._max_version = np.append(self._max_version, seg.max_version)
             self._exhausted = np.append(self._exhausted, bool((seg.uses >= self.max_uses).all()))
             self._stale_counted = np.append(self._stale_counted, False)
+
+    def _quarantine(self, seg: _Segment, table: pa.Table) -> None:
+        """Take the segment's untrainable rows out of circulation; record and log the ones not seen before."""
+        new = []
+        for row, problem in table_row_problems(table, self.vocab_size).items():
+            seg.uses[row] = self.max_uses
+            if (seg.info.name, row) not in self._quarantined:
+                self._quarantined.add((seg.info.name, row))
+                new.append((seg.eids[row], seg.info.name, row, problem))
+                logger.error("quarantined buffer row %s (segment %s, row %d): %s; it is kept but never trained",
+                             seg.eids[row], seg.info.name, row, problem)
+        self.ledger.add_quarantined(new)
 
     def _eligible(self, seg: _Segment, min_version: int | None, step: int) -> np.ndarray:
         ok = seg.uses < self.max_uses
@@ -336,10 +359,6 @@ class BufferConsumer:
                                    f"model_version >= {min_version}{quotas} after {timeout_s:.0f}s")
             time.sleep(POLL_INTERVAL_S)
 
-    async def aread(self, n: int, min_version: int | None = None, timeout_s: float = 600.0,
-                    where: str | None = None, step: int = 0) -> list[Experience]:
-        return await asyncio.to_thread(self.read, n, min_version, timeout_s, where, step)
-
     def commit(self, step: int) -> int:
         """Make every hand-out for steps <= ``step`` durable; call it right before checkpointing ``step``."""
         return self.ledger.commit(step)
@@ -353,5 +372,6 @@ class BufferConsumer:
         unused = sum(int((s.uses == 0).sum()) for s in self._segments)
         return {"buffer/rows": float(total), "buffer/unconsumed": float(unused),
                 "buffer/delivered": float(self._delivered), "buffer/skipped_stale": float(self._skipped_stale),
-                "buffer/bad_segments": float(len(self._bad)), "buffer/segments": float(len(self._segments)),
+                "buffer/bad_segments": float(len(self._bad)), "buffer/quarantined": float(len(self._quarantined)),
+                "buffer/segments": float(len(self._segments)),
                 **{f"buffer/mix_{source}": share for source, share in self._last_mix.items()}}

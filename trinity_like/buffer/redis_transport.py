@@ -87,16 +87,6 @@ class RedisSender:
         entry_id = await _retry("XADD", lambda: self._redis.xadd(self.stream, payload), self.timeout_s)
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
-    def send_sync(self, exps: list[Experience]) -> str:
-        return asyncio.run(self._send_fresh(exps))
-
-    async def _send_fresh(self, exps: list[Experience]) -> str:
-        # asyncio.run makes a new loop each call; a client is bound to its loop, so use one per call.
-        self._redis = _client(self.url)
-        try:
-            return await self.send(exps)
-        finally:
-            await self._redis.aclose()
 
     async def close(self) -> None:
         await self._redis.aclose()

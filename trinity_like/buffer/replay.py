@@ -3,16 +3,22 @@
 Sources may be buffer folders (or run directories), single segment files (``.arrow``), Parquet files of
 Experience rows (``buffer export`` writes them), or JSONL files of Experience rows. Nothing is written: the
 sources may belong to a finished run or to one that is still writing (the rows present at ``load`` count).
+
+Untrainable rows (``table_row_problems``) are left out when the sources are loaded, named once in the log,
+counted in ``quarantined`` and, given a ledger (the replaying run's own), recorded there: the sources stay
+untouched.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 
+from trinity_like.buffer.ledger import Ledger
 from trinity_like.buffer.segments import SegmentInfo, read_segment
 from trinity_like.buffer.sql import experiences_table
 from trinity_like.common.errors import UserError
@@ -20,8 +26,11 @@ from trinity_like.common.experience import (
     EXPERIENCE_SCHEMA,
     Experience,
     experiences_to_table,
+    table_row_problems,
     table_to_experiences,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def _load_source(path: Path) -> pa.Table:
@@ -47,18 +56,24 @@ class ReplayReader:
     """Batches of whole groups from stored experiences, epoch after epoch."""
 
     def __init__(self, sources: list[str | Path], where: str | None = None, batch_size: int = 32,
-                 shuffle: bool = True, seed: int = 0) -> None:
+                 shuffle: bool = True, seed: int = 0, vocab_size: int | None = None,
+                 quarantine: Ledger | None = None) -> None:
+        """``vocab_size``: the trained model's (token ids past it are untrainable; None: only negative ids);
+        ``quarantine``: the ledger that records the untrainable rows."""
         for s in sources:
             if not Path(s).exists():
                 raise UserError(f"replay source '{s}' does not exist")
         self.sources = [Path(s) for s in sources]
         self.where, self.batch_size, self.shuffle, self.seed = where, batch_size, shuffle, seed
+        self.vocab_size, self.quarantine = vocab_size, quarantine
+        self.quarantined = 0
+        """Rows of the sources left out as untrainable."""
         self.table = self._load()
 
     def _load(self) -> pa.Table:
         import duckdb
 
-        tables = [_load_source(s) for s in self.sources]
+        tables = [self._trainable(s, _load_source(s)) for s in self.sources]
         rows = pa.concat_tables(tables) if tables else EXPERIENCE_SCHEMA.empty_table()
         con = duckdb.connect(":memory:")
         try:
@@ -74,6 +89,22 @@ class ReplayReader:
         seen: set[str] = set()
         keep = [i for i, eid in enumerate(out.column("eid").to_pylist()) if not (eid in seen or seen.add(eid))]
         return out.take(pa.array(keep, pa.int64())).cast(EXPERIENCE_SCHEMA)
+
+    def _trainable(self, source: Path, table: pa.Table) -> pa.Table:
+        """``table`` without its untrainable rows; those are counted, and logged and recorded the first time."""
+        problems = table_row_problems(table, self.vocab_size)
+        if not problems:
+            return table
+        self.quarantined += len(problems)
+        eids = table.column("eid").to_pylist()
+        known = set() if self.quarantine is None else set(self.quarantine.quarantined().column("eid").to_pylist())
+        new = [(eids[row], str(source), row, problem) for row, problem in problems.items() if eids[row] not in known]
+        for eid, _, row, problem in new:
+            logger.error("quarantined replay row %s (%s, row %d): %s; it is never trained", eid, source, row, problem)
+        if self.quarantine is not None:
+            self.quarantine.add_quarantined(new)
+        keep = [i for i in range(table.num_rows) if i not in problems]
+        return table.take(pa.array(keep, pa.int64()))
 
     def __len__(self) -> int:
         return self.table.num_rows

@@ -1,4 +1,5 @@
-"""SQL over a buffer folder with an in-process DuckDB: the views ``experiences`` and ``consumption``.
+"""SQL over a buffer folder with an in-process DuckDB: the views ``experiences``, ``consumption`` and
+``quarantine`` (rows a consumer found untrainable).
 
 Segments are memory-mapped Arrow tables registered with DuckDB (no copy, no ``.duckdb`` file, so any
 number of processes can query while writers write). Corrupt segments are left out with a logged error.
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from trinity_like.buffer.ledger import Ledger, consumer_names
+from trinity_like.buffer.ledger import QUARANTINE_SCHEMA, Ledger, consumer_names
 from trinity_like.buffer.segments import SegmentError, list_segments, read_segment
 from trinity_like.common.errors import UserError
 from trinity_like.common.experience import EXPERIENCE_SCHEMA
@@ -52,14 +53,25 @@ def consumption_table(buffer_dir: str | Path) -> pa.Table:
     return pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
 
 
+def quarantine_table(buffer_dir: str | Path) -> pa.Table:
+    """``(consumer, eid, segment, row, problem)`` for every row a consumer quarantined."""
+    parts = []
+    for name in consumer_names(buffer_dir):
+        table = Ledger(buffer_dir, name, create=False).quarantined()
+        parts.append(table.add_column(0, "consumer", pa.array([name] * table.num_rows, pa.string())))
+    return pa.concat_tables(parts) if parts else QUARANTINE_SCHEMA.insert(0, pa.field("consumer", pa.string())
+                                                                           ).empty_table()
+
+
 def connect(buffer_dir: str | Path):
-    """An in-memory DuckDB connection with the views ``experiences`` and ``consumption``."""
+    """An in-memory DuckDB connection with the views ``experiences``, ``consumption`` and ``quarantine``."""
     import duckdb
 
     con = duckdb.connect(":memory:")
     con.execute("SET threads TO 1")
     con.register("experiences", experiences_table(buffer_dir))
     con.register("consumption", consumption_table(buffer_dir))
+    con.register("quarantine", quarantine_table(buffer_dir))
     return con
 
 

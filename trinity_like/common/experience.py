@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 SCHEMA_VERSION = 1
 """Bumped whenever a field is added, removed or changes type; stored in every segment's metadata."""
@@ -227,3 +228,64 @@ def table_to_experiences(table: pa.Table) -> list[Experience]:
         row["info"] = {} if row["info"] is None else json.loads(row["info"])
         out.append(Experience(**row))
     return out
+
+
+# ------------------------------------------------------------ row validation
+def table_row_problems(table: pa.Table, vocab_size: int | None = None) -> dict[int, str]:
+    """What makes rows of an Experience table untrainable, as ``{row index: problem}`` (good rows are absent).
+
+    Checked, vectorised over the whole table (a segment is checked once, when a reader opens it):
+    - an empty response: nothing to train on, and a batch of them divides by zero;
+    - a negative token id, or one ``>= vocab_size`` (when known): the embedding lookup fails
+      (``IndexError: index out of range in self``, on a GPU a device-side assert);
+    - ``action_mask``, ``logprobs`` or ``token_rewards`` not one entry per response token: the row cannot be
+      padded into the batch;
+    - a NaN or infinite ``reward``, ``logprobs`` or ``token_rewards``: one makes the whole step's loss NaN.
+    The first problem found per row is named, with the offending value."""
+    problems: dict[int, str] = {}
+    resp_len = pc.list_value_length(table.column("response_ids")).to_numpy(zero_copy_only=False)
+    for r in np.flatnonzero(resp_len == 0):
+        problems.setdefault(int(r), "response_ids is empty")
+    for name in _ID_FIELDS:
+        values, parents = _flat(table.column(name), np.int64)
+        bad = values < 0 if vocab_size is None else (values < 0) | (values >= vocab_size)
+        for r, v in _first_per_row(parents, values, bad):
+            limit = "negative" if v < 0 else f">= the model's vocabulary size {vocab_size}"
+            problems.setdefault(r, f"{name} holds token id {v} ({limit})")
+    for name in ("action_mask", "logprobs", "token_rewards"):
+        lengths = pc.list_value_length(table.column(name)).to_numpy(zero_copy_only=False)
+        lengths = np.where(np.isnan(lengths.astype(np.float64)), resp_len, lengths)  # null: no per-token values
+        for r in np.flatnonzero(lengths != resp_len):
+            problems.setdefault(int(r), f"{name} has {int(lengths[r])} entries for {int(resp_len[r])} response "
+                                        "tokens")
+    for name in ("logprobs", "token_rewards"):
+        values, parents = _flat(table.column(name), np.float64)
+        for r, v in _first_per_row(parents, values, ~np.isfinite(values)):
+            problems.setdefault(r, f"{name} holds {v}")
+    reward = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)  # null -> NaN
+    null = table.column("reward").is_null().to_numpy(zero_copy_only=False)
+    for r in np.flatnonzero(~np.isfinite(reward) & ~null):
+        problems.setdefault(int(r), f"reward is {reward[r]}")
+    return dict(sorted(problems.items()))
+
+
+def row_problem(exp: Experience, vocab_size: int | None = None) -> str | None:
+    """What makes one row untrainable (see ``table_row_problems``), or None when it can be trained on."""
+    return table_row_problems(experiences_to_table([exp]), vocab_size).get(0)
+
+
+_ID_FIELDS = ("prompt_ids", "response_ids")
+
+
+def _flat(column: pa.ChunkedArray, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """A list column's values and, for each value, the index of its row."""
+    values = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(dtype)
+    parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+    return values, parents
+
+
+def _first_per_row(parents: np.ndarray, values: np.ndarray, bad: np.ndarray) -> list[tuple[int, Any]]:
+    """(row, value) of the first flagged value of each row that has one."""
+    flagged = values[bad]
+    rows, first = np.unique(parents[bad], return_index=True)
+    return [(int(r), flagged[i].item()) for r, i in zip(rows, first, strict=True)]

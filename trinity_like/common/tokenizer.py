@@ -32,6 +32,18 @@ def hf_tokenizer(name_or_path: str, correct_pad_token: bool = True, correct_gemm
     return tokenizer
 
 
+def model_vocab_size(path: str | Path) -> int | None:
+    """The number of embedding rows of the model in folder ``path`` (``vocab_size`` in its ``config.json``, or in
+    its ``text_config`` for multimodal models): token ids at or above it cannot be trained on. None when the
+    folder has no readable config.json or it does not say."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    rows = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(rows) if rows else None
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 """A model folder holds its tokenizer in at least one of these (fast, sentencepiece, BPE vocabulary)."""
 
@@ -50,8 +62,7 @@ def check_tokenizer_fits_model(path: str | Path) -> None:
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise UserError(f"model.path '{path}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
                         "tokenizer files that came with this model into the folder (tokenizer.save_pretrained)")
-    config = json.loads((path / "config.json").read_text())
-    rows = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    rows = model_vocab_size(path)
     try:
         tokens = len(hf_tokenizer(str(path), correct_pad_token=False))
     except (OSError, ValueError) as e:

@@ -421,9 +421,13 @@ class Heartbeat:
     def __init__(self, synchronizer, role_id: str, status=lambda: {}) -> None:
         import threading
 
+        from trinity_like.common.logs import RateLimitedLog
+
         self.synchronizer, self.role_id, self.status = synchronizer, role_id, status
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{role_id}", daemon=True)
+        self._failures = RateLimitedLog(logger)
+        """A Synchronizer that stays unreachable is named once a minute, not every heartbeat."""
 
     def start(self) -> Heartbeat:
         self._thread.start()
@@ -434,7 +438,8 @@ class Heartbeat:
             try:
                 ray.get(self.synchronizer.heartbeat.remote(self.role_id, **self.status()), timeout=10)
             except Exception as e:  # the synchronizer restarting must not kill the role
-                logger.warning("heartbeat of %s failed: %s", self.role_id, type(e).__name__)
+                self._failures.log(logging.WARNING, type(e).__name__, "heartbeat of %s failed: %s", self.role_id,
+                                   type(e).__name__)
 
     def stop(self) -> None:
         self._stop.set()

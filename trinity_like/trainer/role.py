@@ -20,6 +20,7 @@ from trinity_like.buffer import BufferConsumer
 from trinity_like.common.errors import UserError
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.modeling import set_offline_env
+from trinity_like.common.tokenizer import model_vocab_size
 from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream
@@ -83,19 +84,22 @@ class TrainerRole:
         self.engine.prepare()
         resume_step = self._load_checkpoint() if self.resume else None
         b = self.cfg.buffer
+        vocab_size = model_vocab_size(self.cfg.model.path)  # rows with ids past it are quarantined, not trained
         self.consumer = None if self.cfg.mode == "offline" else BufferConsumer(
             self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy, priority=b.priority or None,
             where=b.where or None, max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps,
-            resume_step=resume_step, mix=b.mix, mix_fill=b.mix_fill)
+            resume_step=resume_step, mix=b.mix, mix_fill=b.mix_fill, vocab_size=vocab_size)
         self.metrics = MetricsWriter.for_run(self.cfg, self.paths, role="trainer")
         self._last_end_check = 0.0
         self.ingester = None
         self.replay = None
         if self.cfg.mode == "offline":
+            from trinity_like.buffer.ledger import Ledger
             from trinity_like.buffer.replay import ReplayReader
 
             self.replay = ReplayReader(b.replay_sources, where=b.where or None, batch_size=self.cfg.train_batch_size,
-                                       seed=self.cfg.seed)
+                                       seed=self.cfg.seed, vocab_size=vocab_size,
+                                       quarantine=Ledger(self.paths.buffer_dir, CONSUMER_NAME, create=False))
             if not len(self.replay):
                 raise UserError(f"buffer.replay_sources hold no rows{' matching buffer.where' if b.where else ''}: "
                                 f"{', '.join(b.replay_sources)}")
@@ -166,6 +170,7 @@ class TrainerRole:
         step = self.engine.train_step_num
         if self.replay is not None:
             metrics["replay/epoch"] = float(self._replay_epoch)
+            metrics["buffer/quarantined"] = float(self.replay.quarantined)
         elif step % self.cfg.synchronizer.interval == 0 or step == self.cfg.trainer.total_steps:
             timeline["timeline/sync_start_unix_s"] = time.time()
             sync_start = time.perf_counter()
