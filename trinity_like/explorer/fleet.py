@@ -166,8 +166,9 @@ class EngineFleet:
                 logger.error("engine %d could not load version %d from %s: %s", index, info.version,
                              info.path or info.method or "memory", err)
             if errors:
+                cause = getattr(errors[0][1], "cause", None) or errors[0][1]  # Ray wraps the engine's own error
                 raise WeightsLoadFailed(f"{len(errors)} of {len(self.slots)} engines could not load version "
-                                        f"{info.version}: {errors[0][1]}")
+                                        f"{info.version}: {type(cause).__name__}: {cause}")
             # by broadcast an engine may have received a newer version than asked for
             self._weights = dataclasses.replace(info, version=min(s.version for s in self.slots))
             return sum(results)

@@ -53,6 +53,8 @@ class Backend(Protocol):
 
     tokenizer: Any
     version: int
+    load_error: str | None
+    """Why the newest published version could not be loaded, or None: ``/health`` says "degraded" with it."""
 
     async def generate(self, input_ids: list[int], sampling: SamplingConfig, seed: int):
         """One ``Sample`` (response_ids, logprobs, finish_reason, model_version, engine_id)."""
@@ -203,7 +205,9 @@ def build_app(state: ServeState) -> Guard:
     # -------------------------------------------------------------- info
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model_version": state.backend.version, "pending": len(state.store.records)}
+        problem = getattr(state.backend, "load_error", None)
+        return {"status": "degraded" if problem else "ok", "model_version": state.backend.version,
+                "pending": len(state.store.records), **({"reason": problem} if problem else {})}
 
     @app.get("/v1/models")
     async def models():

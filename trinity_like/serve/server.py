@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from trinity_like.common.errors import UserError
+from trinity_like.common.logs import RateLimitedLog
 from trinity_like.config import Config
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id
 
@@ -74,6 +75,10 @@ class FleetBackend:
         self.cfg, self.synchronizer, self.tokenizer = cfg, synchronizer, tokenizer
         self.fleet = EngineFleet(cfg)
         self._follow: asyncio.Task | None = None
+        self.load_error: str | None = None
+        """Why the newest published version could not be loaded (None while the newest one serves): ``/health``
+        reports it."""
+        self._log = RateLimitedLog(logger)
 
     @property
     def version(self) -> int:
@@ -87,8 +92,9 @@ class FleetBackend:
         self._follow = asyncio.get_running_loop().create_task(self._follow_versions())
 
     async def _follow_versions(self) -> None:
-        """Load each newer published version; a version that fails to load is logged and retried, the
-        previous one keeps serving."""
+        """Load each newer published version; a version that fails to load is retried every poll while the
+        previous one keeps serving, logged when it first fails (then at most once a minute) and reported by
+        ``/health`` until a load succeeds."""
         while True:
             try:
                 # polled rather than waited for: a finished trainer is normal here (another job may resume it)
@@ -96,10 +102,16 @@ class FleetBackend:
                 if info.version > self.fleet.version:
                     await self.fleet.update_weights(info)
                     logger.info("serving version %d", info.version)
+                if self.load_error is not None:
+                    logger.info("weight loading recovered: serving version %d", self.fleet.version)
+                    self.load_error = None
+                    self._log.forget("load")
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a damaged version file, a restarting synchronizer: keep serving
-                logger.error("could not load a new policy version: %s", e)
+                first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+                self.load_error = f"could not load the newest policy version (serving version {self.fleet.version}): {first}"
+                self._log.log(logging.ERROR, "load", "%s", self.load_error)
             await asyncio.sleep(POLL_S)
 
     async def generate(self, input_ids: list[int], sampling, seed: int):

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from trinity_like.common.logs import RateLimitedLog
+
 logger = logging.getLogger(__name__)
 
 
@@ -106,6 +108,10 @@ def broadcast_flat(group, flat: torch.Tensor, bucket_bytes: int, timeout_s: floa
         work.wait(_timeout(timeout_s))
 
 
+class BroadcasterStopped(RuntimeError):
+    """The broadcaster's thread gave up: the Synchronizer stayed unreachable past the deadline."""
+
+
 class WeightBroadcaster:
     """Trainer rank 0's side: hosts the store, keeps the newest snapshot, serves rounds from a thread."""
 
@@ -130,11 +136,17 @@ class WeightBroadcaster:
         self._failed_generation = -1
         self.rounds = self.failures = 0
         self.last_round: dict[str, float] = {}
+        self.error: BroadcasterStopped | None = None
+        """Set when the thread gave up (the Synchronizer unreachable for ``timeout_s``); ``offer`` raises it."""
+        self._log = RateLimitedLog(logger)
         self._thread = threading.Thread(target=self._serve, name="weight-broadcaster", daemon=True)
         self._thread.start()
 
     def offer(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
-        """Snapshot ``state_dict`` as version ``version`` (replacing an older snapshot); return its bytes."""
+        """Snapshot ``state_dict`` as version ``version`` (replacing an older snapshot); return its bytes.
+        Raises ``BroadcasterStopped`` once the serving thread has given up."""
+        if self.error is not None:
+            raise self.error
         meta = describe(state_dict)
         flat = pack(state_dict, meta, self.device)
         with self._cond:
@@ -143,8 +155,11 @@ class WeightBroadcaster:
         return flat.numel()
 
     def _serve(self) -> None:
+        """Serve rounds until closed. The Synchronizer may restart (its calls fail for a while): retried each
+        second, logged at most once a minute, and given up after ``timeout_s`` without reaching it."""
         import ray
 
+        unreachable_since: float | None = None
         while True:
             with self._cond:
                 while self._snapshot is None and not self._stop:
@@ -156,12 +171,26 @@ class WeightBroadcaster:
                 spec = ray.get(self.synchronizer.collective_next_round.remote(
                     version, [m.__dict__ for m in meta], self.addr, self.port, self.bucket_bytes, self.backend, 1.0,
                     self._failed_generation))
-            except Exception as e:  # the synchronizer restarting: try again
+            except Exception as e:  # the synchronizer restarting: try again, within the deadline
                 if self._stop:
                     return
-                logger.warning("weight broadcaster could not reach the synchronizer: %s", type(e).__name__)
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > self.timeout_s:
+                    first = str(e).splitlines()[0][:160] if str(e) else ""
+                    self.error = BroadcasterStopped(
+                        f"the weight broadcaster could not reach the Synchronizer for {self.timeout_s:.0f}s "
+                        f"(synchronizer.timeout_s; last error {type(e).__name__}: {first}); is the run's "
+                        "Synchronizer alive (`trinity-like status`)?")
+                    logger.error("%s", self.error)
+                    return
+                self._log.log(logging.WARNING, "unreachable", "weight broadcaster could not reach the synchronizer "
+                              "(retrying for up to %.0fs): %s", self.timeout_s, type(e).__name__)
                 time.sleep(1.0)
                 continue
+            if unreachable_since is not None:
+                unreachable_since = None
+                self._log.forget("unreachable")
             if spec is None:  # nobody waits for this version (yet), or someone wants a newer one
                 self._wait_for_newer(version, 0.2)
                 continue

@@ -32,7 +32,23 @@ CRC_CHUNK = 64 * 2**20
 
 
 class CorruptWeightsError(ValueError):
-    """A published version's files do not match its manifest (size or CRC-32), or cannot be parsed."""
+    """A published version's files do not match its manifest (size or CRC-32), or cannot be parsed: the
+    bytes are damaged, and reading them again will not help."""
+
+
+class IncompleteWeightsError(FileNotFoundError):
+    """A version folder without its manifest or one of its parts: never completed (its writer died), or
+    pruned meanwhile; a newer version will come."""
+
+
+class WeightsAccessError(OSError):
+    """A version's files are there but cannot be read (permissions, an I/O error of the disk or the network
+    file system): nothing says the bytes are bad."""
+
+
+def _access_error(path: Path, e: OSError) -> WeightsAccessError:
+    return WeightsAccessError(e.errno, f"{path}: cannot be read ({e.strerror or e}); check the permissions of the "
+                                       "run's checkpoints folder and the disk or network file system it is on")
 
 
 def version_dir(root: str | Path, version: int) -> Path:
@@ -102,7 +118,10 @@ def read_manifest(vdir: str | Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"version folder '{vdir}' has no {MANIFEST}: it was never completed") from None
+        raise IncompleteWeightsError(f"version folder '{vdir}' has no {MANIFEST}: it was never completed (its "
+                                     "writer died) or was pruned; a newer version will be published") from None
+    except OSError as e:
+        raise _access_error(path, e) from None
     except json.JSONDecodeError as e:
         raise CorruptWeightsError(f"{path}: unreadable manifest ({e})") from None
 
@@ -128,6 +147,8 @@ def read_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch
             raise FileNotFoundError(f"no weights at '{path}'")
         try:
             return load_file(str(path), device=device), path.stat().st_size
+        except OSError as e:
+            raise _access_error(path, e) from None
         except Exception as e:  # safetensors raises its own error type for a bad header
             raise CorruptWeightsError(f"{path}: {e}") from None
     manifest = read_manifest(path)
@@ -135,11 +156,18 @@ def read_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch
     total = 0
     for part in manifest["parts"]:
         file = path / part["file"]
-        size = file.stat().st_size
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            raise IncompleteWeightsError(f"{file}: listed in the manifest but missing; the version was pruned or "
+                                         "its folder damaged, and is refused") from None
         if size != part["bytes"]:
             raise CorruptWeightsError(f"{file}: {size} bytes, the manifest says {part['bytes']}; the file is "
                                       "damaged and this version is refused")
-        crcs = file_crc32s(file)
+        try:
+            crcs = file_crc32s(file)
+        except OSError as e:
+            raise _access_error(file, e) from None
         if crcs != part["crc32"]:
             bad = next(i for i, (a, b) in enumerate(zip(crcs, part["crc32"], strict=True)) if a != b)
             raise CorruptWeightsError(f"{file}: the CRC-32 of bytes {bad * CRC_CHUNK}.. is {crcs[bad]:#010x}, the "
@@ -147,7 +175,9 @@ def read_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch
                                       "version is refused")
         try:
             tensors = load_file(str(file), device=device)
-        except Exception as e:
+        except OSError as e:
+            raise _access_error(file, e) from None
+        except Exception as e:  # the bytes matched the manifest, yet do not parse
             raise CorruptWeightsError(f"{file}: {e}") from None
         out.update(tensors)
         total += size
