@@ -107,12 +107,15 @@ def redis_server(tmp_path):
 class RayCluster:
     """A real Ray cluster started with `ray start --head` on loopback, with every port chosen free (the
     defaults, e.g. 6379 and the dashboard agent's 52365, may be taken by another instance on the machine)
-    and its own temp dir; stopped by killing its process group, never by `ray stop` (which would kill every
+    and its own temp dir and auth token (Ray 2.60 turns token auth on, and `ray start` finds no token in a
+    fresh home: only a local `ray.init()` writes ~/.ray/auth_token); stopped by killing its process group, never by `ray stop` (which would kill every
     Ray instance of the machine, the test session's own included)."""
 
     def __init__(self) -> None:
+        import secrets
         import tempfile
 
+        self.token = secrets.token_hex(32)
         self.temp_dir = tempfile.mkdtemp(prefix="tlray-", dir="/tmp")  # short: Ray's socket paths are limited
         self.ports = _free_ports(9)
         self.address = f"127.0.0.1:{self.ports[0]}"
@@ -123,7 +126,7 @@ class RayCluster:
     def env(self) -> dict[str, str]:
         """Environment of a process that talks to this cluster (drivers, the job CLI)."""
         return {**os.environ, "RAY_ADDRESS": self.address, "RAY_API_SERVER_ADDRESS": self.dashboard,
-                "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1"}
+                "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1"}
 
     def start(self) -> None:
         import subprocess
