@@ -146,11 +146,24 @@ class RayCluster:
              "--disable-usage-stats"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 120
-        while subprocess.run([ray_bin, "job", "list"], env=self.env, capture_output=True).returncode != 0:
+        while not self._jobs_api_up():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError("ray start --head did not come up")
-            time.sleep(2)
+            time.sleep(0.2)
+
+    def _jobs_api_up(self) -> bool:
+        """The job API answers (what `ray job list` asks, without starting a Python process each time)."""
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.dashboard}/api/jobs/",
+                                         headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
 
     def stop(self) -> None:
         import shutil
