@@ -107,12 +107,15 @@ def redis_server(tmp_path):
 class RayCluster:
     """A real Ray cluster started with `ray start --head` on loopback, with every port chosen free (the
     defaults, e.g. 6379 and the dashboard agent's 52365, may be taken by another instance on the machine)
-    and its own temp dir; stopped by killing its process group, never by `ray stop` (which would kill every
+    and its own temp dir and auth token (Ray 2.60 turns token auth on, and `ray start` finds no token in a
+    fresh home: only a local `ray.init()` writes ~/.ray/auth_token); stopped by killing its process group, never by `ray stop` (which would kill every
     Ray instance of the machine, the test session's own included)."""
 
     def __init__(self) -> None:
+        import secrets
         import tempfile
 
+        self.token = secrets.token_hex(32)
         self.temp_dir = tempfile.mkdtemp(prefix="tlray-", dir="/tmp")  # short: Ray's socket paths are limited
         self.ports = _free_ports(9)
         self.address = f"127.0.0.1:{self.ports[0]}"
@@ -123,7 +126,7 @@ class RayCluster:
     def env(self) -> dict[str, str]:
         """Environment of a process that talks to this cluster (drivers, the job CLI)."""
         return {**os.environ, "RAY_ADDRESS": self.address, "RAY_API_SERVER_ADDRESS": self.dashboard,
-                "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1"}
+                "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1"}
 
     def start(self) -> None:
         import subprocess
@@ -143,11 +146,24 @@ class RayCluster:
              "--disable-usage-stats"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 120
-        while subprocess.run([ray_bin, "job", "list"], env=self.env, capture_output=True).returncode != 0:
+        while not self._jobs_api_up():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError("ray start --head did not come up")
-            time.sleep(2)
+            time.sleep(0.2)
+
+    def _jobs_api_up(self) -> bool:
+        """The job API answers (what `ray job list` asks, without starting a Python process each time)."""
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.dashboard}/api/jobs/",
+                                         headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
 
     def stop(self) -> None:
         import shutil

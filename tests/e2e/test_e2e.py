@@ -24,6 +24,30 @@ def _cfg(tmp_path, model_path, name, *overrides):
     ])
 
 
+LENGTH_REWARD = "def compute_score(responses, ground_truths, **kw):\n    return [float(len(r) % 3) for r in responses]\n"
+"""A reward that varies with the response, so every group has an advantage signal and the weights move."""
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory, tiny_model_path, ray_session):
+    """One sync run (checkpoint method, max_staleness 0, the length reward) that several tests read: each run
+    costs ~15 s of actor start-up, and what they assert differs, not the run."""
+    tmp_path = tmp_path_factory.mktemp("sync-run")
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    cfg = _cfg(tmp_path, tiny_model_path, "sync", "mode=sync", "synchronizer.max_staleness=0",
+               f"reward.function_path={reward_file}")
+    return cfg, run(cfg)
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory, tiny_model_path, ray_session):
+    """One async run with the default bound (max_staleness 1): checked itself, and replayed by an offline run."""
+    cfg = _cfg(tmp_path_factory.mktemp("async-run"), tiny_model_path, "async", "mode=async",
+               "synchronizer.max_staleness=1")
+    return cfg, run(cfg)
+
+
 def _final_weights(cfg):
     return load_file(str(RunPaths.of(cfg).checkpoint_dir / "step_3" / "model" / "model.safetensors"))
 
@@ -54,9 +78,9 @@ def _check_run(cfg, summary):
     return records
 
 
-def test_sync_three_steps(tmp_path, tiny_model_path, ray_session):
-    cfg = _cfg(tmp_path, tiny_model_path, "sync", "mode=sync")
-    summary = run(cfg)
+@pytest.mark.xdist_group("e2e_sync_run")  # one run per group, not one per xdist worker
+def test_sync_three_steps(sync_run):
+    cfg, summary = sync_run
     records = _check_run(cfg, summary)
     assert summary["staleness_max"] == 0
     explorer = [r for r in records if r["role"] == "explorer"]
@@ -64,26 +88,24 @@ def test_sync_three_steps(tmp_path, tiny_model_path, ray_session):
     assert [r["rollout/model_version"] for r in explorer] == [0, 1, 2]
 
 
-def test_async_three_steps_respects_staleness(tmp_path, tiny_model_path, ray_session):
-    cfg = _cfg(tmp_path, tiny_model_path, "async", "mode=async", "synchronizer.max_staleness=1")
-    summary = run(cfg)
+@pytest.mark.xdist_group("e2e_async_run")  # one run per group, not one per xdist worker
+def test_async_three_steps_respects_staleness(async_run):
+    cfg, summary = async_run
     _check_run(cfg, summary)
     assert summary["staleness_max"] <= 1
     versions = query(RunPaths.of(cfg).buffer_dir).column("model_version").to_pylist()
     assert min(versions) == 0 and max(versions) <= 2
 
 
-def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, ray_session):
+@pytest.mark.xdist_group("e2e_sync_run")  # one run per group, not one per xdist worker
+def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, sync_run):
     from trinity_like.common.modeling import export_state_dict, load_causal_lm
 
-    # a reward that varies with the response, so every group has an advantage signal and the weights move
+    sync_cfg, _ = sync_run  # with the length reward
     reward_file = tmp_path / "length_reward.py"
-    reward_file.write_text("def compute_score(responses, ground_truths, **kw):\n"
-                           "    return [float(len(r) % 3) for r in responses]\n")
+    reward_file.write_text(LENGTH_REWARD)
     varied = f"reward.function_path={reward_file}"
-    sync_cfg = _cfg(tmp_path, tiny_model_path, "eq-sync", "mode=sync", varied)
     async_cfg = _cfg(tmp_path, tiny_model_path, "eq-async", "mode=async", "synchronizer.max_staleness=0", varied)
-    run(sync_cfg)
     run(async_cfg)
     a, b = _final_weights(sync_cfg), _final_weights(async_cfg)
     assert a.keys() == b.keys()
@@ -113,10 +135,9 @@ def test_sync_methods_without_files(tmp_path, tiny_model_path, ray_session, meth
     assert any(r.get("sync/bytes", 0) > 0 for r in explorer)  # the engines received weights
 
 
-def test_checkpoint_method_prunes_old_versions(tmp_path, tiny_model_path, ray_session):
-    cfg = _cfg(tmp_path, tiny_model_path, "prune", "mode=sync", "synchronizer.max_staleness=0",
-               "trainer.total_steps=3")
-    run(cfg)
+@pytest.mark.xdist_group("e2e_sync_run")  # one run per group, not one per xdist worker
+def test_checkpoint_method_prunes_old_versions(sync_run):
+    cfg, _ = sync_run  # checkpoint method, max_staleness 0: two versions kept
     root = RunPaths.of(cfg).checkpoint_dir / "state_dict"
     assert sorted(f.name for f in root.iterdir()) == ["latest", "version-00000002", "version-00000003"]
     assert (root / "latest").read_text() == "3\n"
@@ -124,10 +145,11 @@ def test_checkpoint_method_prunes_old_versions(tmp_path, tiny_model_path, ray_se
         "manifest.json", "part-00000-of-00001.safetensors"]
 
 
-def test_existing_run_directory_is_refused(tmp_path, tiny_model_path, ray_session):
+@pytest.mark.xdist_group("e2e_sync_run")  # one run per group, not one per xdist worker
+def test_existing_run_directory_is_refused(sync_run):
     from trinity_like.common.errors import RunError
-    cfg = _cfg(tmp_path, tiny_model_path, "twice", "mode=sync", "trainer.total_steps=1")
-    run(cfg)
+
+    cfg, _ = sync_run
     before = RunPaths.of(cfg).summary.read_text()
     with pytest.raises(RunError, match="already holds a run"):
         run(cfg)
@@ -174,9 +196,9 @@ def test_async_with_two_data_parallel_trainer_workers(tmp_path, tiny_model_path,
     _check_run(cfg, summary)
 
 
-def test_offline_replays_an_earlier_run_without_touching_it(tmp_path, tiny_model_path, ray_session):
-    source = _cfg(tmp_path, tiny_model_path, "source", "mode=async")
-    run(source)
+@pytest.mark.xdist_group("e2e_async_run")  # one run per group, not one per xdist worker
+def test_offline_replays_an_earlier_run_without_touching_it(tmp_path, tiny_model_path, async_run):
+    source, _ = async_run
     src = RunPaths.of(source)
     stored = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in src.run_dir.rglob("*") if p.is_file())
 

@@ -174,8 +174,7 @@ def test_two_ray_jobs_meet_in_either_order(tmp_path, tiny_model_path, ray_cluste
     a = _submit(ray_cluster, cfg_path, first)
     what = "new weights" if first == "explorer" else "experiences"
     _wait_until(lambda: f"{first}: waiting for {what}" in a.output, 240, f"the {first} to say it waits", [a])
-    time.sleep(3)  # it keeps waiting, and says so once
-    b = _submit(ray_cluster, cfg_path, second)
+    b = _submit(ray_cluster, cfg_path, second)  # its start-up takes seconds, while the first one keeps waiting
     assert b.wait(300) == 0, b.output
     assert a.wait(300) == 0, a.output
     assert a.output.count(f"{first}: waiting for {what}") == 1
@@ -195,12 +194,11 @@ def test_several_explorer_jobs_join_one_trainer_and_status_shows_them(tmp_path, 
                           synchronizer__max_staleness=2)
     explorers = [_driver(ray_cluster, cfg_path, "explorer") for _ in range(2)]
 
-    def explorers_wait() -> bool:  # steps 0-2 need version 0; then both wait for a trainer
-        roles = _status(ray_cluster, cfg_path)["roles"]
-        return sorted((r["kind"], r["state"]) for r in roles) == [("explorer", "require_sync")] * 2
-
-    _wait_until(explorers_wait, 240, "both explorers to wait for a trainer", explorers)
+    # steps 0-2 need version 0; then both wait for a trainer, and say so (no `status` process per poll)
+    _wait_until(lambda: all("explorer: waiting for new weights" in e.output for e in explorers), 240,
+                "both explorers to wait for a trainer", explorers)
     st = _status(ray_cluster, cfg_path)
+    assert sorted((r["kind"], r["state"]) for r in st["roles"]) == [("explorer", "require_sync")] * 2
     assert st["namespace"] == "jobs/fleet" and st["synchronizer"] and st["latest_version"] == 0
     assert st["explore_steps"]["next"] == 5 and len(st["explore_steps"]["claimed"]) == 2  # 0-2 written, 3-4 held
     assert st["buffer"] == {"rows": 3 * BATCH, "unconsumed": 3 * BATCH, "unconsumed_versions": [0, 0],
@@ -281,13 +279,11 @@ def test_killed_trainer_job_resumes_and_nothing_is_lost_or_trained_twice(tmp_pat
     assert len(kept) == ckpt * BATCH
     assert {step for _, step in after_ckpt} >= set(range(ckpt + 1, trained + 1))
 
-    # meanwhile the explorer goes on, up to the staleness bound, then waits for the trainer
-    def explorer_blocked() -> bool:
-        roles = _status(ray_cluster, cfg_path)["roles"]
-        return any(r["kind"] == "explorer" and r["state"] == "require_sync" for r in roles)
-
-    _wait_until(explorer_blocked, 120, "the explorer to wait for weights", [explorer])
-    assert "explorer: waiting for new weights" in explorer.output
+    # meanwhile the explorer goes on, up to the staleness bound, then waits for the trainer and says so
+    _wait_until(lambda: "explorer: waiting for new weights" in explorer.output, 120,
+                "the explorer to wait for weights", [explorer])
+    roles = _status(ray_cluster, cfg_path)["roles"]
+    assert any(r["kind"] == "explorer" and r["state"] == "require_sync" for r in roles)
 
     again = _driver(ray_cluster, cfg_path, "trainer", "--resume")
     assert again.wait(300) == 0, again.output
