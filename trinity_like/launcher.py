@@ -92,7 +92,9 @@ def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
 
 
 class _WaitNotes:
-    """Says once, each time it starts, that a role of this job waits for the other kind while none runs."""
+    """Says once, each time it starts, that a role of this job waits for the other kind while none runs. A
+    wait seen on two polls in a row counts: at a run's end the trainer reads the last rows a moment after the
+    explorers have ended, which is no wait worth a note."""
 
     OTHER = {"explorer": "trainer", "trainer": "explorer"}
     WAITING = {"explorer": "require_sync", "trainer": "waiting_data"}
@@ -101,6 +103,8 @@ class _WaitNotes:
     def __init__(self, cfg: Config, roles: _Roles) -> None:
         self.cfg, self.roles = cfg, roles
         self.noted: set[str] = set()
+        self.seen: set[str] = set()
+        """Roles seen waiting at the previous poll."""
         self.last = 0.0
 
     def poll(self) -> None:
@@ -117,7 +121,9 @@ class _WaitNotes:
             other = self.OTHER[kind]
             waiting = status["roles"].get(rid, {}).get("state") == self.WAITING[kind]
             alive = {r["kind"] for r in status["roles"].values() if r["state"] not in ("stopped", "dead")}
-            if waiting and other not in alive and kind not in self.noted:
+            if waiting and other not in alive and kind not in self.seen:
+                self.seen.add(kind)
+            elif waiting and other not in alive and kind not in self.noted:
                 self.noted.add(kind)
                 ns, limit = namespace_of(self.cfg), f"giving up after {self.cfg.synchronizer.timeout_s:.0f}s"
                 if kind == "trainer" and "server" in alive:  # agent rows come when the agent commits them
@@ -130,6 +136,7 @@ class _WaitNotes:
                       f"start one (--role {other}); {limit}", flush=True)
             elif not waiting:
                 self.noted.discard(kind)
+                self.seen.discard(kind)
 
 
 class _StopSignals:

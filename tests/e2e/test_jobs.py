@@ -201,7 +201,7 @@ def test_several_explorer_jobs_join_one_trainer_and_status_shows_them(tmp_path, 
     assert sorted((r["kind"], r["state"]) for r in st["roles"]) == [("explorer", "require_sync")] * 2
     assert st["namespace"] == "jobs/fleet" and st["synchronizer"] and st["latest_version"] == 0
     assert st["explore_steps"]["next"] == 5 and len(st["explore_steps"]["claimed"]) == 2  # 0-2 written, 3-4 held
-    assert st["buffer"] == {"rows": 3 * BATCH, "unconsumed": 3 * BATCH, "unconsumed_versions": [0, 0],
+    assert st["buffer"] == {"rows": 3 * BATCH, "unconsumed": 3 * BATCH, "quarantined": 0, "unconsumed_versions": [0, 0],
                             "unconsumed_staleness": [0, 0],
                             "by_source": {"explorer": {"rows": 3 * BATCH, "unconsumed": 3 * BATCH}}}
     text = subprocess.run([str(BIN / "trinity-like"), "status", str(cfg_path), "--address", ray_cluster.address],

@@ -379,6 +379,9 @@ def test_short_steps_and_dropped_rows_are_explored_again(ray_session):
         ray.get(sync.finish_explore_step.remote(1, 1))  # 3 of its 4 rows were filtered out
         assert not ray.get(sync.explore_finished.remote(two))
         assert ray.get(sync.claim_explore_step.remote("e1", two)) == 2
+        # admission counts rows written before a step, and planned rows for earlier steps still running
+        assert ray.get(sync.rows_before.remote(2, 4)) == 5
+        assert ray.get(sync.rows_before.remote(3, 4)) == 9  # step 2 is running: 4 planned
         ray.get(sync.finish_explore_step.remote(2, 0))  # an empty step
         assert ray.get(sync.claim_explore_step.remote("e1", two)) == 3
         ray.get(sync.finish_explore_step.remote(3, 4))

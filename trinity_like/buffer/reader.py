@@ -351,6 +351,10 @@ class BufferConsumer:
             if got is not None:
                 return got
             if should_stop is not None and should_stop():
+                # the last producer may have written the missing rows between the read above and its end
+                got = self.try_read(n, min_version, where, step)
+                if got is not None:
+                    return got
                 raise InterruptedError("buffer read stopped: no producer left")
             if time.monotonic() > deadline:
                 quotas = "" if self.mix is None else (

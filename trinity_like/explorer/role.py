@@ -125,7 +125,12 @@ class ExplorerRole:
         is logged and retried; the previous version keeps serving while the bound allows."""
         sc = self.cfg.synchronizer
         start = time.perf_counter()
-        need = self.schedule.version_needed(await self.synchronizer.rows_written.remote())
+
+        async def version_needed() -> int:  # earlier steps still running count their planned rows until written
+            rows = await self.synchronizer.rows_before.remote(step, self.schedule.rows_per_step)
+            return self.schedule.version_needed(rows)
+
+        need = await version_needed()
         if self.fleet.version < need:
             self._sync_state = "require_sync"
         info = None
@@ -138,6 +143,8 @@ class ExplorerRole:
                 raise TimeoutError(f"no policy version >= {need} was published within {sc.timeout_s:.0f}s: is the "
                                    "trainer running?")
             info = await self.synchronizer.wait_for_version.remote(need, 1.0, False)
+            if info is None:
+                need = await version_needed()
         metrics = {"sync/wait_s": time.perf_counter() - start}
         due = (self.cfg.mode == "sync" or sc.style == "trainer_driven" or self.steps_done == 0  # a (re)started explorer
                or self.schedule.sync_due(step))

@@ -5,7 +5,8 @@ whose rewards are all equal, and a task that fails writes nothing. So every deci
 the explorer has got is taken on the rows it has actually *written*, never on the steps it has run:
 
 - the trainer step an explorer step feeds: ``c = rows_before // train_batch_size`` (rows written by earlier
-  steps);
+  steps; an earlier step still running counts the rows it plans until it is written, so that several explorers
+  running at once never admit a step too early);
 - admission (AReaL's rule): the step may start once the published version is at least
   ``c - max_staleness`` (async), or the version of the trainer step that precedes it on the sync interval
   (sync: ``c - c % interval``), so no row it writes is staler than the bound when trained;

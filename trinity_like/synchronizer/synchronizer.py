@@ -153,7 +153,7 @@ class Synchronizer:
 
     async def heartbeat(self, role_id: str, version: int | None = None, state: str | None = None) -> None:
         record = self.roles.get(role_id)
-        if record is None:
+        if record is None or record.state == "stopped":  # a heartbeat in flight when the role ended says nothing
             return
         record.last_seen = time.monotonic()
         if record.state == "dead":
@@ -331,9 +331,12 @@ class Synchronizer:
         """The trainer will never train ``rows`` rows written so far (a running total): explore that many more."""
         self._steps.rows_dropped = max(self._steps.rows_dropped, rows)
 
-    async def rows_written(self) -> int:
-        """Rows written by every finished explorer step (admission counts on these, not on steps)."""
-        return self._steps.rows_written
+    async def rows_before(self, step: int, rows_per_step: int) -> int:
+        """Rows that explorer steps below ``step`` write: what each finished one wrote, and ``rows_per_step``
+        (what it plans) for each one still running or to be redone. Admission counts on this: an upper bound
+        while earlier steps run (never too lenient), exact once they are written."""
+        s = self._steps
+        return sum(s.rows.get(k, rows_per_step) for k in range(step))
 
     async def explore_finished(self, schedule: Schedule) -> bool:
         """No explorer step is running or waiting to be redone, and the rows written cover the run: no more

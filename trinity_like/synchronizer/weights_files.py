@@ -22,10 +22,12 @@ import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from trinity_like.common.fs import atomic_write_json, atomic_write_with
+
+if TYPE_CHECKING:  # torch only for annotations: the Synchronizer and CheckpointMonitor actors start without it
+    import torch
 
 MANIFEST = "manifest.json"
 CRC_CHUNK = 64 * 2**20
