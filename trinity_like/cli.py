@@ -92,7 +92,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
-    from trinity_like.common.modeling import set_offline_env
+    from trinity_like.common.offline import set_offline_env
     from trinity_like.common.tiny_model import make_tiny_model
 
     set_offline_env()

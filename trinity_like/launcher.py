@@ -37,7 +37,7 @@ from typing import Any
 
 from trinity_like.common.errors import RunError
 from trinity_like.common.fs import atomic_write_json
-from trinity_like.common.modeling import set_offline_env
+from trinity_like.common.offline import set_offline_env
 from trinity_like.config import Config
 from trinity_like.progress import RunProgress
 from trinity_like.runtime.paths import RunPaths, namespace_of

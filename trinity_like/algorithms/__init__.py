@@ -3,63 +3,84 @@ off-policy corrections and rewards.
 
 No Ray, no engines, no config objects of ours: every function takes tensors (and plain values, or any object
 with the documented attributes) and returns tensors. Registries map names to functions of one signature.
+
+Names load lazily (PEP 562): importing ``trinity_like.algorithms.rewards`` (as the explorer does, to score)
+does not pull in torch through this package's other modules.
 """
 
-from trinity_like.algorithms.advantages import (
-    ADV_ESTIMATORS,
-    compute_gae_advantage_return,
-    compute_grpo_outcome_advantage,
-    compute_opmd_outcome_advantage,
-    compute_reinforce_plus_plus_baseline_outcome_advantage,
-    compute_reinforce_plus_plus_outcome_advantage,
-    compute_remax_outcome_advantage,
-    compute_rloo_outcome_advantage,
-)
-from trinity_like.algorithms.functional import masked_mean, masked_sum, masked_var, masked_whiten
-from trinity_like.algorithms.losses import (
-    KL_PENALTIES,
-    LOSS_AGG_MODES,
-    POLICY_LOSSES,
-    AdaptiveKLController,
-    FixedKLController,
-    LossNeeds,
-    PolicyLossConfig,
-    agg_loss,
-    compute_policy_loss,
-    compute_value_loss,
-    kl_penalty,
-    loss_needs,
-)
-from trinity_like.algorithms.off_policy import (
-    OFF_POLICY_CORRECTIONS,
-    OffPolicyConfig,
-    get_off_policy_correction_fn,
-)
-from trinity_like.algorithms.rewards import (
-    DAPORewardManager,
-    NaiveRewardManager,
-    arithmetic_reward,
-    compute_score,
-    countdown_score,
-    format_score,
-    load_reward_function,
-    load_reward_manager,
-    math_score,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    'ADV_ESTIMATORS': 'advantages',
+    'AdaptiveKLController': 'losses',
+    'DAPORewardManager': 'rewards',
+    'FixedKLController': 'losses',
+    'KL_PENALTIES': 'losses',
+    'LOSS_AGG_MODES': 'losses',
+    'LossNeeds': 'losses',
+    'NaiveRewardManager': 'rewards',
+    'OFF_POLICY_CORRECTIONS': 'off_policy',
+    'OffPolicyConfig': 'off_policy',
+    'POLICY_LOSSES': 'losses',
+    'PolicyLossConfig': 'losses',
+    'agg_loss': 'losses',
+    'arithmetic_reward': 'rewards',
+    'compute_gae_advantage_return': 'advantages',
+    'compute_grpo_outcome_advantage': 'advantages',
+    'compute_opmd_outcome_advantage': 'advantages',
+    'compute_policy_loss': 'losses',
+    'compute_reinforce_plus_plus_baseline_outcome_advantage': 'advantages',
+    'compute_reinforce_plus_plus_outcome_advantage': 'advantages',
+    'compute_remax_outcome_advantage': 'advantages',
+    'compute_rloo_outcome_advantage': 'advantages',
+    'compute_score': 'rewards',
+    'compute_value_loss': 'losses',
+    'countdown_score': 'rewards',
+    'format_score': 'rewards',
+    'get_off_policy_correction_fn': 'off_policy',
+    'kl_penalty': 'losses',
+    'load_reward_function': 'rewards',
+    'load_reward_manager': 'rewards',
+    'loss_needs': 'losses',
+    'masked_mean': 'functional',
+    'masked_sum': 'functional',
+    'masked_var': 'functional',
+    'masked_whiten': 'functional',
+    'math_score': 'rewards',
+}
+"""Public name -> the module of this package that defines it."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trinity_like.algorithms' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"trinity_like.algorithms.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 def get_adv_estimator_fn(name: str):
     """The advantage estimator registered as ``name`` (KeyError listing the valid names otherwise)."""
+    from trinity_like.algorithms.advantages import ADV_ESTIMATORS
+
     return ADV_ESTIMATORS.get(name)
 
 
 def get_policy_loss_fn(name: str):
     """The policy loss registered as ``name`` (KeyError listing the valid names otherwise)."""
+    from trinity_like.algorithms.losses import POLICY_LOSSES
+
     return POLICY_LOSSES.get(name)
 
 
 def get_kl_controller(kl_ctrl_type: str, kl_coef: float, target_kl: float | None = None, horizon: int | None = None):
     """``fixed`` or ``adaptive`` KL controller."""
+    from trinity_like.algorithms.losses import AdaptiveKLController, FixedKLController
+
     if kl_ctrl_type == "fixed":
         return FixedKLController(kl_coef)
     if kl_ctrl_type == "adaptive":

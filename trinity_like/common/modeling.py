@@ -77,12 +77,3 @@ def import_state_dict(model, state_dict: dict[str, torch.Tensor]) -> None:
     truly_missing = [k for k in missing if full[k].data_ptr() not in given]
     if truly_missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {truly_missing[:3]}, unexpected {unexpected[:3]}")
-
-
-def set_offline_env() -> None:
-    """Nothing may download at run time: make Hugging Face libraries fail fast instead of trying."""
-    import os
-
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
-        os.environ.setdefault(key, value)

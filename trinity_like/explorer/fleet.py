@@ -47,7 +47,7 @@ class EngineActor:
     def __init__(self, cfg: Config, index: int) -> None:
         import uuid
 
-        from trinity_like.common.modeling import set_offline_env
+        from trinity_like.common.offline import set_offline_env
         from trinity_like.runtime.paths import namespace_of
         set_offline_env()
         self.engine = make_engine(cfg, f"{cfg.explorer.engine}-{index}")

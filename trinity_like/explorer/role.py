@@ -33,7 +33,7 @@ from trinity_like.buffer import BufferWriter
 from trinity_like.common.experience import Experience
 from trinity_like.common.fs import append_line
 from trinity_like.common.metrics import MetricsWriter
-from trinity_like.common.modeling import set_offline_env
+from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config
 from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets

@@ -212,7 +212,7 @@ async def serve_async(cfg: Config, sock: socket.socket, api_key: str, ready: Any
 def serve(cfg: Config, host: str | None = None, port: int | None = None, api_key: str | None = None,
           address: str | None = None) -> int:
     """``trinity-like serve``: check exposure, bind the port, join the run, serve until SIGINT/SIGTERM."""
-    from trinity_like.common.modeling import set_offline_env
+    from trinity_like.common.offline import set_offline_env
     from trinity_like.runtime.ray_cluster import check_ray_address, init_ray
     from trinity_like.runtime.run_dir import prepare_run_dir
     host = host or cfg.serve.host

@@ -19,7 +19,7 @@ import time
 from trinity_like.buffer import BufferConsumer
 from trinity_like.common.errors import UserError
 from trinity_like.common.metrics import MetricsWriter
-from trinity_like.common.modeling import set_offline_env
+from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tokenizer import model_vocab_size
 from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint

@@ -103,7 +103,7 @@ class TrainWorker:
     """One data-parallel replica of the trainer."""
 
     def __init__(self, cfg: Config, synchronizer, rank: int, world_size: int) -> None:
-        from trinity_like.common.modeling import set_offline_env
+        from trinity_like.common.offline import set_offline_env
 
         set_offline_env()
         self.cfg, self.synchronizer, self.rank, self.world_size = cfg, synchronizer, rank, world_size

@@ -158,7 +158,7 @@ class VLLMEngine(ChatByGenerate):
         ``gpu_memory_utilization`` is the share of GPU memory this engine may take (ignored on CPU).
         ``enforce_eager`` defaults to True on CPU (no graph compilation; the tiny model is too small to gain
         from it) and to vLLM's default (CUDA graphs) elsewhere."""
-        from trinity_like.common.modeling import set_offline_env
+        from trinity_like.common.offline import set_offline_env
 
         set_offline_env()
         self.engine_id = engine_id
