@@ -26,9 +26,11 @@ demo: install
 	rm -rf runs/quickstart/arithmetic-async runs/quickstart/arithmetic-async-warmup
 	$(BIN)/trinity-like run configs/quickstart.yaml
 
-# Two xdist workers (the machine has 2 cores); tests of the shared `ray start` cluster stay on one worker.
+# xdist workers (TEST_WORKERS); tests of the shared `ray start` cluster, and each shared end-to-end run, stay on
+# one worker.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q -ra -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
 # The inner loop: no Ray, no end-to-end runs.
 test-fast: install
