@@ -34,12 +34,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
 
 
-def _ray_get(ref):
-    import ray
-
-    return ray.get(ref)
-
-
 class Checkpointer:
     """Writes and restores the full state of a PPO-family engine (its module, optimizers, scheduler, critic,
     KL controller and step)."""
@@ -83,9 +77,11 @@ class Checkpointer:
                 {"step": step, "kl_coef": e.kl_ctrl.value, "strategy": self._strategy()}) + "\n")
 
         atomic_publish_dir(path, fill)
-        if e.monitor is not None:
-            _ray_get(e.monitor.register_thread_count.remote(step, checkpoint_thread_count=1))
-            _ray_get(e.monitor.notify_finished.remote(step))
+        if e.monitor is not None:  # the run's CheckpointMonitor moves the pointer
+            import ray
+
+            ray.get(e.monitor.register_thread_count.remote(step, checkpoint_thread_count=1))
+            ray.get(e.monitor.notify_finished.remote(step))
         else:
             write_pointer(e.paths.checkpoint_dir / "latest", step)
         self._prune()

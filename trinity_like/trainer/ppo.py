@@ -46,12 +46,6 @@ from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
 from trinity_like.trainer.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
 
 
-def ray_get(ref):
-    import ray
-
-    return ray.get(ref)
-
-
 def preference_pairs(exps: list[Experience]) -> list[Experience]:
     """Experiences as DPO's interleaved (chosen, rejected) rows: each group must hold exactly two, and the one
     with the higher reward is the chosen one."""
