@@ -46,6 +46,22 @@ def test_reads_in_write_order_with_min_version_and_stale_count(tmp_path):
     assert [e.group_id for e in c.try_read(2)] == ["old", "old"]
 
 
+def test_under_a_staleness_bound_the_oldest_policy_goes_first_whatever_the_write_order(tmp_path):
+    # two explorers: the one holding the newer step's rows (version 2) publishes first
+    BufferWriter(tmp_path, writer_id="e2").write(_group("v2", 2, version=2))
+    BufferWriter(tmp_path, writer_id="human").write(_group("demo", 2, version=-1))  # never stale
+    BufferWriter(tmp_path, writer_id="e1").write(_group("v1", 2, version=1))
+    c = BufferConsumer(tmp_path)
+    # trainer step at min_version 1: the version-1 rows go first, so nothing goes stale at the next step; the
+    # demonstrations keep their place after the segment written before them
+    assert [e.group_id for e in c.try_read(2, min_version=1)] == ["v1", "v1"]
+    assert [e.group_id for e in c.try_read(2, min_version=2)] == ["v2", "v2"]
+    assert [e.group_id for e in c.try_read(2, min_version=2)] == ["demo", "demo"]
+    assert c.stats()["buffer/skipped_stale"] == 0
+    # without a bound, write order stands
+    assert [e.group_id for e in BufferConsumer(tmp_path, name="other").try_read(2)] == ["v2", "v2"]
+
+
 def test_groups_are_never_split(tmp_path):
     w = BufferWriter(tmp_path)
     w.write(_group("a", 3) + _group("b", 3))

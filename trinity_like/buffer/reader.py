@@ -79,6 +79,8 @@ class _Segment:
         # The segment-level staleness skip compares this with min_version, so a segment holding any row that is
         # not this run's policy (-1, never stale) must never look stale as a whole.
         self.max_version = int(NEVER_STALE if (self.version < 0).any() else self.version.max()) if n else -1
+        mine = self.version[self.version >= 0]
+        self.min_version = int(mine.min()) if mine.size else -1
 
 
 def _group_index(group_ids: list[str]) -> np.ndarray:
@@ -134,6 +136,8 @@ class BufferConsumer:
         self._max_version = np.zeros(0, np.int64)
         """Per opened segment: its largest model_version, NEVER_STALE if it holds a -1 row (segments wholly below
         min_version are skipped)."""
+        self._min_version = np.zeros(0, np.int64)
+        """Per opened segment: its smallest model_version >= 0; -1 if every row is not this run's policy."""
         self._exhausted = np.zeros(0, np.bool_)
         """Per opened segment: every row used ``max_uses`` times; reads skip it."""
         self._stale_counted = np.zeros(0, np.bool_)
@@ -185,6 +189,7 @@ class BufferConsumer:
             self._quarantine(seg, table)
             self._segments.append(seg)
             self._max_version = np.append(self._max_version, seg.max_version)
+            self._min_version = np.append(self._min_version, seg.min_version)
             self._exhausted = np.append(self._exhausted, bool((seg.uses >= self.max_uses).all()))
             self._stale_counted = np.append(self._stale_counted, False)
 
@@ -233,6 +238,13 @@ class BufferConsumer:
         live = self._live(min_version, step)
         if self.policy == "newest":
             live = live[::-1]
+        elif min_version is not None:
+            # Under a staleness bound, first in = oldest policy first, then write order: explorers' segments
+            # land in any order, and a newer step read first would let an older one go stale unused.
+            # Segments of no policy of this run (-1: never stale) keep their place after the one written before.
+            keys = self._min_version[live]
+            carried = np.maximum.accumulate(np.where(keys >= 0, np.arange(keys.size), 0))
+            live = live[np.argsort(keys[carried], kind="stable")]
         passes = (lambda s: s.uses == 0, lambda s: s.uses > 0) if self.policy == "replay" else (None,)
         for want in passes:
             for i in live.tolist():
