@@ -207,10 +207,11 @@ def ray_cluster():
     cluster.stop()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark what needs Ray (``make test-fast`` leaves it out), keep every test of the shared `ray start`
     cluster on one xdist worker (one cluster per session, not one per worker), and skip ``gpu`` tests on a
-    machine without CUDA."""
+    machine without CUDA. Runs first: xdist's own hook reads the ``xdist_group`` marks to group the tests."""
     import torch
 
     cuda = torch.cuda.is_available()

@@ -209,3 +209,22 @@ def test_fresh_process_from_ray_address_env(config):
     assert len(lines) == 1 and lines[0].startswith("error: cannot reach the Ray cluster"), proc.stderr
     assert "(from RAY_ADDRESS)" in lines[0]
     assert time.monotonic() - start < 60
+
+
+def test_token_count_without_transformers_is_the_hugging_face_tokenizers_length(tmp_path, tiny_model_path):
+    from trinity_like.common.tokenizer import _token_count, hf_tokenizer
+
+    folder = tmp_path / "added"
+    shutil.copytree(tiny_model_path, folder)
+    tok = hf_tokenizer(str(folder))
+    tok.add_tokens(["<tool_call>", "<tool_response>"])  # added tokens count too
+    tok.save_pretrained(folder)
+    assert _token_count(folder) == len(hf_tokenizer(str(folder))) == len(tok)
+
+
+def test_malformed_tokenizer_file(capsys, config, tmp_path, tiny_model_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_path, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    _error(capsys, ["run", config, f"model.path={broken}"], f"the tokenizer in model.path '{broken}' does not load",
+           "replace it with the tokenizer files that came with this model")

@@ -60,3 +60,24 @@ def test_shared_defaults_are_stated_once():
     ob = cfg.reward.overlong_buffer
     assert (ob.enable, ob.len, ob.penalty_factor) == (OverlongBufferParams().enable, OverlongBufferParams().len,
                                                       OverlongBufferParams().penalty_factor)
+
+
+def test_every_registry_backed_default_is_registered():
+    # validation skips defaults (their registries may pull in torch), so this is their check
+    defaults = Config()
+    for key, source in _choice_fields(Config):
+        value = defaults
+        for part in key.split("."):
+            value = getattr(value, part)
+        assert value in allowed_values({"choices_from": source}), f"the default of {key} ({value!r}) is not registered"
+
+
+def test_loading_a_config_with_default_choices_does_not_import_torch(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from trinity_like.config import load_config; "
+            "load_config(None, ['trainer.total_steps=3', 'algorithm.kl_loss_type=low_var_kl']); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

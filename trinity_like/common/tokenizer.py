@@ -64,7 +64,7 @@ def check_tokenizer_fits_model(path: str | Path) -> None:
                         "tokenizer files that came with this model into the folder (tokenizer.save_pretrained)")
     rows = model_vocab_size(path)
     try:
-        tokens = len(hf_tokenizer(str(path), correct_pad_token=False))
+        tokens = _token_count(path)
     except (OSError, ValueError) as e:
         raise UserError(f"the tokenizer in model.path '{path}' does not load ({str(e).splitlines()[0][:160]}); "
                         "replace it with the tokenizer files that came with this model") from None
@@ -72,3 +72,17 @@ def check_tokenizer_fits_model(path: str | Path) -> None:
         raise UserError(f"the tokenizer in model.path '{path}' has {tokens} tokens but the model has only {rows} "
                         "embedding rows (vocab_size in config.json), so the model and tokenizer do not belong "
                         "together; use the tokenizer the model was trained with")
+
+
+def _token_count(path: Path) -> int:
+    """The tokenizer's size with its added tokens (``len`` of the Hugging Face tokenizer). A ``tokenizer.json`` is
+    read by the ``tokenizers`` library alone, which is what a fast tokenizer's ``len`` counts: importing
+    transformers (and torch) would cost seconds in every process that only checks a run's model folder."""
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            return Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a malformed file
+            raise ValueError(str(e)) from None
+    return len(hf_tokenizer(str(path), correct_pad_token=False))

@@ -153,7 +153,9 @@ def _check_fields(obj: Any, prefix: str) -> None:
                 _check_fields(item, f"{key}[{i}].")
             continue
         meta = f.metadata
-        allowed = allowed_values(meta)
+        # A registry-backed default is not looked up: its registry's module may pull in torch (seconds of CPU in
+        # every CLI process), and tests/config/test_config_registries.py checks that every default is registered.
+        allowed = None if "choices_from" in meta and value == f.default else allowed_values(meta)
         if allowed is not None and value not in allowed:
             raise ConfigError(f"bad value for '{key}': {value!r}; allowed values: {', '.join(allowed)}")
         if value is None:

@@ -26,7 +26,6 @@ from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream
 from trinity_like.runtime.schedule import Schedule
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
-from trinity_like.trainer.ppo import PPOTrainer  # noqa: F401  (registers trainer.type ppo)
 from trinity_like.trainer.publish import PUBLISHERS
 
 logger = logging.getLogger(__name__)
@@ -35,6 +34,9 @@ logger = logging.getLogger(__name__)
 def make_train_engine(cfg: Config, synchronizer=None) -> TrainEngineWrapper:
     """The TrainEngineWrapper ``trainer.type`` names; spread over ``trainer.num_workers`` data-parallel workers
     (each holding that engine) when there is more than one."""
+    from trinity_like.trainer.ppo import PPOTrainer  # noqa: F401  (registers trainer.type ppo; imported here, in
+    # the role's process: the launcher imports this module too, and needs no torch)
+
     engine_cls = TRAINERS.get(cfg.trainer.type)
     if cfg.trainer.num_workers > 1:
         from trinity_like.trainer.workers import DataParallelTrainer
