@@ -38,10 +38,12 @@ def batch_exps(tiny_model_path):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A real local Ray instance shared by every test that needs one."""
+    """A real local Ray instance shared by every test that needs one. It declares one GPU: on a machine without
+    one that is a fake (Ray hands it out as a resource, CUDA stays unavailable, so `trainer.device: auto` trains
+    on the CPU), which lets tests check that actors ask Ray for GPUs; on a GPU machine it is the real one."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="pytest",
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, namespace="pytest",
              configure_logging=False)
     yield ray
     ray.shutdown()

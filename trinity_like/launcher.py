@@ -63,6 +63,17 @@ class _Roles:
         return [a for a in (self.trainer, self.explorer) if a is not None]
 
 
+def _check_gpus(wanted: float, what: str) -> None:
+    """Refuse at once what the Ray cluster cannot place (an actor asking for more GPUs than exist would wait
+    forever)."""
+    import ray
+
+    have = ray.cluster_resources().get("GPU", 0.0)
+    if wanted > have:
+        raise RunError(f"{what} asks Ray for {wanted:g} GPUs but the cluster has {have:g}; lower them (0 trains on "
+                       "the CPU), or start Ray where the GPUs are (`ray start --num-gpus N` if Ray does not see them)")
+
+
 def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
     import ray
 
@@ -81,13 +92,19 @@ def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
         roles.explorer = ray.remote(num_cpus=0, max_concurrency=4)(ExplorerRole).options(
             name=f"explorer-{uuid.uuid4().hex[:8]}", namespace=ns).remote(cfg)
     if role in ("all", "trainer"):
-        roles.trainer = ray.remote(num_cpus=0, max_concurrency=2)(TrainerRole).options(
+        tr = cfg.trainer
+        _check_gpus(tr.gpus_per_worker * tr.num_workers, "trainer.gpus_per_worker x trainer.num_workers")
+        # one worker: the role trains in its own process and holds the GPU; more: each TrainWorker holds one
+        gpus = tr.gpus_per_worker if tr.num_workers == 1 else 0
+        roles.trainer = ray.remote(num_cpus=0, num_gpus=gpus, max_concurrency=2)(TrainerRole).options(
             name=TRAINER_NAME, namespace=ns).remote(cfg, resume)
     ray.get([a.setup.remote() for a in roles.actors])
     for kind, actor in (("explorer", roles.explorer), ("trainer", roles.trainer)):
         if actor is not None:
-            roles.ids[kind] = ray.get(actor.role_info.remote())["role_id"]
-            print(f"{kind} {roles.ids[kind]} joined namespace '{ns}'", flush=True)
+            info = ray.get(actor.role_info.remote())
+            roles.ids[kind] = info["role_id"]
+            where = f" (trains on {info['device']})" if kind == "trainer" else ""
+            print(f"{kind} {roles.ids[kind]} joined namespace '{ns}'{where}", flush=True)
     return roles
 
 
@@ -232,12 +249,12 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
           flush=True)
     roles = None
     exit_reason = "completed"
-    resumed_from = None
+    trainer_info: dict[str, Any] = {}
     with _StopSignals() as stop:
         try:
             roles = _start_roles(cfg, role, resume)
             if roles.trainer is not None:
-                resumed_from = ray.get(roles.trainer.role_info.remote())["resumed_from"]
+                trainer_info = ray.get(roles.trainer.role_info.remote())
             if cfg.mode == "sync" and role == "all":
                 _run_sync(cfg, roles, progress, stop)
             else:
@@ -255,7 +272,7 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
             progress.close()
             if roles is not None:
                 _shutdown(cfg, roles, role)
-            summary = _summary(cfg, role, progress.records, time.time() - start, exit_reason, resumed_from)
+            summary = _summary(cfg, role, progress.records, time.time() - start, exit_reason, trainer_info)
             if role != "explorer":
                 atomic_write_json(paths.summary, summary)
     print("summary: " + json.dumps(summary), flush=True)
@@ -302,9 +319,11 @@ def _kill_named(name: str, namespace: str) -> None:
 
 
 def _summary(cfg: Config, role: str, records: list[dict[str, Any]], wall_s: float, exit_reason: str,
-             resumed_from: int | None) -> dict[str, Any]:
+             trainer_info: dict[str, Any]) -> dict[str, Any]:
+    """The run's outcome; ``trainer_info`` is the trainer role's ``role_info`` (empty in an explorer job)."""
     trainer = [r for r in records if r["role"] == "trainer"]
     explorer = [r for r in records if r["role"] == "explorer"]
+    resumed_from = trainer_info.get("resumed_from")
     return {
         "mode": cfg.mode,
         "role": role,
@@ -319,6 +338,8 @@ def _summary(cfg: Config, role: str, records: list[dict[str, Any]], wall_s: floa
         "staleness_max": max((r["train/staleness_max"] for r in trainer), default=None),
         "wall_time_s": round(wall_s, 2),
         "exit_reason": exit_reason,
+        "trainer_device": trainer_info.get("device"),
+        "trainer_gpus": trainer_info.get("gpus"),
     }
 
 

@@ -42,9 +42,10 @@ def sync_run(tmp_path_factory, tiny_model_path, ray_session):
 
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory, tiny_model_path, ray_session):
-    """One async run with the default bound (max_staleness 1): checked itself, and replayed by an offline run."""
+    """One async run with the default bound (max_staleness 1): checked itself, and replayed by an offline run.
+    Its trainer asks Ray for half a GPU (the session's GPU is a fake on a machine without one)."""
     cfg = _cfg(tmp_path_factory.mktemp("async-run"), tiny_model_path, "async", "mode=async",
-               "synchronizer.max_staleness=1")
+               "synchronizer.max_staleness=1", "trainer.gpus_per_worker=0.5")
     return cfg, run(cfg)
 
 
@@ -93,6 +94,9 @@ def test_async_three_steps_respects_staleness(async_run):
     cfg, summary = async_run
     _check_run(cfg, summary)
     assert summary["staleness_max"] <= 1
+    # the trainer role held the half GPU it asked for, and trained where `auto` put it
+    assert summary["trainer_gpus"] == 0.5
+    assert summary["trainer_device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     versions = query(RunPaths.of(cfg).buffer_dir).column("model_version").to_pylist()
     assert min(versions) == 0 and max(versions) <= 2
 

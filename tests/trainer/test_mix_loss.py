@@ -16,7 +16,8 @@ HUMAN_GROUPS = ("g2", "g3")
 
 
 def _trainer(tmp_path, model_path, *overrides):
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}",
+    # compared with references computed on the CPU: pinned there (`auto` would take a GPU where there is one)
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "trainer.device=cpu",
                              "explorer.repeat_times=3", "trainer.optimizer.max_grad_norm=0", *overrides])
     trainer = PPOTrainer(cfg)
     trainer.prepare()
@@ -50,7 +51,7 @@ def _step_by_hand(trainer, exps, coef: float):
         for p in trainer.model.parameters():
             if p.grad is not None:
                 p -= p.grad
-    return export_state_dict(trainer.model), float(pg_loss.detach()), float(sft_loss.detach())
+    return export_state_dict(trainer.module), float(pg_loss.detach()), float(sft_loss.detach())
 
 
 def _assert_same_weights(got, expected):
@@ -74,7 +75,7 @@ def test_a_batch_of_only_sft_rows_takes_exactly_the_sft_loss(tmp_path, tiny_mode
     ref = _trainer(tmp_path / "ref", tiny_model_path)
     expected, pg_loss, sft_loss = _step_by_hand(ref, exps, coef=0.5)
     assert pg_loss == 0.0  # no policy-loss rows
-    _assert_same_weights(export_state_dict(t.model), expected)
+    _assert_same_weights(export_state_dict(t.module), expected)
     assert metrics["actor/sft_loss"] == pytest.approx(sft_loss, rel=1e-5)
     assert metrics["actor/pg_loss"] == 0.0 and metrics["actor/sft_rows"] == 12.0
 
@@ -87,7 +88,7 @@ def test_a_mixed_batch_is_pg_part_plus_coef_times_sft_part(tmp_path, tiny_model_
     metrics = t.train_step(exps)
     ref = _trainer(tmp_path / "ref", tiny_model_path)
     expected, pg_loss, sft_loss = _step_by_hand(ref, exps, coef=0.3)
-    _assert_same_weights(export_state_dict(t.model), expected)  # whatever the micro-batch split
+    _assert_same_weights(export_state_dict(t.module), expected)  # whatever the micro-batch split
     assert metrics["actor/pg_loss"] == pytest.approx(pg_loss, rel=1e-4, abs=1e-7)
     assert metrics["actor/sft_loss"] == pytest.approx(sft_loss, rel=1e-5)
     assert metrics["actor/sft_rows"] == 6.0
@@ -100,7 +101,7 @@ def test_token_budget_micro_batches_and_seq_mean_modes_keep_the_parts_apart(tmp_
         t = _trainer(tmp_path / str(len(runs)), tiny_model_path, "algorithm.sft_sources=[human]",
                      "algorithm.loss_agg_mode=seq-mean-token-mean", *extra)
         t.train_step(exps)
-        runs.append(export_state_dict(t.model))
+        runs.append(export_state_dict(t.module))
     _assert_same_weights(runs[1], runs[0])
 
 
@@ -111,7 +112,7 @@ def test_without_sft_sources_nothing_changes(tmp_path, tiny_model_path, batch_ex
     assert "actor/sft_loss" not in metrics and "actor/sft_rows" not in metrics
     human_only_in_pg = _trainer(tmp_path / "b", tiny_model_path, "algorithm.sft_sources=[agent]")  # none in batch
     human_only_in_pg.train_step(exps)
-    _assert_same_weights(export_state_dict(human_only_in_pg.model), export_state_dict(plain.model))
+    _assert_same_weights(export_state_dict(human_only_in_pg.module), export_state_dict(plain.module))
 
 
 def test_singleton_groups_are_counted(tmp_path, tiny_model_path, batch_exps):

@@ -15,7 +15,8 @@ from trinity_like.trainer.ppo import PPOTrainer
 
 
 def _trainer(tmp_path, model_path, *overrides):
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}",
+    # compared with references computed on the CPU: pinned there (`auto` would take a GPU where there is one)
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "trainer.device=cpu",
                              "explorer.repeat_times=3", "trainer.optimizer.lr=0.01", *overrides])
     trainer = PPOTrainer(cfg)
     trainer.prepare()
@@ -35,7 +36,7 @@ def test_result_does_not_depend_on_micro_batch_size(tmp_path, tiny_model_path, b
                      "trainer.optimizer.max_grad_norm=0")
         t.optimizer = torch.optim.SGD(t.model.parameters(), lr=1.0)
         metrics = t.train_step(batch_exps)
-        weights.append(export_state_dict(t.model))
+        weights.append(export_state_dict(t.module))
         assert metrics["actor/grad_norm"] > 0
     # reference: one loss over the whole batch, written out directly
     ref = _trainer(tmp_path, tiny_model_path)
@@ -49,7 +50,7 @@ def test_result_does_not_depend_on_micro_batch_size(tmp_path, tiny_model_path, b
     with torch.no_grad():
         for p in ref.model.parameters():
             p -= p.grad
-    expected = export_state_dict(ref.model)
+    expected = export_state_dict(ref.module)
     for got in weights:
         for k in expected:
             torch.testing.assert_close(got[k], expected[k], rtol=1e-4, atol=1e-6)
@@ -79,7 +80,7 @@ def test_state_dict_and_checkpoint_files(tmp_path, tiny_model_path, batch_exps):
     assert path.name == "version-00000001" and (path / "manifest.json").is_file()
     engine = HFEngine(tiny_model_path)
     engine.update_weights(WeightUpdate(version=1, path=str(path)))
-    trained = export_state_dict(t.model)
+    trained = export_state_dict(t.module)
     for k, v in export_state_dict(engine.model).items():
         assert torch.equal(v, trained[k])
     ckpt = t.save_checkpoint()
@@ -113,7 +114,7 @@ def test_resume_is_exact(tmp_path, tiny_model_path, batch_exps):
     assert resumed.train_step_num == 2
     for _ in range(2):
         resumed.train_step(batch_exps)
-    a, b = export_state_dict(straight.model), export_state_dict(resumed.model)
+    a, b = export_state_dict(straight.module), export_state_dict(resumed.module)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert resumed.kl_ctrl.value == straight.kl_ctrl.value
     assert resumed.optimizer.param_groups[0]["lr"] == straight.optimizer.param_groups[0]["lr"]
@@ -132,10 +133,10 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path, tiny_model_path, batch_e
 @pytest.mark.parametrize("loss", ["vanilla", "gspo", "cispo", "reinforce", "sft"])
 def test_every_registered_estimator_and_loss_trains(tmp_path, tiny_model_path, batch_exps, estimator, loss):
     t = _trainer(tmp_path, tiny_model_path, f"algorithm.adv_estimator={estimator}", f"algorithm.policy_loss={loss}")
-    before = export_state_dict(t.model)
+    before = export_state_dict(t.module)
     metrics = t.train_step(batch_exps)
     assert all(isinstance(v, float) and v == v for v in metrics.values())  # finite numbers, no NaN
-    after = export_state_dict(t.model)
+    after = export_state_dict(t.module)
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
@@ -163,7 +164,7 @@ def test_token_budget_micro_batches_give_the_same_update(tmp_path, tiny_model_pa
         t = _trainer(tmp_path, tiny_model_path, "trainer.optimizer.max_grad_norm=0", *overrides)
         t.optimizer = torch.optim.SGD(t.model.parameters(), lr=1.0)
         t.train_step(batch_exps)
-        weights.append(export_state_dict(t.model))
+        weights.append(export_state_dict(t.module))
     assert len(t._micro_batches(experiences_to_batch(batch_exps, t.pad_token_id))) > 1  # really split
     for k in weights[0]:
         torch.testing.assert_close(weights[1][k], weights[0][k], rtol=1e-4, atol=1e-6)
@@ -174,11 +175,11 @@ def test_epochs_and_mini_batches_are_seeded_updates(tmp_path, tiny_model_path, b
     for _ in range(2):
         t = _trainer(tmp_path, tiny_model_path, "trainer.ppo_epochs=2", "trainer.mini_batch_size=6")
         metrics = t.train_step(batch_exps)
-        runs.append(export_state_dict(t.model))
+        runs.append(export_state_dict(t.module))
         assert metrics["actor/updates"] == 4.0 and t.train_step_num == 1  # 2 epochs x 2 mini-batches, one version
     one = _trainer(tmp_path, tiny_model_path)
     one.train_step(batch_exps)
-    single = export_state_dict(one.model)
+    single = export_state_dict(one.module)
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in single)  # same seed, same shuffles
     assert any(not torch.equal(runs[0][k], single[k]) for k in single)  # four updates moved further
 
@@ -210,7 +211,7 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path, tiny_model_path, b
     for flag in ("false", "true"):
         t = _trainer(tmp_path, tiny_model_path, f"trainer.gradient_checkpointing={flag}")
         t.train_step(batch_exps)
-        weights.append(export_state_dict(t.model))
+        weights.append(export_state_dict(t.module))
     for k in weights[0]:
         torch.testing.assert_close(weights[1][k], weights[0][k], rtol=1e-5, atol=1e-7)
 
@@ -279,12 +280,12 @@ def test_lora_step_changes_only_adapter_weights(tmp_path, tiny_model_path, batch
     pytest.importorskip("peft")
     t = _trainer(tmp_path, tiny_model_path, "trainer.lora.enabled=true", "trainer.lora.r=4",
                  "algorithm.use_kl_loss=true", "trainer.optimizer.lr=0.05")
-    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    before = {k: v.clone() for k, v in t.module.state_dict().items()}
     merged_before = t.policy_state_dict()
     first = t.train_step(batch_exps)
     assert abs(first["actor/kl_loss"]) < 1e-6  # reference = base with adapters off = the policy before training
     t.train_step(batch_exps)
-    after = t.model.state_dict()
+    after = t.module.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all("lora_" in k for k in changed)  # only adapter weights moved
     merged = t.policy_state_dict()

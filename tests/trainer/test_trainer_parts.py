@@ -22,7 +22,8 @@ from trinity_like.trainer.workers import DataParallelTrainer
 
 
 def _trainer(tmp_path, model_path, *overrides):
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "name=parts",
+    # compared with references computed on the CPU: pinned there (`auto` would take a GPU where there is one)
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "trainer.device=cpu", "name=parts",
                              "trainer.micro_batch_size=4", *overrides])
     t = PPOTrainer(cfg)
     t.prepare()

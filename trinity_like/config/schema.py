@@ -248,6 +248,24 @@ class TrainerConfig:
     """How workers share the model when `num_workers` > 1: `ddp` (a full replica each, gradients
     all-reduced) or `fsdp2` (`torch.distributed.fsdp.fully_shard`: parameters, gradients and optimizer
     state sharded per transformer block; for models that do not fit one device)."""
+    device: str = _choices("auto", ("auto", "cpu", "cuda"))
+    """Where the trainer's models, batches and optimizer state live: `auto` = the GPU when the worker sees one
+    (Ray shows a worker only the GPUs it asked for: `gpus_per_worker`), else the CPU; `cuda` fails at start
+    when there is none."""
+    gpus_per_worker: float = _at_least(0.0, 0.0)
+    """GPUs each trainer worker asks Ray for (the trainer role itself when `num_workers` is 1); a fraction
+    (e.g. 0.5) lets an engine share the GPU. 0 = none: the trainer runs on the CPU."""
+    placement: str = _choices("pack", ("pack", "spread"))
+    """How the workers' placement group places them: `pack` onto as few nodes as possible, `spread` over nodes."""
+    dtype: str = _choices("float32", ("float32", "bfloat16"))
+    """Compute precision: `bfloat16` runs forward and backward in bf16 (autocast; FSDP2's
+    MixedPrecisionPolicy under `fsdp2`) with float32 master weights, optimizer state, log-probs and loss."""
+    weights_dtype: str = _choices("float32", ("float32", "bfloat16", "float16"))
+    """dtype of the weights handed to the explorers and of the Hugging Face model in checkpoints (the trainer
+    state for resume keeps float32)."""
+    logprob_chunk_tokens: int = _at_least(1024, 0)
+    """Tokens per chunk of the output layer and log-softmax: the float32 logits of at most this many tokens
+    exist at once (recomputed in the backward pass), instead of batch x length x vocabulary; 0 = one chunk."""
 
 
 @dataclass

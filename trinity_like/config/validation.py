@@ -94,6 +94,13 @@ def _validate_trainer(cfg: Config) -> None:
     if tr.strategy == "fsdp2" and tr.lora.enabled:
         raise ConfigError("trainer.strategy 'fsdp2' with trainer.lora.enabled is not supported: LoRA trains a "
                           "few small adapters, which DDP replicates cheaply; set trainer.strategy=ddp")
+    if tr.device == "cpu" and tr.gpus_per_worker > 0:
+        raise ConfigError(f"trainer.gpus_per_worker={tr.gpus_per_worker:g} reserves GPUs that trainer.device=cpu never "
+                          "uses; set trainer.device=auto (or cuda), or trainer.gpus_per_worker=0")
+    if tr.device != "cpu" and tr.num_workers > 1 and 0 < tr.gpus_per_worker < 1:
+        raise ConfigError(f"trainer.num_workers={tr.num_workers} with trainer.gpus_per_worker={tr.gpus_per_worker:g}: "
+                          "two workers may land on one GPU, where NCCL cannot join them; give each worker a whole "
+                          "GPU (gpus_per_worker=1), or use one worker")
     if units < tr.num_workers:
         raise ConfigError(f"trainer.num_workers={tr.num_workers} is more than the {units} "
                           f"{'pairs' if cfg.algorithm.policy_loss == 'dpo' else 'rows'} of a mini-batch: every worker "

@@ -1,4 +1,6 @@
-"""Weights by collective broadcast (``synchronizer.method: nccl``): gloo on CPU, NCCL on GPU.
+"""Weights by collective broadcast (``synchronizer.method: nccl``). The trainer exports its weights to the CPU
+and engines load them there, so rounds run over gloo today, also on a GPU machine (the round's ``backend``
+travels in its spec; a receiver puts NCCL rounds on the GPU, gloo rounds on the CPU).
 
 One process group joins trainer rank 0 (rank 0 of the group) with every engine that wants the new version
 (ranks 1..n). It is a stand-alone ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` on a ``TCPStore`` that the
@@ -79,8 +81,9 @@ def slices(total: int, bucket_bytes: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + bucket_bytes, total)) for lo in range(0, total, bucket_bytes)]
 
 
-def _backend_and_device() -> tuple[str, str]:
-    return ("nccl", "cuda") if torch.cuda.is_available() else ("gloo", "cpu")
+def device_of_backend(backend: str) -> str:
+    """Where a round's tensors live: NCCL moves GPU tensors, gloo CPU tensors (never NCCL with CPU tensors)."""
+    return "cuda" if backend == "nccl" else "cpu"
 
 
 def _timeout(seconds: float) -> datetime.timedelta:
@@ -122,7 +125,11 @@ class WeightBroadcaster:
         self.synchronizer = synchronizer
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.timeout_s = timeout_s
-        self.backend, self.device = _backend_and_device()
+        # The trainer hands over its weights on the CPU (``trainer.weights_dtype``) and engines load them there,
+        # so rounds run over gloo whether or not this process sees a GPU (NCCL would need GPU tensors on both
+        # sides, and cannot join two ranks on one GPU).
+        self.backend = "gloo"
+        self.device = device_of_backend(self.backend)
         self.addr = ray.util.get_node_ip_address()
         with socket.socket() as s:
             s.bind(("", 0))
@@ -240,7 +247,7 @@ class WeightReceiver:
         round) and the bytes received. Raises on a failed transfer; nothing is applied here."""
         import torch.distributed as dist
 
-        device = device or _backend_and_device()[1]
+        device = device or device_of_backend(spec["backend"])
         generation = spec["generation"]
         if spec.get("meta") is not None:
             self._meta = (generation, [TensorMeta(**{**m, "shape": tuple(m["shape"])}) for m in spec["meta"]])

@@ -69,19 +69,71 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources:
     )
 
 
-def compute_log_probs(model, batch: TensorDict, temperature: float, with_entropy: bool = False):
-    """Log-probs (B, R) of the batch's response tokens under ``model`` at ``temperature``; with
-    ``with_entropy`` also the entropy (B, R) of the temperature-scaled distribution at each position."""
-    width_r = batch["responses"].shape[1]
-    width_p = batch["input_ids"].shape[1] - width_r
-    logits = model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
-        use_cache=False,
-    ).logits  # (B, P+R, V)
-    logits = logits[:, width_p - 1:width_p + width_r - 1, :]  # (B, R, V)
-    log_prob = logprobs_from_logits(logits, batch["responses"], temperature)
+class ResponseScorer(torch.nn.Module):
+    """A causal LM that returns the log-probs (and entropy) of a batch's response tokens.
+
+    The decoder runs once over prompt + response; the output layer and the float32 log-softmax then run over
+    the response positions only, ``chunk_tokens`` tokens at a time, each chunk recomputed in the backward pass
+    (``torch.utils.checkpoint``), so float32 logits of at most ``chunk_tokens x vocabulary`` exist at once
+    instead of ``batch x length x vocabulary`` (with a 151,936-token vocabulary, 8 x 2,048 tokens are ~10 GB).
+    ``chunk_tokens`` 0 = one chunk, nothing recomputed. It is the module a trainer trains (and wraps in DDP or
+    shards with FSDP2), so every pass goes through its forward. Models whose output layer does more than a
+    linear map (final logit soft-capping, a logit scale) are scored by their own forward, unchunked."""
+
+    def __init__(self, lm: torch.nn.Module, chunk_tokens: int = 0) -> None:
+        super().__init__()
+        self.lm = lm
+        self.chunk_tokens = chunk_tokens
+        config = getattr(lm, "config", None)
+        self.plain_head = not (getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None))
+
+    def forward(self, input_ids, attention_mask, position_ids, responses, temperature: float,
+                with_entropy: bool = False):
+        width_r = responses.shape[1]
+        width_p = input_ids.shape[1] - width_r
+        if not self.plain_head:
+            logits = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=False).logits[:, width_p - 1:width_p + width_r - 1]  # (B, R, V)
+            return _score(lambda x: x, logits, responses, temperature, with_entropy)
+        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                       use_cache=False).last_hidden_state
+        hidden = hidden[:, width_p - 1:width_p + width_r - 1]  # (B, R, H): the states that predict the response
+        head = self.lm.get_output_embeddings()
+        rows, n = hidden.shape[0], hidden.shape[0] * width_r
+        flat_h, flat_t = hidden.reshape(n, -1), responses.reshape(n)
+        if not self.chunk_tokens or n <= self.chunk_tokens:
+            out = _score(head, flat_h, flat_t, temperature, with_entropy)
+        else:
+            from torch.utils.checkpoint import checkpoint
+
+            parts = []
+            for lo in range(0, n, self.chunk_tokens):
+                args = (head, flat_h[lo:lo + self.chunk_tokens], flat_t[lo:lo + self.chunk_tokens], temperature,
+                        with_entropy)
+                parts.append(checkpoint(_score, *args, use_reentrant=False) if torch.is_grad_enabled()
+                             else _score(*args))
+            out = tuple(torch.cat(p) for p in zip(*parts)) if with_entropy else torch.cat(parts)
+        if with_entropy:
+            return out[0].view(rows, width_r), out[1].view(rows, width_r)
+        return out.view(rows, width_r)
+
+
+def _score(head, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool):
+    """Log-probs of ``tokens`` (and the entropy of each position's temperature-scaled distribution) from the
+    states ``hidden`` through the output layer ``head``, in float32."""
+    logits = head(hidden)
+    log_prob = logprobs_from_logits(logits, tokens, temperature)
     if not with_entropy:
         return log_prob
-    logp_all = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)  # (B, R, V)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, R)
-    return log_prob, entropy
+    logp_all = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+    return log_prob, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def compute_log_probs(model, batch: TensorDict, temperature: float, with_entropy: bool = False):
+    """Log-probs (B, R) of the batch's response tokens under ``model`` at ``temperature``; with
+    ``with_entropy`` also the entropy (B, R) of the temperature-scaled distribution at each position.
+    ``model`` is a ResponseScorer (possibly inside DDP) or a plain causal LM (scored in one chunk)."""
+    inner = getattr(model, "module", model)  # DDP keeps the wrapped module as .module
+    scorer = model if isinstance(inner, ResponseScorer) else ResponseScorer(model)
+    return scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"],
+                  temperature, with_entropy)

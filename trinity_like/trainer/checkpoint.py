@@ -3,15 +3,18 @@ moved to it (by the CheckpointMonitor when there is one), the newest ``trainer.k
 
 A checkpoint holds everything an exact resume needs:
 
-    model/              the weights in Hugging Face format (safetensors + config + tokenizer files): loadable by
-                        transformers and vLLM
+    model/              the weights in Hugging Face format (safetensors + config + tokenizer files) in
+                        trainer.weights_dtype, on the CPU: loadable by transformers and vLLM on any machine
+    master.safetensors  the float32 weights, when model/ holds another dtype (resume is exact either way)
     adapter/            LoRA adapters (trainer.lora.enabled), the trainable state
     optimizer.pt        AdamW state;  scheduler.pt  learning-rate schedule position
     critic.pt           value model and its optimizer (GAE)
     trainer_state.json  step, KL controller coefficient, strategy (written last: marks the checkpoint complete)
-    rng.pt              torch / numpy / random states
+    rng.pt              torch / numpy / random states (and the trainer GPU's)
 
 Under FSDP2 every rank calls ``save`` and ``load`` (assembling full tensors is collective) and rank 0 writes.
+Everything is written from and read to the CPU (``map_location``), so a checkpoint written on a GPU resumes on
+a CPU-only machine and the other way round.
 """
 
 from __future__ import annotations
@@ -29,9 +32,19 @@ from trinity_like.common.fs import atomic_publish_dir
 from trinity_like.common.modeling import export_state_dict
 from trinity_like.runtime.checkpoints import TRAINER_STATE, write_pointer
 from trinity_like.trainer import parallel
+from trinity_like.trainer.device import to_host
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")
+
+
+MASTER_WEIGHTS = "master.safetensors"
+
+
+def _load(path: Path):
+    """A ``torch.save`` file's content on the CPU (written on any device); optimizers move state to their
+    parameters' device when it is loaded into them."""
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 class Checkpointer:
@@ -50,11 +63,13 @@ class Checkpointer:
         if not e.gathers():
             return path
         plain = e.plain_policy()
-        weights = export_state_dict(plain)
+        master = to_host(export_state_dict(plain), "float32")
+        dtype = e.cfg.trainer.weights_dtype
+        weights = master if dtype == "float32" else to_host(master, dtype)
         optimizer = parallel.optimizer_state(e.module, e.optimizer)
         critic = None
         if e.critic is not None:
-            critic = {"model": export_state_dict(e.critic_module),
+            critic = {"model": to_host(export_state_dict(e.critic_module), "float32"),
                       "optimizer": parallel.optimizer_state(e.critic_module, e.critic_optimizer)}
         if not e.writes():
             return path
@@ -63,14 +78,20 @@ class Checkpointer:
             if e.cfg.trainer.lora.enabled:
                 e.module.save_pretrained(tmp / "adapter")  # the trainable state, for resume
             plain.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
+            if weights is not master and not e.cfg.trainer.lora.enabled:
+                from safetensors.torch import save_file
+
+                save_file(master, str(tmp / MASTER_WEIGHTS))
             for name in TOKENIZER_FILES:
                 src = Path(e.cfg.model.path) / name
                 if src.is_file():
                     (tmp / "model" / name).write_bytes(src.read_bytes())
             torch.save(optimizer, tmp / "optimizer.pt")
             torch.save(e.scheduler.state_dict(), tmp / "scheduler.pt")
-            torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
-                       tmp / "rng.pt")
+            rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+            if e.device.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state(e.device)
+            torch.save(rng, tmp / "rng.pt")
             if critic is not None:
                 torch.save(critic, tmp / "critic.pt")
             (tmp / TRAINER_STATE).write_text(json.dumps(
@@ -104,18 +125,22 @@ class Checkpointer:
 
             set_peft_model_state_dict(e.module, load_file(str(path / "adapter" / "adapter_model.safetensors")))
         else:
+            files = [path / MASTER_WEIGHTS] if (path / MASTER_WEIGHTS).is_file() else \
+                sorted((path / "model").glob("*.safetensors"))
             state: dict[str, torch.Tensor] = {}
-            for f in sorted((path / "model").glob("*.safetensors")):
-                state.update(load_file(str(f)))
+            for f in files:
+                state.update({k: t.float() if t.is_floating_point() else t for k, t in load_file(str(f)).items()})
             parallel.load_full_state_dict(e.module, state)
-        parallel.load_optimizer_state(e.module, e.optimizer, torch.load(path / "optimizer.pt", weights_only=False))
-        e.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-        rng = torch.load(path / "rng.pt", weights_only=False)
+        parallel.load_optimizer_state(e.module, e.optimizer, _load(path / "optimizer.pt"))
+        e.scheduler.load_state_dict(_load(path / "scheduler.pt"))
+        rng = _load(path / "rng.pt")
         torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and e.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], e.device)
         np.random.set_state(rng["numpy"])
         random.setstate(rng["random"])
         if e.critic is not None:
-            critic = torch.load(path / "critic.pt", weights_only=False)
+            critic = _load(path / "critic.pt")
             parallel.load_full_state_dict(e.critic_module, critic["model"])
             parallel.load_optimizer_state(e.critic_module, e.critic_optimizer, critic["optimizer"])
         e.kl_ctrl.value = float(meta["kl_coef"])

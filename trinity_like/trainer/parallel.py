@@ -35,26 +35,31 @@ def _block_classes(module: torch.nn.Module) -> set[str]:
     return names
 
 
-def wrap(module: torch.nn.Module, strategy: str, mesh=None) -> torch.nn.Module:
-    """The module for training under ``strategy``: a DDP wrapper, or the module itself, sharded in place."""
+def wrap(module: torch.nn.Module, strategy: str, mesh=None, dtype: str = "float32") -> torch.nn.Module:
+    """The module for training under ``strategy``: a DDP wrapper, or the module itself, sharded in place (with
+    ``dtype`` bfloat16: FSDP2's MixedPrecisionPolicy, bf16 compute and float32 gradient reduction over float32
+    master shards)."""
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         return DDP(module)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == "bfloat16" \
+        else MixedPrecisionPolicy()
     blocks = _block_classes(module)
     for sub in module.modules():
         if type(sub).__name__ in blocks:
-            fully_shard(sub, mesh=mesh)
-    fully_shard(module, mesh=mesh)
+            fully_shard(sub, mesh=mesh, mp_policy=mp)
+    fully_shard(module, mesh=mesh, mp_policy=mp)
     return module
 
 
-def device_mesh(world_size: int):
+def device_mesh(world_size: int, device: torch.device):
+    """A 1-D mesh of the data-parallel ranks on the trainer's device type (never CUDA for a CPU trainer)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world_size,))
+    return init_device_mesh(device.type, (world_size,))
 
 
 def grad_sync(model: torch.nn.Module, enabled: bool):

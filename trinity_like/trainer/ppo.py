@@ -39,9 +39,10 @@ from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths
 from trinity_like.trainer import parallel
-from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
+from trinity_like.trainer.batch import ResponseScorer, experiences_to_batch
 from trinity_like.trainer.checkpoint import Checkpointer
 from trinity_like.trainer.critic import compute_values
+from trinity_like.trainer.device import autocast, resolve_device, to_host
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
 from trinity_like.trainer.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
 
@@ -63,7 +64,7 @@ def preference_pairs(exps: list[Experience]) -> list[Experience]:
 
 @TRAINERS.register("ppo")
 class PPOTrainer(TrainEngineWrapper):
-    """Single-process PPO/GRPO trainer on CPU with a transformers model."""
+    """Single-process PPO/GRPO trainer with a transformers model, on ``trainer.device`` in ``trainer.dtype``."""
 
     def __init__(self, cfg: Config, synchronizer=None) -> None:
         self.cfg = cfg
@@ -92,38 +93,46 @@ class PPOTrainer(TrainEngineWrapper):
                                                        keep_versions(self.cfg))
             ctx = ray.get_runtime_context()
             self.monitor.notify_started.remote(f"{ctx.get_node_id()}/pid{os.getpid()}", ctx.get_job_id())
-        torch.set_num_threads(self.cfg.trainer.num_threads)
+        tr = self.cfg.trainer
+        torch.set_num_threads(tr.num_threads)
         torch.manual_seed(self.cfg.seed)
-        self.model = load_causal_lm(self.cfg.model.path, train=True)
-        pad = self.model.config.pad_token_id
-        self.pad_token_id = int(pad if pad is not None else self.model.config.eos_token_id)
-        lora = self.cfg.trainer.lora
+        self.device = resolve_device(tr.device)
+        """Where models, batches and optimizer state live (``trainer.device``, resolved in this process)."""
+        module = load_causal_lm(self.cfg.model.path, train=True)
+        pad = module.config.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else module.config.eos_token_id)
+        lora = tr.lora
         if lora.enabled:
             from peft import LoraConfig as PeftLoraConfig
             from peft import get_peft_model
 
-            self.model = get_peft_model(self.model, PeftLoraConfig(
+            module = get_peft_model(module, PeftLoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), lora_dropout=lora.dropout,
                 bias="none", task_type="CAUSAL_LM"))
-        if self.cfg.trainer.gradient_checkpointing:
-            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
-                self.model.gradient_checkpointing_enable  # renamed in transformers 5
+        if tr.gradient_checkpointing:
+            enable = getattr(module, "activation_checkpointing_enable", None) or \
+                module.gradient_checkpointing_enable  # renamed in transformers 5
             enable()
-            self.model.config.use_cache = False
-        self.module = self.model
+            module.config.use_cache = False
+        self.module = module.to(self.device)
+        self.scorer = ResponseScorer(self.module, tr.logprob_chunk_tokens)
+        """The policy's response log-probs (chunked output layer); what DDP wraps and FSDP2 shards."""
+        self.model = self.scorer
+        """The training entry: the scorer, or the DDP wrapper around it."""
         algo = self.cfg.algorithm
-        self.ref_model = None
+        self.ref_model = self.ref_scorer = None
         self.needs = loss_needs(algo.policy_loss)
         """What the policy loss needs besides log-probs and advantages (pairs, the reference as old policy)."""
         self.uses_reference = algo.use_kl_loss or algo.use_kl_in_reward or self.needs.reference_as_old
         if self.uses_reference and not lora.enabled:
             # with LoRA the reference is the base model with its adapters disabled: no second copy
-            self.ref_model = load_causal_lm(self.cfg.model.path, train=False).requires_grad_(False)
+            self.ref_model = load_causal_lm(self.cfg.model.path, train=False).requires_grad_(False).to(self.device)
+            self.ref_scorer = ResponseScorer(self.ref_model, tr.logprob_chunk_tokens)
         self.critic = None
         if algo.adv_estimator == "gae":
             from trinity_like.trainer.critic import ValueModel
 
-            self.critic = self.critic_module = ValueModel(self.cfg.model.path)
+            self.critic = self.critic_module = ValueModel(self.cfg.model.path).to(self.device)
         self._build_optimizers()
         ctrl = algo.kl_ctrl
         self.kl_ctrl = get_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
@@ -153,14 +162,14 @@ class PPOTrainer(TrainEngineWrapper):
             return
         strategy = self.cfg.trainer.strategy
         if strategy == "ddp":
-            self.model = parallel.wrap(self.module, "ddp")
+            self.model = parallel.wrap(self.scorer, "ddp")
             if self.critic is not None:
                 self.critic = parallel.wrap(self.critic_module, "ddp")
             return
-        mesh = parallel.device_mesh(world_size)
-        for module in (self.module, self.critic_module if self.critic is not None else None, self.ref_model):
+        mesh = parallel.device_mesh(world_size, self.device)
+        for module in (self.scorer, self.critic_module if self.critic is not None else None, self.ref_scorer):
             if module is not None:
-                parallel.wrap(module, "fsdp2", mesh)
+                parallel.wrap(module, "fsdp2", mesh, self.cfg.trainer.dtype)
         self._build_optimizers()
 
     def _updates_per_step(self) -> int:
@@ -185,7 +194,7 @@ class PPOTrainer(TrainEngineWrapper):
         algo, temperature = self.cfg.algorithm, self.cfg.explorer.sampling.temperature
         if self.needs.paired_rows:
             batch_exps = preference_pairs(batch_exps)
-        batch = experiences_to_batch(batch_exps, self.pad_token_id, sft_sources=algo.sft_sources)
+        batch = experiences_to_batch(batch_exps, self.pad_token_id, sft_sources=algo.sft_sources).to(self.device)
         mask = batch["response_mask"]  # (B, R)
         # (B,) trained by the weights of version step; rows replayed from another run may carry larger versions
         # rows not generated by this run's policy (model_version -1: imported, demonstrations) have no staleness
@@ -200,7 +209,7 @@ class PPOTrainer(TrainEngineWrapper):
             metrics.update(self._apply_kl_penalty(batch))
         values = None
         if self.critic is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self._autocast():
                 values = compute_values(self.critic_module, batch) * mask  # (B, R)
             batch["values"] = values
         advantages, returns = self.adv_fn(
@@ -238,10 +247,20 @@ class PPOTrainer(TrainEngineWrapper):
 
     @torch.no_grad()
     def _ref_log_probs(self, batch, temperature: float) -> torch.Tensor:
-        if self.ref_model is not None:
-            return compute_log_probs(self.ref_model, batch, temperature)
+        if self.ref_scorer is not None:
+            return self._score(self.ref_scorer, batch, temperature)
         with self.module.disable_adapter():
-            return compute_log_probs(self.module, batch, temperature)
+            return self._score(self.scorer, batch, temperature)
+
+    def _autocast(self):
+        """Forward passes under ``trainer.dtype`` (bf16 autocast; under FSDP2 the MixedPrecisionPolicy does it)."""
+        return autocast(self.device, self.cfg.trainer.dtype, enabled=not parallel.is_sharded(self.scorer))
+
+    def _score(self, scorer, batch, temperature: float, with_entropy: bool = False):
+        """Response log-probs (and entropy), float32 (B, R), from ``scorer`` (or the DDP wrapper around it)."""
+        with self._autocast():
+            return scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"],
+                          temperature, with_entropy)
 
     def plain_policy(self):
         """The policy as a plain transformers model: the module itself, or a copy with LoRA merged in."""
@@ -252,9 +271,9 @@ class PPOTrainer(TrainEngineWrapper):
         return copy.deepcopy(self.module).merge_and_unload()
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights as the plain model holds them (LoRA adapters merged in), full tensors.
-        Collective under FSDP2: every rank calls it."""
-        return export_state_dict(self.plain_policy())
+        """The policy's weights as the plain model holds them (LoRA adapters merged in), full tensors on the CPU
+        in ``trainer.weights_dtype``. Collective under FSDP2: every rank calls it."""
+        return to_host(export_state_dict(self.plain_policy()), self.cfg.trainer.weights_dtype)
 
     def writes(self) -> bool:
         """Whether this rank writes weights and checkpoints (rank 0; the others only join FSDP2's gathers)."""
@@ -316,7 +335,8 @@ class PPOTrainer(TrainEngineWrapper):
             parts = self._micro_batches(shard)
             for i, part in enumerate(parts):
                 micro = shard[part]
-                vpreds = compute_values(self.critic, micro)
+                with self._autocast():
+                    vpreds = compute_values(self.critic, micro)
                 vf_loss, vf_clipfrac = compute_value_loss(vpreds, micro["returns"], micro["values"],
                                                           micro["response_mask"], tr.critic.cliprange_value,
                                                           algo.loss_agg_mode)
@@ -349,6 +369,7 @@ class PPOTrainer(TrainEngineWrapper):
             else:
                 gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._step * 101 + epoch + salt)
                 order = self._rows_of_units(torch.randperm(rows // self.needs.rows_per_unit, generator=gen))
+            order = order.to(self.device)
             for lo in range(0, rows, mini):
                 yield batch[order[lo:lo + mini]]
 
@@ -357,7 +378,7 @@ class PPOTrainer(TrainEngineWrapper):
         if self.dp_world == 1:
             return mb
         units = torch.arange(self.dp_rank, mb.batch_size[0] // self.needs.rows_per_unit, self.dp_world)
-        return mb[self._rows_of_units(units)]
+        return mb[self._rows_of_units(units).to(self.device)]
 
     def _rows_of_units(self, units: torch.Tensor) -> torch.Tensor:
         """Row indices of whole units (a unit: one row, or a (chosen, rejected) pair), in the units' order."""
@@ -403,7 +424,7 @@ class PPOTrainer(TrainEngineWrapper):
             m_mask = micro["response_mask"]  # (b, R)
             m_sft = micro["sft"].unsqueeze(-1)  # (b, 1)
             m_pg_mask = m_mask * ~m_sft  # (b, R)
-            out = compute_log_probs(self.model, micro, temperature, with_entropy=algo.entropy_coeff > 0)
+            out = self._score(self.model, micro, temperature, with_entropy=algo.entropy_coeff > 0)
             log_prob, entropy = out if algo.entropy_coeff > 0 else (out, None)
             # Weight each micro-batch so the accumulated gradient equals the one of the whole mini-batch (DDP
             # averages over ranks, hence the world size); DDP all-reduces on the last backward only.
@@ -455,7 +476,7 @@ class PPOTrainer(TrainEngineWrapper):
         if correction == "none" and bool(known.all()):
             return {}
         with torch.no_grad():
-            proximal = compute_log_probs(self.module, batch, temperature)  # (B, R)
+            proximal = self._score(self.scorer, batch, temperature)  # (B, R)
         behaviour = torch.where(known.unsqueeze(-1), batch["old_log_probs"], proximal)
         if correction == "none":
             batch["old_log_probs"] = behaviour
@@ -478,8 +499,9 @@ class PPOTrainer(TrainEngineWrapper):
 
     # ------------------------------------------------------------ weights out (trinity_like.trainer.publish)
     def weights_for_export(self) -> dict[str, torch.Tensor]:
-        """The plain policy's full tensors, not copied (FSDP2: gathered, so every rank calls it)."""
-        return export_state_dict(self.plain_policy(), copy=False)
+        """The plain policy's full tensors on the CPU in ``trainer.weights_dtype``: not copied when they are
+        already there (FSDP2: gathered, so every rank calls it)."""
+        return to_host(export_state_dict(self.plain_policy(), copy=False), self.cfg.trainer.weights_dtype)
 
     def save_state_dict(self) -> Path:
         """Write this version's weights (this rank's share) as ``state_dict/version-<k>/``."""

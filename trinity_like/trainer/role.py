@@ -258,8 +258,13 @@ class TrainerRole:
         self._stop.set()
 
     def role_info(self) -> dict:
+        """Who this role is and where it trains: ``device`` of the (rank 0) engine and the ``gpus`` Ray gave this
+        role's process (with data-parallel workers the workers hold them)."""
+        import ray
+
         return {"role_id": self.role_id, "state": self.state, "version": self.engine.train_step_num,
-                "resumed_from": self.resumed_from}
+                "resumed_from": self.resumed_from, "device": str(getattr(self.engine, "device", "cpu")),
+                "gpus": ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)}
 
     def shutdown(self) -> None:
         """Stop the helpers this role started (the Redis ingester, data-parallel workers) and close the monitors;

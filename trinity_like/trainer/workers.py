@@ -2,12 +2,12 @@
 RayWorkerGroup).
 
 - ``ResourcePoolManager`` turns named pools (``{"actor": [2, 2]}``: 2 workers on each of 2 nodes) into Ray
-  placement groups of one bundle per worker (CPUs, and a GPU each when ``use_gpu``), and maps roles to pools;
-  several roles may share a pool (colocation).
+  placement groups of one bundle per worker (CPUs, and ``gpus_per_worker`` GPUs, a fraction allowed), packed
+  onto few nodes or spread over them, and maps roles to pools; several roles may share a pool (colocation).
 - ``RayWorkerGroup`` starts one actor per bundle of a pool and calls a method on all of them, gathering the
   results in rank order.
-- ``TrainWorker`` holds one replica of the PPO trainer in a ``torch.distributed`` group (gloo on CPU, NCCL on
-  GPU) with the policy (and critic) under DDP or FSDP2 (``trainer.strategy``). Every worker receives the whole batch
+- ``TrainWorker`` holds one replica of the PPO trainer in a ``torch.distributed`` group (NCCL when every worker
+  holds a whole GPU, gloo otherwise: ``trainer.device.dist_backend``) with the policy (and critic) under DDP or FSDP2 (``trainer.strategy``). Every worker receives the whole batch
   and computes the same advantages and weights; each trains on its shard (rows ``rank::world``) of every
   mini-batch, and the loss weights use the whole mini-batch's normaliser times the world size, so the
   averaged gradient equals the single-process one (tested: 1 vs 2 workers agree within 1e-5, both strategies).
@@ -28,10 +28,12 @@ class ResourcePoolManager:
     """Named pools of worker slots as Ray placement groups; roles map to pools (colocation allowed)."""
 
     def __init__(self, resource_pool_spec: dict[str, list[int]], mapping: dict[str, str] | None = None,
-                 cpus_per_worker: float = 1.0, use_gpu: bool = False) -> None:
+                 cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, placement: str = "pack",
+                 timeout_s: float = 120.0) -> None:
         self.spec = resource_pool_spec
         self.mapping = mapping or {}
-        self.cpus_per_worker, self.use_gpu = cpus_per_worker, use_gpu
+        self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
+        self.placement, self.timeout_s = placement, timeout_s
         self._groups: dict[str, Any] = {}
 
     def create_resource_pools(self) -> None:
@@ -39,10 +41,20 @@ class ResourcePoolManager:
         from ray.util.placement_group import placement_group
 
         for name, per_node in self.spec.items():
-            bundle = {"CPU": self.cpus_per_worker, **({"GPU": 1} if self.use_gpu else {})}
+            bundle = {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {})}
             pg = placement_group([dict(bundle) for _ in range(sum(per_node))],
-                                 strategy="PACK" if len(per_node) == 1 else "SPREAD")
-            ray.get(pg.ready(), timeout=120)
+                                 strategy="SPREAD" if len(per_node) > 1 or self.placement == "spread" else "PACK")
+            try:
+                ray.get(pg.ready(), timeout=self.timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(pg)
+                from trinity_like.common.errors import UserError
+
+                raise UserError(f"Ray could not place {sum(per_node)} trainer workers of {bundle} within "
+                                f"{self.timeout_s:.0f}s: the cluster lacks those resources (`ray status` shows "
+                                "them); lower trainer.num_workers or trainer.gpus_per_worker, or add nodes") from None
             self._groups[name] = pg
 
     def get_resource_pool(self, role: str):
@@ -60,17 +72,18 @@ class ResourcePoolManager:
 
 
 class RayWorkerGroup:
-    """``num_workers`` actors of ``worker_cls``, one per bundle of ``pool``; ``execute_all`` calls a method on
-    every worker and returns the results in rank order."""
+    """``num_workers`` actors of ``worker_cls``, one per bundle of ``pool`` (each taking ``num_gpus`` of its
+    bundle's GPUs, so Ray shows it that GPU); ``execute_all`` calls a method on every worker and returns the
+    results in rank order."""
 
-    def __init__(self, worker_cls: type, num_workers: int, pool=None, *args: Any) -> None:
+    def __init__(self, worker_cls: type, num_workers: int, pool=None, *args: Any, num_gpus: float = 0.0) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         remote_cls = ray.remote(worker_cls)
         self.workers = []
         for rank in range(num_workers):
-            options: dict[str, Any] = {"num_cpus": 0}
+            options: dict[str, Any] = {"num_cpus": 0, "num_gpus": num_gpus}
             if pool is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=pool, placement_group_bundle_index=rank)
@@ -114,13 +127,14 @@ class TrainWorker:
         return ray.util.get_node_ip_address()
 
     def setup(self, master_addr: str, master_port: int) -> None:
-        import torch
         import torch.distributed as dist
 
+        from trinity_like.trainer.device import dist_backend, resolve_device
         from trinity_like.trainer.engine import TRAINERS
         from trinity_like.trainer.ppo import PPOTrainer  # noqa: F401  (registers trainer.type ppo)
 
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        tr = self.cfg.trainer
+        backend = dist_backend(resolve_device(tr.device), tr.gpus_per_worker)
         dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
                                 world_size=self.world_size)
         self.engine = TRAINERS.get(self.cfg.trainer.type)(self.cfg, self.synchronizer)
@@ -137,15 +151,21 @@ class TrainWorker:
     def step_num(self) -> int:
         return self.engine.train_step_num
 
+    def device(self) -> str:
+        return str(self.engine.device)
+
     def state_dict(self) -> dict:
         return self.engine.policy_state_dict()
 
 
 def start_train_workers(cfg: Config, synchronizer=None) -> RayWorkerGroup:
     """``trainer.num_workers`` TrainWorkers in one placement-group pool, joined in one process group."""
-    pools = ResourcePoolManager({"actor": [cfg.trainer.num_workers]}, cpus_per_worker=0.001)
+    tr = cfg.trainer
+    pools = ResourcePoolManager({"actor": [tr.num_workers]}, cpus_per_worker=0.001, gpus_per_worker=tr.gpus_per_worker,
+                                placement=tr.placement, timeout_s=cfg.synchronizer.timeout_s)
     pools.create_resource_pools()
-    group = RayWorkerGroup(TrainWorker, cfg.trainer.num_workers, pools.get_resource_pool("actor"), cfg, synchronizer)
+    group = RayWorkerGroup(TrainWorker, tr.num_workers, pools.get_resource_pool("actor"), cfg, synchronizer,
+                           num_gpus=tr.gpus_per_worker)
     group.pools = pools
     master = group.execute_rank_zero("address")
     group.execute_all("setup", master, free_port())
@@ -164,6 +184,8 @@ class DataParallelTrainer(TrainEngineWrapper):
 
     def prepare(self) -> None:
         self.group = start_train_workers(self.cfg, self.synchronizer)
+        self.device = self.group.execute_rank_zero("device")
+        """Rank 0's device (every worker resolves ``trainer.device`` in its own process)."""
 
     @property
     def train_step_num(self) -> int:

@@ -1,0 +1,73 @@
+"""The trainer on a CUDA GPU (``pytest -m gpu``; skipped on a machine without one). One GPU is enough for all of
+them: data parallelism over NCCL needs two GPUs and is not tested here."""
+
+import pytest
+import torch
+
+from trinity_like.common.modeling import load_causal_lm
+from trinity_like.config import load_config
+from trinity_like.trainer.ppo import PPOTrainer
+
+pytestmark = pytest.mark.gpu
+
+
+def _trainer(tmp_path, model_path, *overrides):
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", "project=gpu", "name=t", f"model.path={model_path}",
+                             "explorer.batch_size=4", "explorer.repeat_times=3", "trainer.micro_batch_size=4",
+                             "trainer.optimizer.lr=0.01", "trainer.logprob_chunk_tokens=16", *overrides])
+    t = PPOTrainer(cfg)
+    t.prepare()
+    return t
+
+
+def test_fp32_step_on_cuda_equals_the_cpu_step(tmp_path, tiny_model_path, batch_exps):
+    cpu = _trainer(tmp_path / "cpu", tiny_model_path, "trainer.device=cpu")
+    gpu = _trainer(tmp_path / "gpu", tiny_model_path, "trainer.device=cuda")
+    assert next(gpu.module.parameters()).device.type == "cuda"
+    m_cpu, m_gpu = cpu.train_step(batch_exps), gpu.train_step(batch_exps)
+    assert m_gpu["actor/grad_norm"] == pytest.approx(m_cpu["actor/grad_norm"], rel=1e-4)
+    w_cpu, w_gpu = cpu.policy_state_dict(), gpu.policy_state_dict()
+    assert all(t.device.type == "cpu" for t in w_gpu.values())  # weights leave the trainer on the CPU
+    for k in w_cpu:
+        torch.testing.assert_close(w_gpu[k], w_cpu[k], rtol=0, atol=1e-5)
+
+
+def test_bf16_step_on_cuda_stays_close_to_fp32(tmp_path, tiny_model_path, batch_exps):
+    ref = _trainer(tmp_path / "fp32", tiny_model_path, "trainer.device=cuda")
+    bf16 = _trainer(tmp_path / "bf16", tiny_model_path, "trainer.device=cuda", "trainer.dtype=bfloat16")
+    m32, m16 = ref.train_step(batch_exps), bf16.train_step(batch_exps)
+    assert all(p.dtype == torch.float32 for p in bf16.module.parameters())
+    assert m16["actor/pg_loss"] == pytest.approx(m32["actor/pg_loss"], abs=2e-2)
+    assert m16["actor/grad_norm"] == pytest.approx(m32["actor/grad_norm"], rel=5e-2)
+
+
+def test_resume_on_gpu_is_exact_and_the_checkpoint_loads_on_the_cpu(tmp_path, tiny_model_path, batch_exps):
+    t = _trainer(tmp_path, tiny_model_path, "trainer.device=cuda")
+    t.train_step(batch_exps)
+    path = t.save_checkpoint()
+    second = t.train_step(batch_exps)
+    after_two = t.policy_state_dict()
+    resumed = _trainer(tmp_path, tiny_model_path, "trainer.device=cuda")
+    resumed.load_checkpoint(path)
+    again = resumed.train_step(batch_exps)
+    assert again["actor/pg_loss"] == pytest.approx(second["actor/pg_loss"], abs=1e-6)
+    for k, v in resumed.policy_state_dict().items():
+        torch.testing.assert_close(v, after_two[k], rtol=0, atol=1e-6)
+    on_cpu = load_causal_lm(path / "model")  # what a CPU-only machine does with it
+    assert next(on_cpu.parameters()).device.type == "cpu"
+
+
+def test_three_step_ray_run_trains_on_cuda_and_its_checkpoint_loads_on_the_cpu(tmp_path, tiny_model_path,
+                                                                               ray_session):
+    from trinity_like.launcher import run
+    from trinity_like.runtime.paths import RunPaths
+
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", "project=gpu", "name=run", f"model.path={tiny_model_path}",
+                             "explorer.batch_size=2", "explorer.repeat_times=4", "explorer.sampling.max_new_tokens=4",
+                             "trainer.total_steps=3", "trainer.device=cuda", "trainer.gpus_per_worker=0.5",
+                             "trainer.dtype=bfloat16"])
+    summary = run(cfg)
+    assert summary["exit_reason"] == "completed" and summary["final_version"] == 3
+    assert summary["trainer_device"].startswith("cuda") and summary["trainer_gpus"] == 0.5
+    model = load_causal_lm(RunPaths.of(cfg).checkpoint_dir / "step_3" / "model")
+    assert next(model.parameters()).device.type == "cpu"

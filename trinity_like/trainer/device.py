@@ -1,0 +1,52 @@
+"""Where and in what precision the trainer computes: ``trainer.device``, ``trainer.dtype`` and
+``trainer.weights_dtype``, and the torch.distributed backend that follows from them.
+
+- The device is resolved in the worker's own process: Ray shows an actor only the GPUs it asked for
+  (``trainer.gpus_per_worker``), so ``auto`` means "the GPU this worker was given, if any".
+- ``bfloat16`` is mixed precision: parameters, gradients and optimizer state stay float32 (the master weights);
+  forward and backward run under ``torch.autocast``; log-probs, losses and advantages are float32.
+- NCCL joins ranks that each hold a whole GPU; every other case (CPU tensors, or ranks sharing one GPU, where
+  NCCL cannot join two ranks) uses gloo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from trinity_like.common.errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(setting: str) -> torch.device:
+    """The trainer's device for ``trainer.device`` (``auto``, ``cpu`` or ``cuda``) in this process."""
+    if setting == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if setting == "cuda":
+        raise UserError("trainer.device is cuda but this trainer worker sees no GPU: Ray shows an actor only the "
+                        "GPUs it asks for, so set trainer.gpus_per_worker (e.g. 1, or 0.5 to share one with an "
+                        "engine), or set trainer.device=auto to train on the CPU when there is none")
+    return torch.device("cpu")
+
+
+def dist_backend(device: torch.device, gpus_per_worker: float) -> str:
+    """``nccl`` when every rank holds a whole GPU of its own, else ``gloo`` (never NCCL with CPU tensors)."""
+    return "nccl" if device.type == "cuda" and gpus_per_worker >= 1 else "gloo"
+
+
+def autocast(device: torch.device, dtype: str, enabled: bool = True):
+    """The context of forward passes: bf16 autocast under ``trainer.dtype: bfloat16``, nothing otherwise."""
+    if not enabled or dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+
+
+def to_host(state_dict: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """Full tensors on the CPU in ``dtype`` (``trainer.weights_dtype``): what engines, files and the object store
+    receive (floating-point tensors are cast, others only moved). Tensors already there are passed through."""
+    want = DTYPES[dtype]
+    return {k: t.to("cpu", want if t.is_floating_point() else t.dtype) for k, t in state_dict.items()}
