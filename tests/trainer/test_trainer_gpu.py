@@ -32,6 +32,22 @@ def test_fp32_step_on_cuda_equals_the_cpu_step(tmp_path, tiny_model_path, batch_
         torch.testing.assert_close(w_gpu[k], w_cpu[k], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.adv_estimator=gae"],
+    ["algorithm.adv_estimator=opmd", "algorithm.opmd_baseline=logavgexp"],
+    ["algorithm.adv_estimator=rloo", "algorithm.off_policy.correction=decoupled"],
+    ["algorithm.adv_estimator=reinforce_plus_plus_baseline", "algorithm.off_policy.correction=icepop"],
+    ["algorithm.off_policy.correction=seq_mis", "algorithm.use_kl_loss=true", "algorithm.entropy_coeff=0.01"],
+    ["algorithm.use_kl_in_reward=true", "trainer.ppo_epochs=2", "trainer.mini_batch_size=6"],
+], ids=["gae", "opmd", "rloo-decoupled", "rpp-icepop", "seq_mis-kl-entropy", "kl_in_reward-epochs"])
+def test_every_part_of_the_step_runs_on_cuda_like_on_the_cpu(tmp_path, tiny_model_path, batch_exps, overrides):
+    """No tensor of an estimator, correction or loss is left on the CPU (a device mismatch raises)."""
+    cpu = _trainer(tmp_path / "cpu", tiny_model_path, "trainer.device=cpu", *overrides)
+    gpu = _trainer(tmp_path / "gpu", tiny_model_path, "trainer.device=cuda", *overrides)
+    m_cpu, m_gpu = cpu.train_step(batch_exps), gpu.train_step(batch_exps)
+    assert m_gpu["actor/grad_norm"] == pytest.approx(m_cpu["actor/grad_norm"], rel=1e-4, abs=1e-6)
+
+
 def test_bf16_step_on_cuda_stays_close_to_fp32(tmp_path, tiny_model_path, batch_exps):
     ref = _trainer(tmp_path / "fp32", tiny_model_path, "trainer.device=cuda")
     bf16 = _trainer(tmp_path / "bf16", tiny_model_path, "trainer.device=cuda", "trainer.dtype=bfloat16")

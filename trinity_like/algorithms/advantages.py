@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import math
+
 import torch
 
 from trinity_like.algorithms.functional import masked_whiten
@@ -188,7 +190,7 @@ def compute_opmd_outcome_advantage(token_level_rewards: torch.Tensor, response_m
     if opmd_baseline not in ("mean", "logavgexp"):
         raise ValueError(f"opmd_baseline must be 'mean' or 'logavgexp', got {opmd_baseline!r}")
     scores = token_level_rewards.sum(-1)  # (B,)
-    baseline = torch.zeros(scores.shape, dtype=torch.float64)
+    baseline = torch.zeros(scores.shape, dtype=torch.float64, device=scores.device)
     s64 = scores.double()
     for rows in _group_rows(index).values():
         if len(rows) > 1:
@@ -196,7 +198,6 @@ def compute_opmd_outcome_advantage(token_level_rewards: torch.Tensor, response_m
             if opmd_baseline == "mean":
                 baseline[rows] = group.mean()
             else:
-                baseline[rows] = tau * (torch.logsumexp(group / tau, dim=-1) - torch.log(torch.tensor(len(rows),
-                                                                                                       dtype=torch.float64)))
+                baseline[rows] = tau * (torch.logsumexp(group / tau, dim=-1) - math.log(len(rows)))
     advantages = (s64 - baseline).to(scores.dtype).unsqueeze(-1) * response_mask
     return advantages, advantages
