@@ -83,7 +83,7 @@ def test_chunked_log_probs_entropy_and_gradients_equal_the_full_logits(tiny_mode
         torch.testing.assert_close(ent, ref_ent, rtol=1e-6, atol=2e-6)
         (lp.sum() + ent.sum()).backward()
         for p, g in zip(lm.parameters(), ref_grads, strict=True):
-            torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=2e-6)
 
 
 def test_chunking_bounds_the_largest_tensor_kept_for_the_backward(tiny_model_path):

@@ -28,12 +28,20 @@ def load_causal_lm(path: str | Path, train: bool = False):
     return model
 
 
+def log_softmax_at(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) over the last axis, in float32 (..., V). Temperature 0 (greedy) is
+    scored at temperature 1; at 1 no scaled copy is made."""
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
 def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """log p(token) under softmax(logits / temperature). logits (..., V), tokens (...) -> (...).
 
     Temperature 0 (greedy) is scored at temperature 1."""
-    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
-    return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return log_softmax_at(logits, temperature).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def export_state_dict(model, copy: bool = True) -> dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from trinity_like.common.experience import Experience
-from trinity_like.common.modeling import logprobs_from_logits
+from trinity_like.common.modeling import log_softmax_at
 
 
 def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources: Collection[str] = ()) -> TensorDict:
@@ -121,11 +121,10 @@ class ResponseScorer(torch.nn.Module):
 def _score(head, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool):
     """Log-probs of ``tokens`` (and the entropy of each position's temperature-scaled distribution) from the
     states ``hidden`` through the output layer ``head``, in float32."""
-    logits = head(hidden)
-    log_prob = logprobs_from_logits(logits, tokens, temperature)
+    logp_all = log_softmax_at(head(hidden), temperature)  # (n, V): the log-prob rule of common.modeling
+    log_prob = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     if not with_entropy:
         return log_prob
-    logp_all = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
     return log_prob, -(logp_all.exp() * logp_all).sum(-1)
 
 
