@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from trinity_like.common.errors import UserError
 from trinity_like.common.modeling import load_causal_lm, logprobs_from_logits
 from trinity_like.config import ConfigError, load_config
-from trinity_like.trainer.batch import ResponseScorer, experiences_to_batch
+from trinity_like.trainer.batch import ResponseScorer
 from trinity_like.trainer.device import dist_backend, resolve_device, to_host
 from trinity_like.trainer.ppo import PPOTrainer
 

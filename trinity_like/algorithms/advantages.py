@@ -18,9 +18,8 @@ and torch.std (unbiased); a group of one gets mean 0 and std 1; GRPO divides by 
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import math
+from collections import defaultdict
 
 import torch
 

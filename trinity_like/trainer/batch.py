@@ -112,7 +112,7 @@ class ResponseScorer(torch.nn.Module):
                         with_entropy)
                 parts.append(checkpoint(_score, *args, use_reentrant=False) if torch.is_grad_enabled()
                              else _score(*args))
-            out = tuple(torch.cat(p) for p in zip(*parts)) if with_entropy else torch.cat(parts)
+            out = tuple(torch.cat(p) for p in zip(*parts, strict=True)) if with_entropy else torch.cat(parts)
         if with_entropy:
             return out[0].view(rows, width_r), out[1].view(rows, width_r)
         return out.view(rows, width_r)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from trinity_like.common.errors import UserError
 from trinity_like.config import Config
 from trinity_like.trainer.engine import TrainEngineWrapper
 
@@ -38,7 +39,7 @@ class ResourcePoolManager:
 
     def create_resource_pools(self) -> None:
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, remove_placement_group
 
         for name, per_node in self.spec.items():
             bundle = {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {})}
@@ -47,11 +48,7 @@ class ResourcePoolManager:
             try:
                 ray.get(pg.ready(), timeout=self.timeout_s)
             except ray.exceptions.GetTimeoutError:
-                from ray.util.placement_group import remove_placement_group
-
                 remove_placement_group(pg)
-                from trinity_like.common.errors import UserError
-
                 raise UserError(f"Ray could not place {sum(per_node)} trainer workers of {bundle} within "
                                 f"{self.timeout_s:.0f}s: the cluster lacks those resources (`ray status` shows "
                                 "them); lower trainer.num_workers or trainer.gpus_per_worker, or add nodes") from None
