@@ -55,8 +55,13 @@ class _Roles:
     synchronizer: Any
     explorer: Any = None
     trainer: Any = None
-    ids: dict[str, str] = field(default_factory=dict)
-    """role kind -> role id registered with the Synchronizer."""
+    infos: dict[str, dict] = field(default_factory=dict)
+    """role kind -> the role's ``role_info()`` as it joined (role id, version, device)."""
+
+    @property
+    def ids(self) -> dict[str, str]:
+        """role kind -> role id registered with the Synchronizer."""
+        return {kind: info["role_id"] for kind, info in self.infos.items()}
 
     @property
     def actors(self) -> list[Any]:
@@ -101,10 +106,9 @@ def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
     ray.get([a.setup.remote() for a in roles.actors])
     for kind, actor in (("explorer", roles.explorer), ("trainer", roles.trainer)):
         if actor is not None:
-            info = ray.get(actor.role_info.remote())
-            roles.ids[kind] = info["role_id"]
+            info = roles.infos[kind] = ray.get(actor.role_info.remote())
             where = f" (trains on {info['device']})" if kind == "trainer" else ""
-            print(f"{kind} {roles.ids[kind]} joined namespace '{ns}'{where}", flush=True)
+            print(f"{kind} {info['role_id']} joined namespace '{ns}'{where}", flush=True)
     return roles
 
 
@@ -188,7 +192,7 @@ def _run_sync(cfg: Config, roles: _Roles, progress: RunProgress, stop: _StopSign
     tasks) are made up by more steps instead of leaving the trainer waiting."""
     import ray
 
-    for _ in range(ray.get(roles.trainer.role_info.remote())["version"], cfg.trainer.total_steps):
+    for _ in range(roles.infos["trainer"]["version"], cfg.trainer.total_steps):
         while not stop.requested and not ray.get(roles.trainer.batch_ready.remote()):
             ray.get(roles.explorer.step.remote())  # ExplorerStalled after explorer.max_empty_steps empty steps
             progress.poll()
@@ -235,8 +239,6 @@ def run(cfg: Config, role: str = "all", resume: bool = False, address: str | Non
 
 def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dict[str, Any]:
     """One stage: ``role`` of the job in ``cfg.mode``."""
-    import ray
-
     set_offline_env()
     check_ray_address(address or os.environ.get("RAY_ADDRESS"))  # before anything slow or written
     paths = prepare_run_dir(cfg, role=role, resume=resume)
@@ -253,8 +255,7 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
     with _StopSignals() as stop:
         try:
             roles = _start_roles(cfg, role, resume)
-            if roles.trainer is not None:
-                trainer_info = ray.get(roles.trainer.role_info.remote())
+            trainer_info = roles.infos.get("trainer", {})
             if cfg.mode == "sync" and role == "all":
                 _run_sync(cfg, roles, progress, stop)
             else:

@@ -39,7 +39,7 @@ from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths
 from trinity_like.trainer import parallel
-from trinity_like.trainer.batch import ResponseScorer, experiences_to_batch
+from trinity_like.trainer.batch import ResponseScorer, compute_log_probs, experiences_to_batch
 from trinity_like.trainer.checkpoint import Checkpointer
 from trinity_like.trainer.critic import compute_values
 from trinity_like.trainer.device import autocast, resolve_device, to_host
@@ -73,6 +73,8 @@ class PPOTrainer(TrainEngineWrapper):
         self._step = 0
         self.dp_rank, self.dp_world = 0, 1
         """Data-parallel position: each rank trains on rows ``rank::world`` of every mini-batch."""
+        self._sharded = False
+        """FSDP2 shards the policy (set by enable_data_parallel): its MixedPrecisionPolicy casts, not autocast."""
         self.module = None
         """The policy without a DDP wrapper (for no-grad passes and weights); set in ``prepare``."""
         self.monitor = None
@@ -167,6 +169,7 @@ class PPOTrainer(TrainEngineWrapper):
                 self.critic = parallel.wrap(self.critic_module, "ddp")
             return
         mesh = parallel.device_mesh(world_size, self.device)
+        self._sharded = True
         for module in (self.scorer, self.critic_module if self.critic is not None else None, self.ref_scorer):
             if module is not None:
                 parallel.wrap(module, "fsdp2", mesh, self.cfg.trainer.dtype)
@@ -254,13 +257,12 @@ class PPOTrainer(TrainEngineWrapper):
 
     def _autocast(self):
         """Forward passes under ``trainer.dtype`` (bf16 autocast; under FSDP2 the MixedPrecisionPolicy does it)."""
-        return autocast(self.device, self.cfg.trainer.dtype, enabled=not parallel.is_sharded(self.scorer))
+        return autocast(self.device, self.cfg.trainer.dtype, enabled=not self._sharded)
 
     def _score(self, scorer, batch, temperature: float, with_entropy: bool = False):
         """Response log-probs (and entropy), float32 (B, R), from ``scorer`` (or the DDP wrapper around it)."""
         with self._autocast():
-            return scorer(batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"],
-                          temperature, with_entropy)
+            return compute_log_probs(scorer, batch, temperature, with_entropy)
 
     def plain_policy(self):
         """The policy as a plain transformers model: the module itself, or a copy with LoRA merged in."""
@@ -281,7 +283,7 @@ class PPOTrainer(TrainEngineWrapper):
 
     def gathers(self) -> bool:
         """Whether this rank must take part in assembling full weights (FSDP2: all ranks; DDP: rank 0)."""
-        return self.writes() or parallel.is_sharded(self.module)
+        return self.writes() or self._sharded
 
     @staticmethod
     def _clip_and_step(module, optimizer, max_norm: float) -> float:
