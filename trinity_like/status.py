@@ -145,6 +145,14 @@ def gather_status(config: str | None, namespace: str | None, address: str | None
     return report
 
 
+def _engine_line(e: dict[str, Any]) -> str:
+    """One engine of an explorer: its version and whether its weights match the published fingerprint."""
+    check = {True: "fingerprint matches", False: "FINGERPRINT MISMATCH", None: "fingerprint not checked"}[e["verified"]]
+    refused = f", {e['mismatches']} load(s) refused by the check" if e.get("mismatches") else ""
+    stalled = "; STALLED: out of service until it answers" if e.get("stalled") else ""
+    return f"    engine {e['engine']:<3}version {e['version']:<6}{check} ({e['fingerprint'] or '-'}){refused}{stalled}"
+
+
 def format_status(report: dict[str, Any]) -> str:
     lines = [f"namespace {report['namespace']}" + (f"   run dir {report['run_dir']}" if "run_dir" in report else "")]
     if report["cluster"] != "connected":
@@ -156,6 +164,7 @@ def format_status(report: dict[str, Any]) -> str:
         for r in sorted(report["roles"], key=lambda r: (r["kind"], r["role_id"])):
             lines.append(f"  {r['kind']:<9}{r['role_id']:<36}{r['state']:<14}version {r['version']:<6}"
                          f"heartbeat {r['seconds_since_heartbeat']:.1f}s ago")
+            lines.extend(_engine_line(e) for e in r.get("engine_versions") or [])
     if "latest_version" in report:
         steps = report.get("explore_steps") or {}
         lines.append(f"latest published version {report['latest_version']}   explorer steps handed out "

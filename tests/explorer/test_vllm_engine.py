@@ -236,6 +236,37 @@ def test_weight_update_from_a_version_folder_checks_it(engine, prompts, trainer_
     assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
 
 
+def test_weights_that_do_not_match_the_published_fingerprint_are_refused(engine, prompts, trainer_model, tmp_path):
+    """The workers fingerprint the Hugging Face tensors they are about to load (from a file, from bytes) and
+    apply nothing when it is not the published one; the right fingerprint loads."""
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.explorer.engines.base import WeightsMismatch
+    from trinity_like.synchronizer.monitor import complete_version
+    from trinity_like.synchronizer.weights_files import read_manifest, write_part
+
+    original = export_state_dict(trainer_model)
+    eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
+    vdir = complete_version(tmp_path, 1, [write_part(tmp_path / "version-00000001", 0, 1, eos_weights)], keep=3)
+    assert read_manifest(vdir)["fingerprint"] == weights_fingerprint(eos_weights)
+    wrong = weights_fingerprint(original)
+    start = engine.model_version
+    greedy = SamplingConfig(temperature=0, max_new_tokens=4)
+    seeds = _seeds(len(prompts), 0)
+    before = engine.generate(prompts, greedy, seeds)
+    try:
+        for update in (WeightUpdate(version=start + 1, path=str(vdir), fingerprint=wrong),
+                       WeightUpdate(version=start + 1, state_dict=eos_weights, fingerprint=wrong)):
+            with pytest.raises(WeightsMismatch, match=f"trainer published {wrong}"):
+                engine.update_weights(update)
+            assert engine.model_version == start and _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+        engine.update_weights(WeightUpdate(version=start + 1, path=str(vdir), fingerprint=read_manifest(vdir)["fingerprint"]))
+        assert engine.fingerprint == weights_fingerprint(eos_weights) and engine.health()["fingerprint"] == engine.fingerprint
+        assert all(s.response_ids.tolist() == [0] for s in engine.generate(prompts, greedy, seeds))
+    finally:
+        engine.update_weights(WeightUpdate(version=start + 2, state_dict=original, fingerprint=weights_fingerprint(original)))
+    assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+
+
 def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path, tmp_path, ray_session):
     """``explorer.engine=vllm`` passes validation; the fleet builds the engine in a Ray actor (make_engine),
     which samples exactly as the engine in this process does and takes weight updates (state dict by ref)."""

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from trinity_like.synchronizer.messages import WeightsInfo
 from trinity_like.synchronizer.weights_files import (
     MANIFEST,
     CorruptWeightsError,
@@ -73,3 +74,95 @@ def test_broadcaster_gives_up_on_an_unreachable_synchronizer_after_its_deadline(
             broadcaster.offer(2, {"w": torch.ones(8)})
     finally:
         broadcaster.close()
+
+
+@pytest.mark.slow
+def test_an_engine_stopped_in_a_broadcast_round_fails_it_within_the_deadline_and_leaves_service_until_it_answers(
+        tmp_path, tiny_model_path, ray_session, batch_exps):
+    """SIGSTOP, not SIGKILL: the stopped engine's sockets stay open, so only the deadline ends the round. The
+    other engine keeps its version and serves alone; the next round forms without the stopped engine; the trainer
+    is never held up; after SIGCONT the engine answers, comes back and is brought up to date before it serves."""
+    import asyncio
+    import os
+    import signal
+
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.config import SamplingConfig, load_config
+    from trinity_like.explorer.fleet import EngineFleet, WeightsLoadFailed
+    from trinity_like.runtime.paths import namespace_of
+    from trinity_like.synchronizer import get_synchronizer
+    from trinity_like.trainer.ppo import PPOTrainer
+
+    deadline_s = 4.0
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=bounded",
+                             "name=sigstop", "explorer.sampling.max_new_tokens=4", "explorer.batch_size=2",
+                             "explorer.repeat_times=3", "explorer.num_engines=2", "trainer.optimizer.lr=0.01",
+                             "synchronizer.method=nccl", f"synchronizer.sync_timeout_s={deadline_s}",
+                             "synchronizer.timeout_s=60"])
+    sync = get_synchronizer(namespace_of(cfg))
+    trainer = PPOTrainer(cfg, sync)
+    trainer.prepare()
+
+    async def waiting(n):
+        until = time.monotonic() + 30
+        while len((await sync.status.remote())["collective"]["waiting"]) < n:
+            assert time.monotonic() < until
+            await asyncio.sleep(0.1)
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        await fleet.ready()
+        stopped = fleet.slots[1]
+        pid = await stopped.actor.pid.remote()
+        try:
+            trainer.train_step(batch_exps)
+            trainer.sync_weight()
+            await fleet.update_weights(await sync.latest.remote())
+            v1 = await fleet.slots[0].actor.weights_fingerprint.remote()
+
+            # both engines wait for version 2; engine 1 is stopped: it becomes a member that never joins
+            update = asyncio.ensure_future(fleet.update_weights(WeightsInfo(version=2, method="nccl")))
+            await waiting(2)
+            os.kill(pid, signal.SIGSTOP)
+            trainer.train_step(batch_exps)
+            start = time.monotonic()
+            trainer.sync_weight()  # offers version 2 and returns: the round runs in the broadcaster's thread
+            assert time.monotonic() - start < 2.0
+            with pytest.raises(WeightsLoadFailed, match="did not finish loading version 2"):
+                await update
+            elapsed = time.monotonic() - start
+            assert elapsed < fleet._load_deadline(WeightsInfo(version=2, method="nccl")) + 10
+            assert trainer.publisher.broadcaster.failures == 1  # the round failed at its deadline, not later
+            assert stopped.stalled and fleet.version == 1
+            assert fleet.engine_versions()[1]["stalled"] is True
+            # engine 0 holds an intact version: the old one, or the new one if gloo sent it all its bytes before
+            # blocking on the stopped member (it applies a version only when complete and fingerprint-checked)
+            want = weights_fingerprint(trainer.policy_state_dict())
+            held = {v1: 1, want: 2}[await fleet.slots[0].actor.weights_fingerprint.remote()]
+            assert fleet.slots[0].version == held
+            samples = await asyncio.wait_for(fleet.generate_spread([[1, 2, 3]] * 4, SamplingConfig(max_new_tokens=3),
+                                                                   [0, 1, 2, 3]), 30)
+            assert {s.engine_id for s in samples} == {"hf-0"} and {s.model_version for s in samples} == {held}
+
+            await asyncio.wait_for(fleet.update_weights(await sync.latest.remote()), 30)  # without engine 1
+            assert fleet.version == 2 and await fleet.slots[0].actor.weights_fingerprint.remote() == want
+            if held == 1:  # engine 0 needed a round: a new group, without the stopped engine
+                assert len((await sync.status.remote())["collective"]["members"]) == 1
+
+            os.kill(pid, signal.SIGCONT)
+            until = time.monotonic() + 60
+            while stopped.stalled:
+                assert time.monotonic() < until, "the engine never came back after SIGCONT"
+                await asyncio.sleep(0.5)
+                fleet._check_stalled()
+            await asyncio.wait_for(fleet.call("health", engine=1), 60)  # brought to version 2 before the call
+            assert stopped.version == 2 and await stopped.actor.weights_fingerprint.remote() == want
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            fleet.kill()
+
+    try:
+        asyncio.run(main())
+    finally:
+        trainer.shutdown()
+        ray_session.kill(sync)

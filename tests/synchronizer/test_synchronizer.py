@@ -10,7 +10,8 @@ import time
 import pytest
 import ray
 
-from trinity_like.common.modeling import export_state_dict, load_causal_lm, state_dict_digest
+from trinity_like.common.fingerprint import weights_fingerprint
+from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import SamplingConfig, load_config
 from trinity_like.runtime.paths import namespace_of
 from trinity_like.synchronizer import CorruptWeightsError, read_weights
@@ -37,7 +38,7 @@ def test_version_files_split_over_writers_and_refuse_damage(tmp_path, tiny_model
         read_weights(tmp_path / "version-00000001")  # no manifest yet: not a version
     vdir = complete_version(tmp_path, 1, parts, keep=2)
     loaded, size = read_weights(vdir)
-    assert state_dict_digest(loaded) == state_dict_digest(sd) and size == sum(p["bytes"] for p in parts)
+    assert weights_fingerprint(loaded) == weights_fingerprint(sd) and size == sum(p["bytes"] for p in parts)
     part = vdir / parts[1]["file"]
     data = bytearray(part.read_bytes())
     data[-3] ^= 0xFF  # one flipped bit pattern in the tensor data: safetensors itself would not notice
@@ -77,9 +78,9 @@ def test_two_explorers_with_two_engines_receive_versions(tmp_path, tiny_model_pa
                 loaded = await asyncio.gather(*(f.update_weights(info)
                                                 for f in fleets))
                 assert loaded == [2 * info.bytes] * 2
-                want = state_dict_digest(trainer.policy_state_dict())
+                want = weights_fingerprint(trainer.policy_state_dict())
                 for f in fleets:
-                    got = await asyncio.gather(*(s.actor.weights_digest.remote() for s in f.slots))
+                    got = await asyncio.gather(*(s.actor.weights_fingerprint.remote() for s in f.slots))
                     assert got == [want, want]
                     assert [h["model_version"] for h in await f.health()] == [info.version] * 2
                 digests.append(want)
@@ -112,7 +113,7 @@ def test_corrupted_version_is_refused_logged_and_the_old_one_keeps_serving(tmp_p
                "trainer.optimizer.lr=0.01")
     trainer = PPOTrainer(cfg)  # standalone: it completes its versions itself
     trainer.prepare()
-    initial = state_dict_digest(trainer.policy_state_dict())
+    initial = weights_fingerprint(trainer.policy_state_dict())
     trainer.train_step(batch_exps)
     good = trainer.save_state_dict()
     bad_dir = good.parent / "version-00000002"
@@ -133,7 +134,7 @@ def test_corrupted_version_is_refused_logged_and_the_old_one_keeps_serving(tmp_p
                     await fleet.update_weights(WeightsInfo(version=2, path=str(bad_dir)))
             assert "could not load version 2" in caplog.text and "damaged" in caplog.text
             assert fleet.version == 0
-            assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [initial] * 2
+            assert await asyncio.gather(*(s.actor.weights_fingerprint.remote() for s in fleet.slots)) == [initial] * 2
             samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
             assert samples[0].model_version == 0  # still serving, with the version it really used
             await fleet.update_weights(WeightsInfo(version=1, path=str(good)))  # a good version loads
@@ -171,7 +172,7 @@ def test_trainer_killed_mid_publish_leaves_every_explorer_on_the_previous_versio
             trainer.sync_weight()  # version 1, both ranks' parts, published by the monitor
             info = await sync.latest.remote()
             await fleet.update_weights(info)
-            v1 = await fleet.slots[0].actor.weights_digest.remote()
+            v1 = await fleet.slots[0].actor.weights_fingerprint.remote()
 
             trainer.train_step(batch_exps)
             rank0, rank1 = trainer.group.workers
@@ -185,7 +186,7 @@ def test_trainer_killed_mid_publish_leaves_every_explorer_on_the_previous_versio
             assert info.version == 1  # nothing half-written was published
             await fleet.update_weights(info)  # explorers sync: still version 1
             assert fleet.version == 1
-            assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [v1, v1]
+            assert await asyncio.gather(*(s.actor.weights_fingerprint.remote() for s in fleet.slots)) == [v1, v1]
             samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
             assert samples[0].model_version == 1
 
@@ -287,7 +288,7 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
             trainer.train_step(batch_exps)
             trainer.sync_weight()
             await fleet.update_weights(WeightsInfo(version=1, method="nccl"))
-            v1 = await fleet.slots[0].actor.weights_digest.remote()
+            v1 = await fleet.slots[0].actor.weights_fingerprint.remote()
 
             # a third engine waits for version 2 and its process is killed: it becomes a member of the round
             # that never receives, so the transfer is cut off for everyone
@@ -303,13 +304,13 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
             with pytest.raises(WeightsLoadFailed):
                 await update
             assert fleet.version == 1
-            assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [v1, v1]
+            assert await asyncio.gather(*(s.actor.weights_fingerprint.remote() for s in fleet.slots)) == [v1, v1]
             samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
             assert samples[0].model_version == 1  # still serving the intact previous version
 
             await fleet.update_weights(WeightsInfo(version=2, method="nccl"))  # retried: a new group without the dead engine
-            want = state_dict_digest(trainer.policy_state_dict())
-            assert await asyncio.gather(*(s.actor.weights_digest.remote() for s in fleet.slots)) == [want, want]
+            want = weights_fingerprint(trainer.policy_state_dict())
+            assert await asyncio.gather(*(s.actor.weights_fingerprint.remote() for s in fleet.slots)) == [want, want]
             assert trainer.publisher.broadcaster.failures == 1
             # a new group (generation 3 or later: under load the two engines may join the retry in separate
             # rounds) whose members are the two live engines only

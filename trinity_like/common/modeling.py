@@ -64,19 +64,6 @@ def export_state_dict(model, copy: bool = True) -> dict[str, torch.Tensor]:
     return out
 
 
-def state_dict_digest(state_dict: dict[str, torch.Tensor]) -> str:
-    """A short hex digest of weights (names, dtypes, shapes and bytes) to tell versions apart in tests and
-    status; aliases of one tensor count once."""
-    import hashlib
-
-    h = hashlib.blake2b(digest_size=8)
-    for name in sorted(state_dict):
-        t = state_dict[name].detach().to("cpu").contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
 def import_state_dict(model, state_dict: dict[str, torch.Tensor]) -> None:
     """Load weights made by ``export_state_dict``; every parameter must be given except tied aliases."""
     missing, unexpected = model.load_state_dict(state_dict, strict=False)

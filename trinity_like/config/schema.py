@@ -290,6 +290,12 @@ class SynchronizerConfig:
     timeout_s: float = _at_least(600.0, 0.0)
     """How long a role waits for the other (new weights, new data; a role started alone waits this long for
     the other to join) before giving up."""
+    sync_timeout_s: float = _at_least(120.0, 1.0)
+    """Deadline of one weight transfer to the engines (a broadcast round, a load from files or the object
+    store). A member that stalls (a stopped process, a dead engine, a hung collective) makes the round fail
+    on every side within it; the engines keep their previous version; the explorer takes a stalled engine out
+    of service (back once it answers again) and the next round forms without it. The trainer never waits on a
+    round."""
     heartbeat_timeout_s: float = _at_least(30.0, 1.0)
     """A role silent for this long is reported dead; the explorer steps it had claimed are redone by another
     explorer."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trinity_like.config import Config, SamplingConfig
-from trinity_like.explorer.engines.base import Sample, WeightUpdate
+from trinity_like.explorer.engines.base import Sample, WeightsMismatch, WeightUpdate
 from trinity_like.synchronizer.messages import WeightsInfo
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,10 @@ class WeightsLoadFailed(RuntimeError):
     """Some engines could not load a version (damaged or deleted files); they keep serving their previous one."""
 
 
+class EngineStalled(TimeoutError):
+    """An engine did not finish loading a version within ``synchronizer.sync_timeout_s``."""
+
+
 class EngineActor:
     """Hosts one rollout engine in its own process. Calls run one at a time (actor concurrency 1)."""
 
@@ -54,6 +58,7 @@ class EngineActor:
         self.key = f"{self.engine.engine_id}-{uuid.uuid4().hex[:8]}"
         """This engine process in collective rounds: a restarted engine is a new member."""
         self.namespace, self.timeout_s = namespace_of(cfg), cfg.synchronizer.timeout_s
+        self.sync_timeout_s = cfg.synchronizer.sync_timeout_s
         self.receiver = None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
@@ -62,16 +67,21 @@ class EngineActor:
     def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
         return self.engine.chat(messages, sampling, seed)
 
-    def update_weights(self, version: int, path: str | None, refs: list[Any]) -> dict[str, int]:
-        """Load a version; all its tensors are read (and checked) before any is applied, so a failure leaves
-        the previous version serving."""
+    def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "") -> dict[str, Any]:
+        """Load a version; all its tensors are read (and checked against the published fingerprint) before any
+        is applied, so a failure leaves the previous version serving."""
         import ray
 
         state_dict = ray.get(refs[0]) if refs else None
-        self.engine.update_weights(WeightUpdate(version=version, path=path, state_dict=state_dict))
-        return {"version": self.engine.model_version, "bytes": self.engine.last_load_bytes}
+        self.engine.update_weights(WeightUpdate(version=version, path=path, state_dict=state_dict,
+                                                fingerprint=fingerprint))
+        return self._loaded(self.engine.last_load_bytes)
 
-    def receive_weights(self, min_version: int) -> dict[str, int]:
+    def _loaded(self, size: int) -> dict[str, Any]:
+        return {"version": self.engine.model_version, "bytes": size,
+                "fingerprint": getattr(self.engine, "fingerprint", "")}
+
+    def receive_weights(self, min_version: int) -> dict[str, Any]:
         """Method ``nccl``: join the next broadcast round of a version >= ``min_version`` and load it. The
         engine receives every slice into a staging buffer first and applies the version only when all are
         in, so a cut-off transfer leaves the previous version serving."""
@@ -82,23 +92,28 @@ class EngineActor:
         sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
         spec = ray.get(sync.collective_ready.remote(self.key, min_version, self.timeout_s))
         if hasattr(self.engine, "receive_collective"):  # vLLM: its worker process joins the group
-            size = self.engine.receive_collective(spec, self.timeout_s)
+            size = self.engine.receive_collective(spec, self.sync_timeout_s)
         else:
-            self.receiver = self.receiver or WeightReceiver(self.timeout_s)
+            self.receiver = self.receiver or WeightReceiver(self.sync_timeout_s)
             state_dict, size = self.receiver.receive(spec, device="cpu")
-            self.engine.update_weights(WeightUpdate(version=spec["version"], state_dict=state_dict))
-        return {"version": self.engine.model_version, "bytes": size}
+            self.engine.update_weights(WeightUpdate(version=spec["version"], state_dict=state_dict,
+                                                    fingerprint=spec.get("fingerprint", "")))
+        return self._loaded(size)
 
     def health(self) -> dict[str, Any]:
         return self.engine.health()
 
-    def weights_digest(self) -> str:
-        return self.engine.weights_digest()
+    def weights_fingerprint(self) -> str:
+        return self.engine.weights_fingerprint()
 
     def pid(self) -> int:
         import os
 
         return os.getpid()
+
+
+async def _ray_await(ref) -> Any:
+    return await ref
 
 
 def make_engine(cfg: Config, engine_id: str):
@@ -126,8 +141,17 @@ class _Slot:
     in_flight: int = 0
     version: int = 0
     """Version the fleet knows this engine holds; reset to -1 when the engine died (it restarts from the
-    initial weights), so the next call brings it up to date first. May be ahead of the fleet's version when
-    other engines failed to load the newer one."""
+    initial weights) or failed the fingerprint check after a load, so the next call brings it up to date
+    first. May be ahead of the fleet's version when other engines failed to load the newer one."""
+    fingerprint: str = ""
+    """Fingerprint of the weights the engine reported serving after its last load."""
+    mismatches: int = 0
+    """Loads this engine refused because the weights did not match the published fingerprint."""
+    stalled: bool = False
+    """It did not finish loading a version within the sync deadline (a stopped process, a hung transfer): out
+    of service (no calls, no rounds) until it answers a health probe, then brought up to date first."""
+    probe: Any = None
+    """The pending health probe of a stalled engine."""
 
 
 class EngineFleet:
@@ -140,6 +164,7 @@ class EngineFleet:
         actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(EngineActor)
         self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
         self.max_retries = cfg.explorer.max_retries
+        self.sync_timeout_s = cfg.synchronizer.sync_timeout_s
         self._weights = WeightsInfo(version=0)
         """The newest weights every engine loaded. Restarted engines get these (by broadcast: the newest version
         the trainer offers)."""
@@ -160,32 +185,83 @@ class EngineFleet:
         the fleet's version stays the old one, and ``WeightsLoadFailed`` is raised; calling again retries only
         the engines that do not hold it yet."""
         async with self._lock:
-            results = await asyncio.gather(*(self._sync_slot(s, info) for s in self.slots), return_exceptions=True)
-            errors = [(s.index, r) for s, r in zip(self.slots, results, strict=True) if isinstance(r, BaseException)]
+            self._check_stalled()
+            live = [s for s in self.slots if not s.stalled]
+            if not live:
+                raise WeightsLoadFailed(f"no engine can load version {info.version}: all {len(self.slots)} are "
+                                        "stalled (out of service until they answer again)")
+            results = await asyncio.gather(*(self._bounded_sync(s, info) for s in live), return_exceptions=True)
+            errors = [(s.index, r) for s, r in zip(live, results, strict=True) if isinstance(r, BaseException)]
             for index, err in errors:
                 logger.error("engine %d could not load version %d from %s: %s", index, info.version,
                              info.path or info.method or "memory", err)
+                if isinstance(err, WeightsMismatch) and "refuses requests" in str(err):
+                    self.slots[index].version = -1  # loaded but not applied: reload a verified version first
             if errors:
                 cause = getattr(errors[0][1], "cause", None) or errors[0][1]  # Ray wraps the engine's own error
-                raise WeightsLoadFailed(f"{len(errors)} of {len(self.slots)} engines could not load version "
+                raise WeightsLoadFailed(f"{len(errors)} of {len(live)} engines could not load version "
                                         f"{info.version}: {type(cause).__name__}: {cause}")
             # by broadcast an engine may have received a newer version than asked for
-            self._weights = dataclasses.replace(info, version=min(s.version for s in self.slots))
+            self._weights = dataclasses.replace(info, version=min(s.version for s in live))
             return sum(results)
+
+    def _load_deadline(self, info: WeightsInfo) -> float:
+        """How long one engine's load may take: ``sync_timeout_s``; by broadcast twice that and a margin (a
+        round under way, perhaps failing at its own deadline, may hold the broadcaster before ours starts)."""
+        return 2 * self.sync_timeout_s + 10 if info.method == "nccl" else self.sync_timeout_s
+
+    async def _bounded_sync(self, slot: _Slot, info: WeightsInfo) -> int:
+        deadline = self._load_deadline(info)
+        try:
+            return await asyncio.wait_for(self._sync_slot(slot, info), deadline)
+        except TimeoutError:
+            slot.stalled, slot.version = True, -1  # what it holds is unknown: brought up to date when back
+            slot.probe = asyncio.ensure_future(_ray_await(slot.actor.health.remote()))
+            raise EngineStalled(f"engine {slot.index} did not finish loading version {info.version} within "
+                                f"{deadline:.0f}s (synchronizer.sync_timeout_s {self.sync_timeout_s:.0f}s): "
+                                "taken out of service until it answers again") from None
+
+    def _check_stalled(self) -> None:
+        """A stalled engine whose health probe came back is in service again (it loads the fleet's weights
+        before its next call); one whose process died meanwhile is restarted by Ray and answers too."""
+        for slot in self.slots:
+            if slot.stalled and slot.probe is not None and slot.probe.done():
+                slot.stalled, slot.probe = False, None
+                logger.warning("engine %d answers again: back in service after it loads version %d", slot.index,
+                               self.version)
 
     async def _sync_slot(self, slot: _Slot, info: WeightsInfo | None = None) -> int:
         info = info or self._weights
         if slot.version >= info.version:
             return 0
-        if info.method == "nccl":
-            loaded = await slot.actor.receive_weights.remote(info.version)
-        else:
-            loaded = await slot.actor.update_weights.remote(info.version, info.path, info.refs)
-        slot.version = loaded["version"]
+        try:
+            if info.method == "nccl":
+                loaded = await slot.actor.receive_weights.remote(info.version)
+            else:
+                loaded = await slot.actor.update_weights.remote(info.version, info.path, info.refs, info.fingerprint)
+        except WeightsMismatch:
+            slot.mismatches += 1
+            raise
+        slot.version, slot.fingerprint = loaded["version"], loaded["fingerprint"]
         return loaded["bytes"]
 
+    @property
+    def fingerprint_mismatches(self) -> int:
+        """Loads refused by their fingerprint check, over every engine, since the fleet started."""
+        return sum(s.mismatches for s in self.slots)
+
+    def engine_versions(self) -> list[dict[str, Any]]:
+        """Each engine's version and fingerprint as the fleet last saw them, and whether the fingerprint is the
+        one the trainer published for that version (None: not known, e.g. the initial model)."""
+        expected = self._weights.fingerprint
+        return [{"engine": s.index, "version": s.version, "fingerprint": s.fingerprint,
+                 "verified": (s.fingerprint == expected) if expected and s.version == self.version else None,
+                 "mismatches": s.mismatches, "stalled": s.stalled} for s in self.slots]
+
     def _pick(self, exclude: set[int]) -> _Slot:
-        candidates = [s for s in self.slots if s.index not in exclude] or self.slots
+        self._check_stalled()
+        serving = [s for s in self.slots if not s.stalled] or self.slots
+        candidates = [s for s in serving if s.index not in exclude] or serving
         return min(candidates, key=lambda s: (s.in_flight, s.index))
 
     async def call(self, method: str, *args: Any, engine: int | None = None) -> Any:
@@ -194,7 +270,8 @@ class EngineFleet:
         tried: set[int] = set()
         last: BaseException | None = None
         for attempt in range(self.max_retries + 1):
-            slot = self.slots[engine] if attempt == 0 and engine is not None else self._pick(tried)
+            pinned = attempt == 0 and engine is not None and not self.slots[engine].stalled
+            slot = self.slots[engine] if pinned else self._pick(tried)
             slot.in_flight += 1
             try:
                 if slot.version < self.version:

@@ -97,7 +97,8 @@ class ExplorerRole:
         self.fleet = None
         # heartbeats from now on: starting the engines may take longer than the heartbeat timeout
         self.heartbeat = Heartbeat(self.synchronizer, self.role_id, lambda: {
-            "version": self.fleet.version if self.fleet is not None else 0, "state": self._sync_state}).start()
+            "version": self.fleet.version if self.fleet is not None else 0, "state": self._sync_state,
+            "engines": self.fleet.engine_versions() if self.fleet is not None else None}).start()
         self.tokenizer = hf_tokenizer(self.cfg.model.path)
         self.fleet = EngineFleet(self.cfg)
         await self.fleet.ready()
@@ -163,7 +164,8 @@ class ExplorerRole:
                 await asyncio.sleep(1.0)
                 info = await self.synchronizer.latest.remote()
         self._sync_state = "running"
-        metrics.update({"sync/version": float(self.fleet.version), "sync/failures": float(self.sync_failures)})
+        metrics.update({"sync/version": float(self.fleet.version), "sync/failures": float(self.sync_failures),
+                        "sync/fingerprint_mismatches": float(self.fleet.fingerprint_mismatches)})
         return metrics
 
     # ------------------------------------------------------------ tasks

@@ -118,13 +118,16 @@ class BroadcasterStopped(RuntimeError):
 class WeightBroadcaster:
     """Trainer rank 0's side: hosts the store, keeps the newest snapshot, serves rounds from a thread."""
 
-    def __init__(self, synchronizer, bucket_mb: float, timeout_s: float) -> None:
+    def __init__(self, synchronizer, bucket_mb: float, timeout_s: float, round_timeout_s: float | None = None) -> None:
+        """``timeout_s``: how long the Synchronizer may stay unreachable; ``round_timeout_s`` (default
+        ``timeout_s``): the deadline of one round, group forming and transfer (``synchronizer.sync_timeout_s``)."""
         import ray
         import torch.distributed as dist
 
         self.synchronizer = synchronizer
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.timeout_s = timeout_s
+        self.round_timeout_s = round_timeout_s or timeout_s
         # The trainer hands over its weights on the CPU (``trainer.weights_dtype``) and engines load them there,
         # so rounds run over gloo whether or not this process sees a GPU (NCCL would need GPU tensors on both
         # sides, and cannot join two ranks on one GPU).
@@ -136,7 +139,7 @@ class WeightBroadcaster:
             self.port = s.getsockname()[1]
         self.store = dist.TCPStore(self.addr, self.port, is_master=True, wait_for_workers=False,
                                    timeout=_timeout(timeout_s))
-        self._snapshot: tuple[int, list[TensorMeta], torch.Tensor] | None = None
+        self._snapshot: tuple[int, list[TensorMeta], torch.Tensor, str] | None = None
         self._cond = threading.Condition()
         self._stop = False
         self._group: tuple[int, Any] | None = None
@@ -149,15 +152,16 @@ class WeightBroadcaster:
         self._thread = threading.Thread(target=self._serve, name="weight-broadcaster", daemon=True)
         self._thread.start()
 
-    def offer(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
-        """Snapshot ``state_dict`` as version ``version`` (replacing an older snapshot); return its bytes.
-        Raises ``BroadcasterStopped`` once the serving thread has given up."""
+    def offer(self, version: int, state_dict: dict[str, torch.Tensor], fingerprint: str = "") -> int:
+        """Snapshot ``state_dict`` as version ``version`` (replacing an older snapshot) with its fingerprint
+        (sent with every round, for the engines to check what they received); return its bytes. Raises
+        ``BroadcasterStopped`` once the serving thread has given up."""
         if self.error is not None:
             raise self.error
         meta = describe(state_dict)
         flat = pack(state_dict, meta, self.device)
         with self._cond:
-            self._snapshot = (version, meta, flat)
+            self._snapshot = (version, meta, flat, fingerprint)
             self._cond.notify_all()
         return flat.numel()
 
@@ -173,11 +177,11 @@ class WeightBroadcaster:
                     self._cond.wait()
                 if self._stop:
                     return
-                version, meta, flat = self._snapshot
+                version, meta, flat, fingerprint = self._snapshot
             try:
                 spec = ray.get(self.synchronizer.collective_next_round.remote(
                     version, [m.__dict__ for m in meta], self.addr, self.port, self.bucket_bytes, self.backend, 1.0,
-                    self._failed_generation))
+                    self._failed_generation, fingerprint))
             except Exception as e:  # the synchronizer restarting: try again, within the deadline
                 if self._stop:
                     return
@@ -213,8 +217,8 @@ class WeightBroadcaster:
             if self._group is None or self._group[0] != spec["generation"]:
                 self._group = None
                 self._group = (spec["generation"], make_group(self.store, spec["generation"], 0, spec["world"],
-                                                              self.backend, self.timeout_s))
-            broadcast_flat(self._group[1], flat, self.bucket_bytes, self.timeout_s)
+                                                              self.backend, self.round_timeout_s))
+            broadcast_flat(self._group[1], flat, self.bucket_bytes, self.round_timeout_s)
             self.rounds += 1
             seconds = time.perf_counter() - start
             self.last_round = {"sync/version": float(spec["version"]), "sync/seconds": seconds,
@@ -223,7 +227,10 @@ class WeightBroadcaster:
             self.failures += 1
             self._group = None  # the next round forms a new group, under a new generation
             self._failed_generation = spec["generation"]
-            logger.error("broadcast of version %d to %d engines failed: %s", spec["version"], spec["world"] - 1, e)
+            logger.error("broadcast of version %d to %d engines failed after %.1fs (deadline %.0fs, "
+                         "synchronizer.sync_timeout_s): %s; the engines keep their previous version and the next "
+                         "round forms a new group", spec["version"], spec["world"] - 1, time.perf_counter() - start,
+                         self.round_timeout_s, e)
 
     def close(self) -> None:
         with self._cond:

@@ -26,4 +26,7 @@ class WeightsInfo:
     bytes: int = 0
     """Size of the weights of this version."""
     method: str = ""
-    """``checkpoint`` or ``memory`` (empty for version 0, the initial model)."""
+    """``checkpoint``, ``memory`` or ``nccl`` (empty for version 0, the initial model)."""
+    fingerprint: str = ""
+    """``weights_fingerprint`` of the weights as the trainer published them; every engine checks what it
+    received and what it serves against it."""

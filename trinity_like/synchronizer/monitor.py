@@ -27,7 +27,13 @@ import ray
 from trinity_like.common.fs import atomic_write_text
 from trinity_like.runtime.checkpoints import read_pointer
 from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
-from trinity_like.synchronizer.weights_files import MANIFEST, version_dir, version_of, write_manifest
+from trinity_like.synchronizer.weights_files import (
+    MANIFEST,
+    parts_fingerprint,
+    version_dir,
+    version_of,
+    write_manifest,
+)
 
 STATE_DICT_DIR = "state_dict"
 
@@ -148,7 +154,7 @@ class CheckpointMonitor:
         if self.namespace is not None:
             sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
             await sync.publish.remote(WeightsInfo(version=step, path=str(vdir), bytes=sum(p["bytes"] for p in parts),
-                                                  method="checkpoint"))
+                                                  method="checkpoint", fingerprint=parts_fingerprint(parts)))
 
     async def monitor_step(self, step: int, is_state_dict: bool = False, timeout_s: float | None = None) -> bool:
         """Wait until every writer of ``step`` has finished; False if ``timeout_s`` passed first."""

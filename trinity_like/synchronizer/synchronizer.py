@@ -151,7 +151,10 @@ class Synchronizer:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch())
         self._notify()
 
-    async def heartbeat(self, role_id: str, version: int | None = None, state: str | None = None) -> None:
+    async def heartbeat(self, role_id: str, version: int | None = None, state: str | None = None,
+                        engines: list[dict] | None = None) -> None:
+        """A role is alive, holds ``version`` and is in ``state``; an explorer adds each engine's version and
+        fingerprint check (``EngineFleet.engine_versions``), shown by ``status``."""
         record = self.roles.get(role_id)
         if record is None or record.state == "stopped":  # a heartbeat in flight when the role ended says nothing
             return
@@ -164,6 +167,8 @@ class Synchronizer:
             record.version = version
         if state is not None:
             record.state = state
+        if engines is not None:
+            record.info["engine_versions"] = engines
 
     async def _watch(self) -> None:
         """Mark roles whose heartbeats stopped as dead; exit once no role is left for ``exit_grace_s``."""
@@ -216,7 +221,8 @@ class Synchronizer:
         return sorted(k for k, (need, fut) in self._ready.items() if need <= version and not fut.done())
 
     async def collective_next_round(self, version: int, meta: list[dict], addr: str, port: int, bucket_bytes: int,
-                                    backend: str, wait_s: float, failed_generation: int = -1) -> dict | None:
+                                    backend: str, wait_s: float, failed_generation: int = -1,
+                                    fingerprint: str = "") -> dict | None:
         """The trainer's broadcaster asks for the next round of ``version``: None if no engine waits for it
         within ``wait_s``, or at once if an engine waits for a newer version (the broadcaster should take its
         newer snapshot); otherwise the engines that are ready (after a short gathering window) become the
@@ -244,7 +250,7 @@ class Synchronizer:
         self._round += 1
         spec = {"round": self._round, "version": version, "generation": self._generation, "world": len(members) + 1,
                 "addr": addr, "port": port, "bucket_bytes": bucket_bytes, "backend": backend,
-                "meta": meta if new else None}
+                "meta": meta if new else None, "fingerprint": fingerprint}
         for rank, key in enumerate(members, start=1):
             _, fut = self._ready.pop(key)
             fut.set_result({**spec, "rank": rank})

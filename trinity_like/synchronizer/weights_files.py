@@ -102,17 +102,31 @@ def write_part(vdir: str | Path, rank: int, world: int, tensors: dict[str, torch
     """Write one writer's tensors atomically; return the part's manifest entry."""
     from safetensors.torch import save_file
 
+    from trinity_like.common.fingerprint import tensor_fingerprints
+
     name = f"part-{rank:05d}-of-{world:05d}.safetensors"
     path = atomic_write_with(Path(vdir) / name, lambda tmp: save_file(
         {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp)))
-    return {"file": name, "bytes": path.stat().st_size, "crc32": file_crc32s(path), "tensors": sorted(tensors)}
+    return {"file": name, "bytes": path.stat().st_size, "crc32": file_crc32s(path), "tensors": sorted(tensors),
+            "fingerprints": tensor_fingerprints(tensors)}
+
+
+def parts_fingerprint(parts: list[dict]) -> str:
+    """The version's ``weights_fingerprint``, from the per-tensor fingerprints its writers recorded (empty for
+    parts written before fingerprints existed)."""
+    from trinity_like.common.fingerprint import combine_fingerprints
+
+    if not parts or any("fingerprints" not in p for p in parts):
+        return ""
+    return combine_fingerprints({k: v for p in parts for k, v in p["fingerprints"].items()})
 
 
 def write_manifest(vdir: str | Path, version: int, parts: list[dict]) -> Path:
     """Complete a version: after this, readers may load it."""
     parts = sorted(parts, key=lambda p: p["file"])
     return atomic_write_json(Path(vdir) / MANIFEST, {
-        "version": version, "parts": parts, "bytes": sum(p["bytes"] for p in parts)})
+        "version": version, "parts": parts, "bytes": sum(p["bytes"] for p in parts),
+        "fingerprint": parts_fingerprint(parts)})
 
 
 def read_manifest(vdir: str | Path) -> dict:

@@ -79,15 +79,20 @@ def write_state_dict(engine) -> tuple[Path, int]:
     return complete_version(root, version, [part], keep_versions(engine.cfg)), part["bytes"]
 
 
-def upload_state_dict(engine) -> tuple[Any, int]:
-    """An object-store reference to the current weights (None on ranks that do not write), and their size."""
+def upload_state_dict(engine) -> tuple[Any, int, str]:
+    """An object-store reference to the current weights (None on ranks that do not write), their size and
+    their fingerprint (empty on ranks that do not write)."""
     import ray
 
+    from trinity_like.common.fingerprint import weights_fingerprint
+
     if not engine.gathers():
-        return None, 0
+        return None, 0, ""
     sd = engine.weights_for_export()
     size = sum(t.numel() * t.element_size() for t in sd.values())
-    return (ray.put(sd) if engine.writes() else None), size
+    if not engine.writes():
+        return None, size, ""
+    return ray.put(sd), size, weights_fingerprint(sd)
 
 
 @PUBLISHERS.register("checkpoint")
@@ -112,11 +117,11 @@ class ObjectStorePublisher(WeightPublisher):
     def publish(self) -> dict[str, float]:
         e = self.engine
         start = time.perf_counter()
-        ref, self.last_bytes = upload_state_dict(e)
+        ref, self.last_bytes, fingerprint = upload_state_dict(e)
         if not e.writes():
             return {}
-        _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, refs=[ref],
-                                                           bytes=self.last_bytes, method="memory")))
+        _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, refs=[ref], bytes=self.last_bytes,
+                                                           method="memory", fingerprint=fingerprint)))
         return {"sync/version": float(e.train_step_num), "sync/seconds": time.perf_counter() - start,
                 "sync/bytes": float(self.last_bytes)}
 
@@ -129,6 +134,7 @@ class BroadcastPublisher(WeightPublisher):
         """Rank 0's WeightBroadcaster, started at the first publication."""
 
     def publish(self) -> dict[str, float]:
+        from trinity_like.common.fingerprint import weights_fingerprint
         from trinity_like.synchronizer.collective import WeightBroadcaster
 
         e = self.engine
@@ -140,10 +146,11 @@ class BroadcastPublisher(WeightPublisher):
             return {}
         sc = e.cfg.synchronizer
         if self.broadcaster is None:
-            self.broadcaster = WeightBroadcaster(e.synchronizer, sc.bucket_mb, sc.timeout_s)
-        self.last_bytes = self.broadcaster.offer(e.train_step_num, sd)
+            self.broadcaster = WeightBroadcaster(e.synchronizer, sc.bucket_mb, sc.timeout_s, sc.sync_timeout_s)
+        fingerprint = weights_fingerprint(sd)
+        self.last_bytes = self.broadcaster.offer(e.train_step_num, sd, fingerprint)
         _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, bytes=self.last_bytes,
-                                                           method="nccl")))
+                                                           method="nccl", fingerprint=fingerprint)))
         last = {f"sync/broadcast_{k.split('/')[1]}": v for k, v in self.broadcaster.last_round.items()}
         return {"sync/version": float(e.train_step_num), "sync/seconds": time.perf_counter() - start,
                 "sync/bytes": float(self.last_bytes), **last,

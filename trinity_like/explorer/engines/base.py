@@ -10,8 +10,9 @@ calls, so workflows and the fleet never special-case one:
   the project's plain ``<|role|>`` format for tokenizers without one), returning the same Sample plus the
   prompt ids it used;
 - ``update_weights(update)``: load the weights of a new policy version, from a safetensors file (method
-  ``checkpoint``) or a state dict (method ``memory``; ``nccl`` arrives with the synchronizer part); an engine
-  never serves half-updated weights (requests wait while weights change);
+  ``checkpoint``) or a state dict (method ``memory``, or what a broadcast round received); an engine never
+  serves half-updated weights (requests wait while weights change), and checks the weights against the
+  fingerprint the trainer published (``WeightsMismatch``: refused, the previous version keeps serving);
 - ``model_version``: the version of the weights loaded now, stamped on every sample;
 - ``health()``: a small dict (engine id, version, requests served, busy).
 """
@@ -51,6 +52,23 @@ class WeightUpdate:
     version: int
     path: str | None = None
     state_dict: dict[str, Any] | None = field(default=None, repr=False)
+    fingerprint: str = ""
+    """``weights_fingerprint`` of the version as the trainer published it (empty: not checked)."""
+
+
+class WeightsMismatch(RuntimeError):
+    """Weights an engine received, or serves after loading them, do not have the fingerprint the trainer
+    published: the transfer damaged them or the load did not apply them. The version is refused."""
+
+
+def check_fingerprint(got: str, update: WeightUpdate, engine_id: str, served_version: int, stage: str) -> None:
+    """Raise ``WeightsMismatch`` when ``got`` (the fingerprint of the weights ``stage`` describes) differs from
+    the one the trainer published for ``update``."""
+    if update.fingerprint and got != update.fingerprint:
+        raise WeightsMismatch(
+            f"engine {engine_id}: the weights of version {update.version} {stage} have fingerprint {got}, the "
+            f"trainer published {update.fingerprint}; version {update.version} is refused and version "
+            f"{served_version} keeps serving")
 
 
 @runtime_checkable

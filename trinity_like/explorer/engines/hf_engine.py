@@ -19,15 +19,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from trinity_like.common.fingerprint import weights_fingerprint
 from trinity_like.common.modeling import (
     export_state_dict,
     import_state_dict,
     load_causal_lm,
     logprobs_from_logits,
-    state_dict_digest,
 )
 from trinity_like.config import SamplingConfig
-from trinity_like.explorer.engines.base import ChatByGenerate, Sample, WeightUpdate
+from trinity_like.explorer.engines.base import (
+    ChatByGenerate,
+    Sample,
+    WeightsMismatch,
+    WeightUpdate,
+    check_fingerprint,
+)
 
 
 def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -66,9 +72,19 @@ class HFEngine(ChatByGenerate):
         self._served = 0
         self.last_load_bytes = 0
         """Bytes read by the last weight update."""
+        self.fingerprint = weights_fingerprint(export_state_dict(self.model, copy=False))
+        """Fingerprint of the weights served, recomputed from the model after every update."""
+        self.verified = True
+        """False after a load that left weights other than the published ones: the engine then refuses to
+        generate until a version loads and verifies."""
+        self.on_received = None
+        """Test hook (fault injection): called with each update's tensors after the transfer, before the check."""
 
     # ------------------------------------------------------------ weights
     def update_weights(self, update: WeightUpdate) -> None:
+        """Load a version: its tensors are checked against the published fingerprint before anything changes
+        (a damaged transfer is refused, the previous version keeps serving), and the weights served after the
+        load are fingerprinted again (a load that did not apply them takes the engine out of service)."""
         if (update.path is None) == (update.state_dict is None):
             raise ValueError("a WeightUpdate needs exactly one of path and state_dict")
         if update.path is not None:
@@ -78,18 +94,30 @@ class HFEngine(ChatByGenerate):
         else:
             state_dict = update.state_dict
             self.last_load_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())
+        if self.on_received is not None:
+            self.on_received(state_dict)
+        if update.fingerprint:
+            check_fingerprint(weights_fingerprint(state_dict), update, self.engine_id, self.model_version, "received")
+        dtypes = {k: t.dtype for k, t in state_dict.items()}
         with self._lock:
             import_state_dict(self.model, state_dict)
-            self.model_version = update.version
+            served = weights_fingerprint(export_state_dict(self.model, copy=False), dtypes)
+            if update.fingerprint and served != update.fingerprint:
+                self.verified = False
+                raise WeightsMismatch(
+                    f"engine {self.engine_id}: after loading version {update.version} it serves weights of "
+                    f"fingerprint {served}, the trainer published {update.fingerprint}; the load did not apply "
+                    "them, and the engine refuses requests until a version loads and verifies")
+            self.model_version, self.fingerprint, self.verified = update.version, served, True
 
-    def weights_digest(self) -> str:
-        """``state_dict_digest`` of the weights being served (tied aliases dropped, as the trainer sends them)."""
+    def weights_fingerprint(self) -> str:
+        """``weights_fingerprint`` of the weights being served (tied aliases dropped, as the trainer sends them)."""
         with self._lock:
-            return state_dict_digest(export_state_dict(self.model, copy=False))
+            return weights_fingerprint(export_state_dict(self.model, copy=False))
 
     def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "model_version": self.model_version, "served": self._served,
-                "busy": self._lock.locked()}
+                "busy": self._lock.locked(), "fingerprint": self.fingerprint, "verified": self.verified}
 
     # ------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
@@ -99,6 +127,9 @@ class HFEngine(ChatByGenerate):
         if len(seeds) != len(prompts):
             raise ValueError(f"generate needs one seed per prompt, got {len(seeds)} for {len(prompts)}")
         with self._lock:
+            if not self.verified:
+                raise WeightsMismatch(f"engine {self.engine_id} serves weights that failed their fingerprint check; "
+                                      "it takes requests again once a version loads and verifies")
             start = time.perf_counter()
             tok_mat, lp_mat, lengths = self._sample(prompts, sampling, seeds)
             elapsed = time.perf_counter() - start

@@ -38,6 +38,7 @@ defaults that the environment can override.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -48,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from trinity_like.config import SamplingConfig
-from trinity_like.explorer.engines.base import ChatByGenerate, Sample, WeightUpdate
+from trinity_like.explorer.engines.base import ChatByGenerate, Sample, WeightUpdate, check_fingerprint
 
 _EXTENSION_CLS = f"{__name__}.WeightSyncExtension"
 
@@ -58,9 +59,9 @@ class WeightSyncExtension:
     ``self`` is the worker. Called through ``LLM.collective_rpc``."""
 
     def trinity_load_weights(self, path: str | None = None, data: bytes | None = None,
-                             tied: bool = False) -> int:
-        """Load new weights (Hugging Face names) in place, from a safetensors file or the bytes of one; return
-        how many tensors were given.
+                             tied: bool = False, fingerprint: str = "") -> dict:
+        """Load new weights (Hugging Face names) in place, from a safetensors file or the bytes of one, if their
+        fingerprint is ``fingerprint`` (when given); return ``{"fingerprint", "applied", "tensors"}``.
 
         Uses the worker's ``reload_weights``: layers whose weights vLLM repacked after the first load (the CPU
         backend's linear layers, quantised layers) are put back into checkpoint form, loaded through the
@@ -76,11 +77,12 @@ class WeightSyncExtension:
             from safetensors.torch import load
 
             state_dict = load(data)
-        return self._trinity_apply(state_dict, tied)
+        return self._trinity_apply(state_dict, tied, fingerprint)
 
-    def trinity_receive_weights(self, spec: dict, tied: bool = False, timeout_s: float = 600.0) -> int:
+    def trinity_receive_weights(self, spec: dict, tied: bool = False, timeout_s: float = 600.0) -> dict:
         """Method ``nccl``: join the broadcast round ``spec`` from this worker process (NCCL into GPU memory on
-        GPU, gloo on CPU), receive the whole version into a staging buffer, then load it; return the bytes."""
+        GPU, gloo on CPU), receive the whole version into a staging buffer, then load it if it has the round's
+        fingerprint; return ``trinity_load_weights``'s dict plus the bytes."""
         import torch
 
         from trinity_like.synchronizer.collective import WeightReceiver
@@ -90,18 +92,23 @@ class WeightSyncExtension:
             receiver = self._trinity_receiver = WeightReceiver(timeout_s)
         device = "cuda" if spec["backend"] == "nccl" and torch.cuda.is_available() else "cpu"
         state_dict, size = receiver.receive(spec, device=device)
-        self._trinity_apply(state_dict, tied)
-        return size
+        return {**self._trinity_apply(state_dict, tied, spec.get("fingerprint", "")), "bytes": size}
 
-    def _trinity_apply(self, state_dict, tied: bool) -> int:
+    def _trinity_apply(self, state_dict, tied: bool, fingerprint: str) -> dict:
+        """Apply ``state_dict`` unless its fingerprint differs from the published one (then nothing changes)."""
+        from trinity_like.common.fingerprint import weights_fingerprint
+
         if not state_dict:
             raise ValueError("no weights given")
+        got = weights_fingerprint(state_dict)
+        if fingerprint and got != fingerprint:
+            return {"fingerprint": got, "applied": False, "tensors": len(state_dict)}
         self.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
         head = getattr(self.get_model(), "lm_head", None)
         method = getattr(head, "quant_method", None)
         if tied and method is not None and getattr(head, "weight", None) is not None:
             method.process_weights_after_loading(head)
-        return len(state_dict)
+        return {"fingerprint": got, "applied": True, "tensors": len(state_dict)}
 
 
 def _checkpoint_names(model_path: Path) -> set[str]:
@@ -219,6 +226,10 @@ class VLLMEngine(ChatByGenerate):
         self._served = 0
         self.last_load_bytes = 0
         """Bytes read by the last weight update."""
+        self.fingerprint = ""
+        """Fingerprint of the last version loaded, as the workers computed it from the tensors they applied
+        (vLLM's own parameters are fused and renamed, so the check is on the Hugging Face tensors handed to its
+        loader; empty for the initial model)."""
 
     # ------------------------------------------------------------ weights
     def update_weights(self, update: WeightUpdate) -> None:
@@ -234,23 +245,40 @@ class VLLMEngine(ChatByGenerate):
             self._check_names(tensor_names(update.path))
             path = Path(update.path)
             self.last_load_bytes = read_manifest(path)["bytes"] if path.is_dir() else path.stat().st_size
-            kwargs: dict[str, Any] = {"path": str(update.path), "tied": self._tied}
+            kwargs: dict[str, Any] = {"path": str(update.path), "tied": self._tied, "fingerprint": update.fingerprint}
         else:
             self._check_names(update.state_dict)
             # Sent as the bytes of a safetensors file: vLLM's RPC to worker processes does not carry tensors
             # (measured: they arrive as lists), bytes go through whole; the worker loads them onto its device.
             from safetensors.torch import save
 
+            from trinity_like.common.fingerprint import weights_fingerprint
+
+            if update.fingerprint:
+                check_fingerprint(weights_fingerprint(update.state_dict), update, self.engine_id, self.model_version,
+                                  "received")
             # A tied lm_head is the embedding (vLLM skips it anyway); safetensors refuses shared tensors.
-            data = save({k: v.detach().to("cpu").contiguous() for k, v in update.state_dict.items()
-                         if k not in self._optional_names})
+            sent = {k: v.detach().to("cpu").contiguous() for k, v in update.state_dict.items()
+                    if k not in self._optional_names}
+            data = save(sent)
             self.last_load_bytes = len(data)
-            kwargs = {"data": data, "tied": self._tied}
+            # the workers can check only what they got whole (a dropped tied lm_head changes the fingerprint)
+            whole = len(sent) == len(update.state_dict)
+            kwargs = {"data": data, "tied": self._tied, "fingerprint": update.fingerprint if whole else ""}
         with self._lock:
-            self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
-            # Cached KV blocks were computed with the old weights.
-            self.llm.reset_prefix_cache()
-            self.model_version = update.version
+            results = self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
+            worker_check = dataclasses.replace(update, fingerprint=kwargs["fingerprint"], state_dict=None)
+            self._take_version(worker_check, results, "read from its files" if update.path else "sent to its workers")
+            self.fingerprint = update.fingerprint or self.fingerprint
+
+    def _take_version(self, update: WeightUpdate, results: list[dict], stage: str) -> None:
+        """After the workers' load: refused (no worker applied a damaged version) or taken. Caller holds the lock."""
+        for r in results:
+            check_fingerprint(r["fingerprint"], update, self.engine_id, self.model_version, stage)
+        # Cached KV blocks were computed with the old weights.
+        self.llm.reset_prefix_cache()
+        self.model_version = update.version
+        self.fingerprint = update.fingerprint or results[0]["fingerprint"]
 
     def receive_collective(self, spec: dict, timeout_s: float) -> int:
         """Method ``nccl``: the worker joins the round and loads the version; requests wait meanwhile. Only
@@ -258,11 +286,11 @@ class VLLMEngine(ChatByGenerate):
         if spec.get("meta") is not None:
             self._check_names(m["name"] for m in spec["meta"])
         with self._lock:
-            sizes = self.llm.collective_rpc("trinity_receive_weights",
-                                            kwargs={"spec": spec, "tied": self._tied, "timeout_s": timeout_s})
-            self.llm.reset_prefix_cache()
-            self.model_version = spec["version"]
-        self.last_load_bytes = int(sizes[0])
+            results = self.llm.collective_rpc("trinity_receive_weights",
+                                              kwargs={"spec": spec, "tied": self._tied, "timeout_s": timeout_s})
+            self._take_version(WeightUpdate(version=spec["version"], fingerprint=spec.get("fingerprint", "")),
+                               results, "received by broadcast")
+        self.last_load_bytes = int(results[0]["bytes"])
         return self.last_load_bytes
 
     def _check_names(self, names) -> None:
@@ -275,7 +303,8 @@ class VLLMEngine(ChatByGenerate):
 
     def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "model_version": self.model_version, "served": self._served,
-                "busy": self._lock.locked(), "backend": "vllm", "device": self.device, "dtype": self.dtype}
+                "busy": self._lock.locked(), "backend": "vllm", "device": self.device, "dtype": self.dtype,
+                "fingerprint": self.fingerprint, "verified": True}
 
     # ------------------------------------------------------------ generation
     def _sampling_params(self, sampling: SamplingConfig, seed: int, stops: list[int]):
