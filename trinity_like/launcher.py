@@ -75,7 +75,7 @@ def _check_gpus(wanted: float, what: str) -> None:
 
     have = ray.cluster_resources().get("GPU", 0.0)
     if wanted > have:
-        raise RunError(f"{what} asks Ray for {wanted:g} GPUs but the cluster has {have:g}; lower them (0 trains on "
+        raise RunError(f"{what} asks Ray for {wanted:g} GPUs but the cluster has {have:g}; lower them (0 runs on "
                        "the CPU), or start Ray where the GPUs are (`ray start --num-gpus N` if Ray does not see them)")
 
 
@@ -93,12 +93,18 @@ def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
     if role in ("all", "trainer") and _actor_exists(TRAINER_NAME, ns):
         raise RunError(f"a trainer is already running in namespace '{ns}'; a run has one trainer")
     roles = _Roles(get_synchronizer(ns, cfg.synchronizer.heartbeat_timeout_s, run_id=read_run_id(RunPaths.of(cfg))))
+    tr, ex = cfg.trainer, cfg.explorer
+    wanted = {"trainer.gpus_per_worker x trainer.num_workers": tr.gpus_per_worker * tr.num_workers
+              if role in ("all", "trainer") else 0.0,
+              "explorer.gpus_per_engine x explorer.num_engines": ex.gpus_per_engine * ex.num_engines
+              if role in ("all", "explorer") and cfg.mode != "offline" else 0.0}
+    asked = {what: n for what, n in wanted.items() if n}
+    if asked:
+        _check_gpus(sum(asked.values()), " + ".join(asked))
     if role in ("all", "explorer") and cfg.mode != "offline":
         roles.explorer = ray.remote(num_cpus=0, max_concurrency=4)(ExplorerRole).options(
             name=f"explorer-{uuid.uuid4().hex[:8]}", namespace=ns).remote(cfg)
     if role in ("all", "trainer"):
-        tr = cfg.trainer
-        _check_gpus(tr.gpus_per_worker * tr.num_workers, "trainer.gpus_per_worker x trainer.num_workers")
         # one worker: the role trains in its own process and holds the GPU; more: each TrainWorker holds one
         gpus = tr.gpus_per_worker if tr.num_workers == 1 else 0
         roles.trainer = ray.remote(num_cpus=0, num_gpus=gpus, max_concurrency=2)(TrainerRole).options(

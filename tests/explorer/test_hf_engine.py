@@ -100,6 +100,41 @@ def test_loading_new_weights_changes_outputs_and_version(tiny_model_path, tmp_pa
         engine.update_weights(WeightUpdate(version=2, state_dict={"bogus": torch.zeros(1)}))
 
 
+def test_a_bfloat16_engine_verifies_float32_weights_by_their_rounded_copy_and_refuses_a_load_not_applied(
+        tiny_model_path, prompts):
+    """The engine checks the bytes it received against the published fingerprint, then that what it serves is
+    what it received in its own dtype; a load that leaves other weights (here: an import that does nothing)
+    takes it out of service until a version loads and verifies."""
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.explorer.engines import hf_engine
+    from trinity_like.explorer.engines.base import WeightsMismatch
+
+    engine = HFEngine(tiny_model_path, dtype="bfloat16")
+    assert engine.health()["dtype"] == "bfloat16" and next(engine.model.parameters()).dtype == torch.bfloat16
+    generator = torch.Generator().manual_seed(1)
+    sd = {k: v.float() + 0.1 * torch.randn(v.shape, generator=generator)
+          for k, v in export_state_dict(engine.model).items()}
+    published = weights_fingerprint(sd)
+    engine.update_weights(WeightUpdate(version=1, state_dict=sd, fingerprint=published))
+    assert engine.fingerprint == published and engine.verified
+    assert engine.weights_fingerprint() == weights_fingerprint({k: v.to(torch.bfloat16) for k, v in sd.items()})
+
+    sd2 = {k: v + 0.1 for k, v in sd.items()}
+    real_import = hf_engine.import_state_dict
+    hf_engine.import_state_dict = lambda model, state_dict: None  # a loader that silently applies nothing
+    try:
+        with pytest.raises(WeightsMismatch, match="did not apply them"):
+            engine.update_weights(WeightUpdate(version=2, state_dict=sd2, fingerprint=weights_fingerprint(sd2)))
+    finally:
+        hf_engine.import_state_dict = real_import
+    assert engine.model_version == 1 and not engine.verified
+    with pytest.raises(WeightsMismatch, match="refuses requests|failed their fingerprint check"):
+        engine.generate(prompts, SamplingConfig(max_new_tokens=2), _seeds(prompts, 0))
+    engine.update_weights(WeightUpdate(version=2, state_dict=sd2, fingerprint=weights_fingerprint(sd2)))
+    assert engine.verified and engine.model_version == 2
+    assert len(engine.generate(prompts, SamplingConfig(max_new_tokens=2), _seeds(prompts, 0))) == len(prompts)
+
+
 def test_chat_uses_the_plain_format_and_stop_tokens_end_a_response(engine, tiny_model_path):
     from trinity_like.explorer.engines.base import render_chat
 

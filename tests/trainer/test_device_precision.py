@@ -204,3 +204,38 @@ def test_a_run_asking_for_more_gpus_than_the_cluster_has_is_refused_at_once(tmp_
     cfg = _cfg(tmp_path, tiny_model_path, "trainer.device=auto", "trainer.gpus_per_worker=2")
     with pytest.raises(RunError, match="asks Ray for 2 GPUs but the cluster has 1"):
         run(cfg)
+    # engines count with the trainer: half a GPU for the trainer and half for each of two engines is 1.5
+    cfg = _cfg(tmp_path, tiny_model_path, "name=gpus2", "trainer.device=auto", "trainer.gpus_per_worker=0.5",
+               "explorer.num_engines=2",
+               "explorer.gpus_per_engine=0.5")
+    with pytest.raises(RunError, match=r"trainer.gpus_per_worker x trainer.num_workers \+ explorer.gpus_per_engine x "
+                                       r"explorer.num_engines asks Ray for 1.5 GPUs but the cluster has 1"):
+        run(cfg)
+
+
+def test_engines_ask_ray_for_their_gpu_share_and_an_hf_engine_without_a_visible_gpu_runs_on_the_cpu(
+        tmp_path, tiny_model_path, ray_session):
+    """The session's GPU is a fake on a machine without one: Ray grants the fraction, CUDA stays invisible, so the
+    engine serves on the CPU in float32 (``explorer.dtype: auto``)."""
+    import asyncio
+
+    from trinity_like.explorer.fleet import EngineFleet
+
+    cfg = _cfg(tmp_path, tiny_model_path, "explorer.gpus_per_engine=0.5")
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        try:
+            await fleet.ready()
+            actor = fleet.slots[0].actor
+            granted = await actor.__ray_call__.remote(
+                lambda self: __import__("ray").get_runtime_context().get_assigned_resources().get("GPU", 0.0))
+            health = await actor.health.remote()
+            return granted, health
+        finally:
+            fleet.kill()
+
+    granted, health = asyncio.run(main())
+    assert granted == 0.5
+    assert (health["device"], health["dtype"]) == (("cuda:0", "bfloat16") if torch.cuda.is_available() else
+                                                   ("cpu", "float32"))

@@ -106,9 +106,6 @@ class EvalTasksetConfig:
 
 @dataclass
 class VLLMConfig:
-    dtype: str = _choices("float32", ("float32", "bfloat16", "float16"))
-    """Weights and activations of the vLLM engine; float32 matches the trainer's log-probs within 1e-6,
-    bfloat16 within ~5e-3."""
     max_model_len: int | None = field(default=None, metadata={"min": 1})
     """Longest prompt + response; empty = the model's own limit, capped at 4096."""
     max_num_seqs: int = _at_least(64, 1)
@@ -135,6 +132,12 @@ class ExplorerConfig:
     """Where the training tasks come from."""
     num_threads: int = _at_least(1, 1)
     """torch threads per engine, so that engines and trainer share the cores sensibly."""
+    gpus_per_engine: float = _at_least(0.0, 0.0)
+    """GPUs each engine asks Ray for; fractions share one GPU (0.5 beside a trainer worker of 0.5). 0 runs the
+    engines on the CPU (Ray then shows them no GPU)."""
+    dtype: str = _choices("auto", ("auto", "float32", "bfloat16", "float16"))
+    """Weights and activations of the engines: `auto` = bfloat16 on a GPU, float32 on the CPU. float32 matches
+    the trainer's float32 log-probs within 1e-6 (vLLM on the tiny model), bfloat16 within ~5e-3."""
     workflow: str = "single_turn"
     """How a task becomes experiences: a registered workflow (`single_turn`, `guess_number`) or an import path
     `package.module:ClassName` of a `Workflow` subclass."""

@@ -121,12 +121,14 @@ def make_engine(cfg: Config, engine_id: str):
     if cfg.explorer.engine == "hf":
         from trinity_like.explorer.engines.hf_engine import HFEngine
 
-        return HFEngine(cfg.model.path, engine_id=engine_id, num_threads=cfg.explorer.num_threads)
+        return HFEngine(cfg.model.path, engine_id=engine_id, num_threads=cfg.explorer.num_threads,
+                        dtype=cfg.explorer.dtype)
     if cfg.explorer.engine == "vllm":
         from trinity_like.explorer.engines.vllm_engine import VLLMEngine
 
         v = cfg.explorer.vllm
-        return VLLMEngine(cfg.model.path, engine_id=engine_id, cfg=cfg, dtype=v.dtype, max_model_len=v.max_model_len,
+        return VLLMEngine(cfg.model.path, engine_id=engine_id, cfg=cfg, dtype=cfg.explorer.dtype,
+                          max_model_len=v.max_model_len,
                           max_num_seqs=v.max_num_seqs, gpu_memory_utilization=v.gpu_memory_utilization,
                           enforce_eager=v.enforce_eager, seed=cfg.seed)
     raise ValueError(f"unknown engine {cfg.explorer.engine!r}")
@@ -161,7 +163,9 @@ class EngineFleet:
         import ray
 
         self.cfg = cfg
-        actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(EngineActor)
+        # Ray shows an engine's process only the GPUs it asks for (explorer.gpus_per_engine; none: the CPU)
+        actor_cls = ray.remote(num_cpus=0, num_gpus=cfg.explorer.gpus_per_engine, max_restarts=-1,
+                               max_task_retries=0)(EngineActor)
         self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
         self.max_retries = cfg.explorer.max_retries
         self.sync_timeout_s = cfg.synchronizer.sync_timeout_s

