@@ -255,3 +255,53 @@ def test_async_run_on_a_mix_of_explorer_rows_and_ingested_demonstrations(tmp_pat
                        query(RunPaths.of(cfg).buffer_dir).column("source").to_pylist(), strict=True))
     assert sorted(sources[r["eid"]] for r in ledger) == ["explorer"] * 8 + ["human"] * 8
     assert len({r["eid"] for r in ledger}) == 16 and all(r["committed"] for r in ledger)
+
+
+def test_a_run_whose_engine_is_stopped_mid_sync_completes_on_the_other_engine(tmp_path, tiny_model_path,
+                                                                               ray_session):
+    """SIGSTOP one of two engines as soon as both wait for a broadcast round: the round (or the engine's next
+    call) fails at its deadline, the engine is left out, and the run completes with every experience trained
+    once; the trainer is never held up by the stalled engine."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from trinity_like.runtime.paths import namespace_of
+    from trinity_like.synchronizer import get_synchronizer
+
+    cfg = _cfg(tmp_path, tiny_model_path, "sigstop", "mode=async", "explorer.num_engines=2",
+               "synchronizer.method=nccl", "synchronizer.sync_timeout_s=3", "explorer.call_timeout_s=8",
+               "explorer.task_timeout_s=60")
+    ns = namespace_of(cfg)
+    outcome: dict = {}
+    runner = threading.Thread(target=lambda: outcome.update(summary=run(cfg)), daemon=True)
+    runner.start()
+    stopped = None
+    try:
+        until = time.monotonic() + 240
+        while stopped is None and runner.is_alive():
+            assert time.monotonic() < until, "the engines never waited for a round together"
+            try:
+                waiting = ray_session.get(get_synchronizer(ns).status.remote(), timeout=5)["collective"]["waiting"]
+            except Exception:  # the synchronizer not up yet
+                waiting = []
+            if len(waiting) >= 2:
+                job = ray_session.get_runtime_context().get_job_id()  # the run's actors are this driver's
+                engines = [a for a in ray_session._private.state.actors().values()  # (the GCS: no dashboard)
+                           if a["ActorClassName"] == "EngineActor" and a["State"] == "ALIVE" and a["JobID"] == job]
+                assert len(engines) == 2
+                stopped = int(engines[-1]["Pid"])
+                os.kill(stopped, signal.SIGSTOP)
+            time.sleep(0.05)
+        runner.join(timeout=300)
+        assert not runner.is_alive(), "the run did not complete with one engine stopped"
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+    assert stopped is not None, "the run ended before the engines waited for a round together"
+    summary = outcome["summary"]
+    _check_run(cfg, summary)
+    explorer = [r for r in _records(cfg) if r["role"] == "explorer"]
+    assert max(r.get("rollout/engine_restarts", 0) for r in explorer) == 0  # left out, not restarted
+    assert max(r.get("sync/failures", 0) for r in explorer) >= 1  # the round with the stopped engine failed

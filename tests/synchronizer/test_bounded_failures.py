@@ -166,3 +166,48 @@ def test_an_engine_stopped_in_a_broadcast_round_fails_it_within_the_deadline_and
     finally:
         trainer.shutdown()
         ray_session.kill(sync)
+
+
+@pytest.mark.slow
+def test_an_engine_that_stops_answering_calls_is_left_out_and_its_calls_retried_elsewhere(tmp_path, tiny_model_path,
+                                                                                         ray_session):
+    import asyncio
+    import os
+    import signal
+
+    from trinity_like.config import SamplingConfig, load_config
+    from trinity_like.explorer.fleet import EngineFleet
+
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=bounded",
+                             "name=callstall", "explorer.num_engines=2", "explorer.call_timeout_s=3",
+                             "explorer.task_timeout_s=30"])
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        await fleet.ready()
+        pid = await fleet.slots[1].actor.pid.remote()
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            start = time.monotonic()
+            samples = await fleet.generate_spread([[1, 2, 3]] * 4, SamplingConfig(max_new_tokens=3), [0, 1, 2, 3])
+            elapsed = time.monotonic() - start
+            assert {s.engine_id for s in samples} == {"hf-0"} and len(samples) == 4
+            assert 3 <= elapsed < 3 + 20  # one call deadline, then served by engine 0
+            assert fleet.slots[1].stalled
+            again = await asyncio.wait_for(fleet.generate_spread([[1, 2, 3]] * 4, SamplingConfig(max_new_tokens=3),
+                                                                 [0, 1, 2, 3]), 10)  # no wait: left out at once
+            assert {s.engine_id for s in again} == {"hf-0"}
+            assert [s.response_ids.tolist() for s in again] == [s.response_ids.tolist() for s in samples]
+            os.kill(pid, signal.SIGCONT)
+            until = time.monotonic() + 60
+            while fleet.slots[1].stalled:
+                assert time.monotonic() < until, "the engine never came back after SIGCONT"
+                await asyncio.sleep(0.2)
+                fleet._check_stalled()
+            back = await fleet.generate_spread([[1, 2, 3]] * 4, SamplingConfig(max_new_tokens=3), [0, 1, 2, 3])
+            assert {s.engine_id for s in back} == {"hf-0", "hf-1"}
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            fleet.kill()
+
+    asyncio.run(main())

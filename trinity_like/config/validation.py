@@ -94,6 +94,11 @@ def _validate_trainer(cfg: Config) -> None:
     if tr.strategy == "fsdp2" and tr.lora.enabled:
         raise ConfigError("trainer.strategy 'fsdp2' with trainer.lora.enabled is not supported: LoRA trains a "
                           "few small adapters, which DDP replicates cheaply; set trainer.strategy=ddp")
+    ex = cfg.explorer
+    if ex.call_timeout_s >= ex.task_timeout_s:
+        raise ConfigError(f"explorer.call_timeout_s={ex.call_timeout_s:g} must be below explorer.task_timeout_s="
+                          f"{ex.task_timeout_s:g}: a call that hangs must be given up (and retried on another engine) "
+                          "before its task is")
     if tr.device == "cpu" and tr.gpus_per_worker > 0:
         raise ConfigError(f"trainer.gpus_per_worker={tr.gpus_per_worker:g} reserves GPUs that trainer.device=cpu never "
                           "uses; set trainer.device=auto (or cuda), or trainer.gpus_per_worker=0")

@@ -208,6 +208,7 @@ class EngineFleet:
         self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
         self.max_retries = cfg.explorer.max_retries
         self.sync_timeout_s = cfg.synchronizer.sync_timeout_s
+        self.call_timeout_s = cfg.explorer.call_timeout_s
         self._weights = WeightsInfo(version=0)
         """The newest weights every engine loaded. Restarted engines get these (by broadcast: the newest version
         the trainer offers)."""
@@ -258,11 +259,16 @@ class EngineFleet:
         try:
             return await asyncio.wait_for(self._sync_slot(slot, info), deadline)
         except TimeoutError:
-            slot.stalled, slot.version = True, -1  # what it holds is unknown: brought up to date when back
+            raise self._stalled(slot, f"did not finish loading version {info.version} within {deadline:.0f}s "
+                                      f"(synchronizer.sync_timeout_s {self.sync_timeout_s:.0f}s)") from None
+
+    def _stalled(self, slot: _Slot, what: str) -> EngineStalled:
+        """Take an engine that stopped answering out of service: no calls, no rounds, until its health probe
+        comes back; what it holds then is unknown, so it is brought up to date first."""
+        slot.stalled, slot.version = True, -1
+        if slot.probe is None or slot.probe.done():
             slot.probe = asyncio.ensure_future(_ray_await(slot.actor.health.remote()))
-            raise EngineStalled(f"engine {slot.index} did not finish loading version {info.version} within "
-                                f"{deadline:.0f}s (synchronizer.sync_timeout_s {self.sync_timeout_s:.0f}s): "
-                                "taken out of service until it answers again") from None
+        return EngineStalled(f"engine {slot.index} {what}: taken out of service until it answers again")
 
     def _check_stalled(self) -> None:
         """A stalled engine whose health probe came back is in service again (it loads the fleet's weights
@@ -276,6 +282,9 @@ class EngineFleet:
     async def _sync_slot(self, slot: _Slot, info: WeightsInfo | None = None) -> int:
         info = info or self._weights
         if slot.version >= info.version:
+            return 0
+        if not (info.path or info.refs or info.method == "nccl"):  # version 0: the initial model, nothing to load
+            slot.version = (await slot.actor.health.remote())["model_version"]  # a restarted engine starts there
             return 0
         try:
             if info.method == "nccl":
@@ -308,8 +317,9 @@ class EngineFleet:
         return min(candidates, key=lambda s: (s.in_flight, s.index))
 
     async def call(self, method: str, *args: Any, engine: int | None = None) -> Any:
-        """Run ``method(*args)`` on engine ``engine`` (default: the least-loaded one); if that engine dies,
-        retry on the least-loaded engine not tried yet."""
+        """Run ``method(*args)`` on engine ``engine`` (default: the least-loaded one); if that engine dies or
+        does not answer within ``explorer.call_timeout_s`` (then it is taken out of service), retry on the
+        least-loaded engine not tried yet."""
         tried: set[int] = set()
         last: BaseException | None = None
         for attempt in range(self.max_retries + 1):
@@ -319,8 +329,18 @@ class EngineFleet:
             try:
                 if slot.version < self.version:
                     async with self._lock:
-                        await self._sync_slot(slot)
-                return await getattr(slot.actor, method).remote(*args)
+                        await self._bounded_sync(slot, self._weights)
+                return await asyncio.wait_for(_ray_await(getattr(slot.actor, method).remote(*args)),
+                                              self.call_timeout_s)
+            except EngineStalled as e:  # it could not be brought up to date in time
+                last = e
+                tried.add(slot.index)
+                logger.error("%s; retrying on another engine", e)
+            except TimeoutError:
+                last = self._stalled(slot, f"did not answer {method} within {self.call_timeout_s:g}s "
+                                           "(explorer.call_timeout_s)")
+                tried.add(slot.index)
+                logger.error("%s; retrying on another engine", last)
             except _ENGINE_GONE as e:
                 last = e
                 tried.add(slot.index)
