@@ -292,7 +292,17 @@ def test_lora_step_changes_only_adapter_weights(tmp_path, tiny_model_path, batch
     assert merged.keys() == merged_before.keys() == export_state_dict(load_causal_lm(tiny_model_path)).keys()
     assert any(not torch.equal(merged[k], merged_before[k]) for k in merged)  # what explorers get moved
     engine = HFEngine(tiny_model_path)
-    engine.update_weights(WeightUpdate(version=2, state_dict=merged))  # the merged weights fit the plain model
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.explorer.engines.base import WeightsMismatch
+
+    # the version's fingerprint is of the merged weights: weights whose adapters were never applied (the base
+    # alone) do not verify, and the engine keeps the version it has
+    with pytest.raises(WeightsMismatch, match="refused"):
+        engine.update_weights(WeightUpdate(version=2, state_dict=merged_before, fingerprint=weights_fingerprint(merged)))
+    assert engine.model_version == 0
+    # the merged weights fit the plain model and verify
+    engine.update_weights(WeightUpdate(version=2, state_dict=merged, fingerprint=weights_fingerprint(merged)))
+    assert engine.verified and engine.fingerprint == weights_fingerprint(merged)
     path = t.save_checkpoint()
     again = _trainer(tmp_path, tiny_model_path, "trainer.lora.enabled=true", "trainer.lora.r=4",
                      "algorithm.use_kl_loss=true", "trainer.optimizer.lr=0.05")
