@@ -49,6 +49,7 @@ def test_run_paths_follow_project_and_name(tmp_path):
         ("algorithm.adv_estimator=magic", "allowed values: gae, grpo, opmd"),
         ("trainer.batch_size=6", "not a multiple of explorer.repeat_times"),
         ("synchronizer.interval=3", "max_staleness"),
+        ("explorer.call_timeout_s=700", "explorer.call_timeout_s=700 must be below explorer.task_timeout_s=600"),
     ],
 )
 def test_bad_config_names_the_key(override, needle):

@@ -150,10 +150,10 @@ class ExplorerConfig:
     is recorded as failed."""
     task_timeout_s: float = _at_least(600.0, 0.001)
     """Longest a task's workflow may run before it counts as failed (and is retried)."""
-    call_timeout_s: float = _at_least(300.0, 0.001)
+    call_timeout_s: float | None = field(default=None, metadata={"min": 0.001})
     """Longest one engine call (a generate or chat) may take: an engine that does not answer within it (a
     stopped process, a hung device) is taken out of service until it answers a health probe, and the call is
-    retried on another engine. Below `task_timeout_s`."""
+    retried on another engine. Below `task_timeout_s`; empty = 90% of it."""
     max_turns: int = _at_least(4, 1)
     """Most model turns of a multi-turn workflow episode."""
     max_empty_steps: int = _at_least(100, 0)

@@ -95,7 +95,7 @@ def _validate_trainer(cfg: Config) -> None:
         raise ConfigError("trainer.strategy 'fsdp2' with trainer.lora.enabled is not supported: LoRA trains a "
                           "few small adapters, which DDP replicates cheaply; set trainer.strategy=ddp")
     ex = cfg.explorer
-    if ex.call_timeout_s >= ex.task_timeout_s:
+    if ex.call_timeout_s is not None and ex.call_timeout_s >= ex.task_timeout_s:
         raise ConfigError(f"explorer.call_timeout_s={ex.call_timeout_s:g} must be below explorer.task_timeout_s="
                           f"{ex.task_timeout_s:g}: a call that hangs must be given up (and retried on another engine) "
                           "before its task is")

@@ -208,7 +208,7 @@ class EngineFleet:
         self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
         self.max_retries = cfg.explorer.max_retries
         self.sync_timeout_s = cfg.synchronizer.sync_timeout_s
-        self.call_timeout_s = cfg.explorer.call_timeout_s
+        self.call_timeout_s = cfg.explorer.call_timeout_s or 0.9 * cfg.explorer.task_timeout_s
         self._weights = WeightsInfo(version=0)
         """The newest weights every engine loaded. Restarted engines get these (by broadcast: the newest version
         the trainer offers)."""
