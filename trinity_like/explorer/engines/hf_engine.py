@@ -105,15 +105,17 @@ class HFEngine(ChatByGenerate):
             self.last_load_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())
         if self.on_received is not None:
             self.on_received(state_dict)
+        received = weights_fingerprint(state_dict)
         if update.fingerprint:
-            check_fingerprint(weights_fingerprint(state_dict), update, self.engine_id, self.model_version, "received")
+            check_fingerprint(received, update, self.engine_id, self.model_version, "received")
         with self._lock:
             import_state_dict(self.model, state_dict)
             # what it serves must be what it received, in the engine's own dtype (a bfloat16 engine holds a
             # rounded copy of float32 weights): a load that did not apply them takes the engine out of service
             served_sd = export_state_dict(self.model, copy=False)
             served = weights_fingerprint(served_sd)
-            expected = weights_fingerprint(state_dict, {k: t.dtype for k, t in served_sd.items()})
+            cast = {k: t.dtype for k, t in served_sd.items() if k in state_dict and state_dict[k].dtype != t.dtype}
+            expected = weights_fingerprint(state_dict, cast) if cast else received
             if served != expected:
                 self.verified = False
                 raise WeightsMismatch(

@@ -247,7 +247,7 @@ class VLLMEngine(ChatByGenerate):
         kwargs = self._load_kwargs(update)
         with self._lock:
             results = self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
-            self._check_results(update, kwargs, results)
+            self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
             self._take_version(update, results)
 
@@ -284,17 +284,16 @@ class VLLMEngine(ChatByGenerate):
         whole = len(sent) == len(update.state_dict)
         return {"data": data, "tied": self._tied, "fingerprint": update.fingerprint if whole else ""}
 
-    def _check_results(self, update: WeightUpdate, kwargs: dict[str, Any], results: list[dict]) -> None:
-        """Raise ``WeightsMismatch`` when the workers refused the version (the fingerprint of what they were
-        to load is not the one they were given): nothing was applied."""
-        if "spec" in kwargs:
-            stage, fingerprint = "received by broadcast", kwargs["spec"].get("fingerprint", "")
-        else:
-            stage = "read from its files" if update.path else "sent to its workers"
-            fingerprint = kwargs["fingerprint"]
+    def _check_results(self, update: WeightUpdate, fingerprint: str, results: list[dict], stage: str) -> None:
+        """Raise ``WeightsMismatch`` when the workers refused the version (the fingerprint of what they were to
+        load, ``stage``, is not ``fingerprint``, the one they were given): nothing was applied."""
         check = dataclasses.replace(update, fingerprint=fingerprint, state_dict=None)
         for r in results:
             check_fingerprint(r["fingerprint"], check, self.engine_id, self.model_version, stage)
+
+    @staticmethod
+    def _load_stage(update: WeightUpdate) -> str:
+        return "read from its files" if update.path else "sent to its workers"
 
     def _take_version(self, update: WeightUpdate, results: list[dict]) -> None:
         self.model_version = update.version
@@ -312,7 +311,7 @@ class VLLMEngine(ChatByGenerate):
         update = WeightUpdate(version=spec["version"], fingerprint=spec.get("fingerprint", ""))
         with self._lock:
             results = self.llm.collective_rpc("trinity_receive_weights", kwargs=kwargs)
-            self._check_results(update, kwargs, results)
+            self._check_results(update, update.fingerprint, results, "received by broadcast")
             self.llm.reset_prefix_cache()
             self._take_version(update, results)
         self.last_load_bytes = int(results[0]["bytes"])
@@ -484,7 +483,7 @@ class AsyncVLLMEngine(VLLMEngine):
         kwargs = await asyncio.to_thread(self._load_kwargs, update)  # checks and serialises off the loop
         async with self._exclusive():
             results = await self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
-            self._check_results(update, kwargs, results)
+            self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
             await self.llm.reset_prefix_cache()
             self._take_version(update, results)
 
@@ -493,7 +492,7 @@ class AsyncVLLMEngine(VLLMEngine):
         update = WeightUpdate(version=spec["version"], fingerprint=spec.get("fingerprint", ""))
         async with self._exclusive():
             results = await self.llm.collective_rpc("trinity_receive_weights", kwargs=kwargs)
-            self._check_results(update, kwargs, results)
+            self._check_results(update, update.fingerprint, results, "received by broadcast")
             await self.llm.reset_prefix_cache()
             self._take_version(update, results)
         self.last_load_bytes = int(results[0]["bytes"])
