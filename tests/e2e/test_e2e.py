@@ -123,11 +123,11 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, sync_r
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
-@pytest.mark.parametrize("method", ["memory", "nccl"])
+@pytest.mark.parametrize("method", ["memory", "nccl", "ipc"])
 def test_sync_methods_without_files(tmp_path, tiny_model_path, ray_session, method):
-    # nccl is gloo here; with two trainer workers the broadcaster lives in rank 0's worker process
+    # nccl is gloo here; with two trainer workers the broadcaster (the shared buffer) lives in rank 0's worker
     cfg = _cfg(tmp_path, tiny_model_path, method, "mode=async", f"synchronizer.method={method}",
-               *(["trainer.num_workers=2"] if method == "nccl" else []))
+               *(["trainer.num_workers=2"] if method in ("nccl", "ipc") else []))
     summary = run(cfg)
     records = _check_run(cfg, summary)
     # no weight files: the state dicts travelled through the object store / the process group
@@ -137,6 +137,11 @@ def test_sync_methods_without_files(tmp_path, tiny_model_path, ray_session, meth
     assert all(r["sync/bytes"] > 0 and r["sync/version"] == r["step"] for r in trainer)
     assert explorer[-1]["sync/version"] >= 1 and explorer[-1]["sync/failures"] == 0
     assert any(r.get("sync/bytes", 0) > 0 for r in explorer)  # the engines received weights
+    if method == "ipc":  # the shared-memory buffers went with the trainer
+        from trinity_like.runtime.paths import namespace_of
+        from trinity_like.synchronizer.shared_weights import shared_root
+
+        assert not (shared_root() / f"trinity_like-{namespace_of(cfg).replace('/', '_')}").exists()
 
 
 @pytest.mark.xdist_group("e2e_sync_run")  # one run per group, not one per xdist worker

@@ -237,11 +237,13 @@ def test_weight_update_from_a_version_folder_checks_it(engine, prompts, trainer_
 
 
 def test_weights_that_do_not_match_the_published_fingerprint_are_refused(engine, prompts, trainer_model, tmp_path):
-    """The workers fingerprint the Hugging Face tensors they are about to load (from a file, from bytes) and
-    apply nothing when it is not the published one; the right fingerprint loads."""
+    """The workers fingerprint the Hugging Face tensors they are about to load (from a file, from bytes, from a
+    shared buffer they map themselves) and apply nothing when it is not the published one; the right fingerprint
+    loads."""
     from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.explorer.engines.base import WeightsMismatch
     from trinity_like.synchronizer.monitor import complete_version
+    from trinity_like.synchronizer.shared_weights import SharedWeights
     from trinity_like.synchronizer.weights_files import read_manifest, write_part
 
     original = export_state_dict(trainer_model)
@@ -253,17 +255,27 @@ def test_weights_that_do_not_match_the_published_fingerprint_are_refused(engine,
     greedy = SamplingConfig(temperature=0, max_new_tokens=4)
     seeds = _seeds(len(prompts), 0)
     before = engine.generate(prompts, greedy, seeds)
+    shared = SharedWeights("test-vllm", root=tmp_path)
+    handle = shared.publish(start + 1, eos_weights, weights_fingerprint(eos_weights))
     try:
         for update in (WeightUpdate(version=start + 1, path=str(vdir), fingerprint=wrong),
-                       WeightUpdate(version=start + 1, state_dict=eos_weights, fingerprint=wrong)):
+                       WeightUpdate(version=start + 1, state_dict=eos_weights, fingerprint=wrong),
+                       WeightUpdate(version=start + 1, shared=handle, fingerprint=wrong)):
             with pytest.raises(WeightsMismatch, match=f"trainer published {wrong}"):
                 engine.update_weights(update)
             assert engine.model_version == start and _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
         engine.update_weights(WeightUpdate(version=start + 1, path=str(vdir), fingerprint=read_manifest(vdir)["fingerprint"]))
         assert engine.fingerprint == weights_fingerprint(eos_weights) and engine.health()["fingerprint"] == engine.fingerprint
         assert all(s.response_ids.tolist() == [0] for s in engine.generate(prompts, greedy, seeds))
+        # from the shared buffer with its own fingerprint: back to the original, then the EOS weights again
+        engine.update_weights(WeightUpdate(version=start + 2, state_dict=original))
+        assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+        engine.update_weights(WeightUpdate(version=start + 3, shared=handle, fingerprint=handle["fingerprint"]))
+        assert engine.model_version == start + 3 and engine.last_load_bytes == handle["size"]
+        assert all(s.response_ids.tolist() == [0] for s in engine.generate(prompts, greedy, seeds))
     finally:
-        engine.update_weights(WeightUpdate(version=start + 2, state_dict=original, fingerprint=weights_fingerprint(original)))
+        shared.close()
+        engine.update_weights(WeightUpdate(version=start + 4, state_dict=original, fingerprint=weights_fingerprint(original)))
     assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
 
 

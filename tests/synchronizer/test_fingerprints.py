@@ -1,7 +1,7 @@
 """Verified delivery: every published version carries the fingerprint the trainer computed from its bytes, every
 engine checks what it received and what it serves against it, and a transfer damaged on the way (a test hook
 flips one byte after the transfer, before the check) is refused on each CPU path (checkpoint files, the object
-store, the gloo broadcast) while the previous version keeps serving. Real Ray, real engines, the tiny model."""
+store, the gloo broadcast, a shared-memory buffer) while the previous version keeps serving. Real Ray, real engines, the tiny model."""
 
 import asyncio
 import logging
@@ -17,7 +17,7 @@ from trinity_like.status import format_status
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["checkpoint", "memory", "nccl"])
+@pytest.mark.parametrize("method", ["checkpoint", "memory", "nccl", "ipc"])
 def test_a_byte_flipped_in_transfer_is_refused_counted_shown_and_the_previous_version_keeps_serving(
         tmp_path, tiny_model_path, ray_session, batch_exps, method, caplog):
     from trinity_like.explorer.fleet import EngineFleet, WeightsLoadFailed

@@ -16,6 +16,7 @@ from trinity_like.trainer.publish import (
     BroadcastPublisher,
     FilePublisher,
     ObjectStorePublisher,
+    SharedMemoryPublisher,
     WeightPublisher,
 )
 from trinity_like.trainer.workers import DataParallelTrainer
@@ -31,8 +32,9 @@ def _trainer(tmp_path, model_path, *overrides):
 
 
 def test_one_publisher_per_method_behind_one_interface():
-    assert PUBLISHERS.names() == ("checkpoint", "memory", "nccl")
-    classes = {"checkpoint": FilePublisher, "memory": ObjectStorePublisher, "nccl": BroadcastPublisher}
+    assert PUBLISHERS.names() == ("checkpoint", "memory", "nccl", "ipc")
+    classes = {"checkpoint": FilePublisher, "memory": ObjectStorePublisher, "nccl": BroadcastPublisher,
+               "ipc": SharedMemoryPublisher}
     for name, cls in classes.items():
         assert PUBLISHERS.get(name) is cls and issubclass(cls, WeightPublisher)
     # only file versions are written by every rank (their bytes add up) and rolled back on resume

@@ -284,7 +284,9 @@ class SynchronizerConfig:
     method: str = _registered("checkpoint", "trinity_like.trainer.publish:PUBLISHERS")
     """How new weights reach the explorers: `checkpoint` (version folders of safetensors parts, written in
     parallel by the trainer ranks), `nccl` (collective broadcast from trainer rank 0 to every engine: NCCL
-    on GPU, gloo on CPU), `memory` (Ray object store)."""
+    on GPU, gloo on CPU), `memory` (Ray object store), `ipc` (a shared buffer on the trainer's node that the
+    engines map: CUDA IPC when they share the trainer's GPU, a shared-memory file otherwise; engines on the
+    trainer's node only)."""
     interval: int = _at_least(1, 1)
     """Publish new weights every N trainer steps; the explorer loads new weights before step k (k = steps
     done) when `(k - offset) % interval == 0` (style `fixed`)."""

@@ -67,14 +67,16 @@ class EngineActor:
     def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
         return self.engine.chat(messages, sampling, seed)
 
-    def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "") -> dict[str, Any]:
-        """Load a version; all its tensors are read (and checked against the published fingerprint) before any
-        is applied, so a failure leaves the previous version serving."""
+    def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "",
+                       shared: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Load a version (from files, the object store or a shared buffer); all its tensors are read (and
+        checked against the published fingerprint) before any is applied, so a failure leaves the previous
+        version serving."""
         import ray
 
         state_dict = ray.get(refs[0]) if refs else None
         self.engine.update_weights(WeightUpdate(version=version, path=path, state_dict=state_dict,
-                                                fingerprint=fingerprint))
+                                                fingerprint=fingerprint, shared=shared))
         return self._loaded(self.engine.last_load_bytes)
 
     def _loaded(self, size: int) -> dict[str, Any]:
@@ -129,11 +131,11 @@ class AsyncEngineActor(EngineActor):
     async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
         return await self.engine.achat(messages, sampling, seed)
 
-    async def update_weights(self, version: int, path: str | None, refs: list[Any],
-                             fingerprint: str = "") -> dict[str, Any]:
+    async def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "",
+                             shared: dict[str, Any] | None = None) -> dict[str, Any]:
         state_dict = (await refs[0]) if refs else None
         await self.engine.aupdate_weights(WeightUpdate(version=version, path=path, state_dict=state_dict,
-                                                       fingerprint=fingerprint))
+                                                       fingerprint=fingerprint, shared=shared))
         return self._loaded(self.engine.last_load_bytes)
 
     async def receive_weights(self, min_version: int) -> dict[str, Any]:
@@ -283,14 +285,15 @@ class EngineFleet:
         info = info or self._weights
         if slot.version >= info.version:
             return 0
-        if not (info.path or info.refs or info.method == "nccl"):  # version 0: the initial model, nothing to load
+        if not (info.path or info.refs or info.shared or info.method == "nccl"):  # version 0: the initial model
             slot.version = (await slot.actor.health.remote())["model_version"]  # a restarted engine starts there
             return 0
         try:
             if info.method == "nccl":
                 loaded = await slot.actor.receive_weights.remote(info.version)
             else:
-                loaded = await slot.actor.update_weights.remote(info.version, info.path, info.refs, info.fingerprint)
+                loaded = await slot.actor.update_weights.remote(info.version, info.path, info.refs, info.fingerprint,
+                                                                info.shared)
         except WeightsMismatch:
             slot.mismatches += 1
             raise

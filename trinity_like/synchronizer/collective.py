@@ -63,8 +63,10 @@ def flat_size(meta: list[TensorMeta]) -> int:
     return max((m.offset + m.nbytes for m in meta), default=0)
 
 
-def pack(state_dict: dict[str, torch.Tensor], meta: list[TensorMeta], device: str = "cpu") -> torch.Tensor:
-    flat = torch.empty(flat_size(meta), dtype=torch.uint8, device=device)
+def pack(state_dict: dict[str, torch.Tensor], meta: list[TensorMeta], device: str | torch.device = "cpu",
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """Copy the tensors into one flat byte buffer laid out by ``meta`` (a new one on ``device``, or ``out``)."""
+    flat = torch.empty(flat_size(meta), dtype=torch.uint8, device=device) if out is None else out
     for m in meta:
         t = state_dict[m.name].detach().contiguous()
         flat[m.offset:m.offset + m.nbytes].copy_(t.reshape(-1).view(torch.uint8))

@@ -23,10 +23,12 @@ class WeightsInfo:
     refs: list[Any] = field(default_factory=list)
     """One Ray ObjectRef of the state dict (method ``memory``); wrapped in a list so Ray does not
     dereference it when the message crosses an actor boundary."""
+    shared: dict[str, Any] | None = None
+    """Handle of the shared buffer holding the version (method ``ipc``: ``shared_weights.open_shared``)."""
     bytes: int = 0
     """Size of the weights of this version."""
     method: str = ""
-    """``checkpoint``, ``memory`` or ``nccl`` (empty for version 0, the initial model)."""
+    """``checkpoint``, ``memory``, ``nccl`` or ``ipc`` (empty for version 0, the initial model)."""
     fingerprint: str = ""
     """``weights_fingerprint`` of the weights as the trainer published them; every engine checks what it
     received and what it serves against it."""

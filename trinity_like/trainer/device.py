@@ -45,8 +45,10 @@ def autocast(device: torch.device, dtype: str, enabled: bool = True):
     return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
 
 
-def to_host(state_dict: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
-    """Full tensors on the CPU in ``dtype`` (``trainer.weights_dtype``): what engines, files and the object store
-    receive (floating-point tensors are cast, others only moved). Tensors already there are passed through."""
+def to_host(state_dict: dict[str, torch.Tensor], dtype: str,
+            device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Full tensors on the CPU (or ``device``) in ``dtype`` (``trainer.weights_dtype``): what engines, files and
+    the object store receive (floating-point tensors are cast, others only moved). Tensors already there are
+    passed through."""
     want = DTYPES[dtype]
-    return {k: t.to("cpu", want if t.is_floating_point() else t.dtype) for k, t in state_dict.items()}
+    return {k: t.to(device, want if t.is_floating_point() else t.dtype) for k, t in state_dict.items()}

@@ -500,10 +500,12 @@ class PPOTrainer(TrainEngineWrapper):
         return float((micro_mask.sum(-1) > 0).sum() / (mini_mask.sum(-1) > 0).sum().clamp(min=1))
 
     # ------------------------------------------------------------ weights out (trinity_like.trainer.publish)
-    def weights_for_export(self) -> dict[str, torch.Tensor]:
-        """The plain policy's full tensors on the CPU in ``trainer.weights_dtype``: not copied when they are
-        already there (FSDP2: gathered, so every rank calls it)."""
-        return to_host(export_state_dict(self.plain_policy(), copy=False), self.cfg.trainer.weights_dtype)
+    def weights_for_export(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The plain policy's full tensors on the CPU (on the trainer's device with ``on_device``) in
+        ``trainer.weights_dtype``: not copied when they are already there (FSDP2: gathered, so every rank calls
+        it)."""
+        return to_host(export_state_dict(self.plain_policy(), copy=False), self.cfg.trainer.weights_dtype,
+                       self.device if on_device else "cpu")
 
     def save_state_dict(self) -> Path:
         """Write this version's weights (this rank's share) as ``state_dict/version-<k>/``."""

@@ -7,10 +7,12 @@ Synchronizer a ``WeightsInfo`` for the version it publishes.
 - ``memory``: rank 0 puts the state dict in Ray's object store and publishes the reference.
 - ``nccl``: rank 0 snapshots the weights into a ``WeightBroadcaster``, whose thread sends them to the engines
   by collective broadcast when they come for it, while training goes on.
+- ``ipc``: rank 0 packs the weights into a shared buffer on its node (``shared_weights``): in its GPU memory as
+  a CUDA IPC handle when the engines share its GPU, else a shared-memory file; engines map it and copy.
 
 A publisher works on an engine that exposes ``train_step_num``, ``dp_rank``, ``dp_world``, ``monitor``,
-``synchronizer``, ``paths``, ``cfg``, ``weights_for_export()`` (the plain policy's full tensors, collective
-under FSDP2) and ``writes()`` / ``gathers()`` (which ranks write, which take part in gathering).
+``synchronizer``, ``paths``, ``cfg``, ``device``, ``weights_for_export(on_device=False)`` (the plain policy's
+full tensors, collective under FSDP2) and ``writes()`` / ``gathers()`` (which ranks write, which take part in gathering).
 """
 
 from __future__ import annotations
@@ -159,3 +161,44 @@ class BroadcastPublisher(WeightPublisher):
     def close(self) -> None:
         if self.broadcaster is not None:
             self.broadcaster.close()
+
+
+@PUBLISHERS.register("ipc")
+class SharedMemoryPublisher(WeightPublisher):
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        self.shared = None
+        """Rank 0's SharedWeights, made at the first publication."""
+
+    def on_gpu(self) -> bool:
+        """Whether versions stay in the trainer's GPU memory (CUDA IPC): only when the engines share that GPU
+        (a fraction of one each); engines on the CPU map a shared-memory file instead."""
+        gpus = self.engine.cfg.explorer.gpus_per_engine
+        return self.engine.device.type == "cuda" and 0 < gpus < 1
+
+    def publish(self) -> dict[str, float]:
+        from trinity_like.common.fingerprint import weights_fingerprint
+        from trinity_like.runtime.paths import namespace_of
+        from trinity_like.synchronizer.shared_weights import SharedWeights
+
+        e = self.engine
+        start = time.perf_counter()
+        if not e.gathers():
+            return {}
+        sd = e.weights_for_export(on_device=self.on_gpu())
+        if not e.writes():
+            return {}
+        if self.shared is None:
+            self.shared = SharedWeights(namespace_of(e.cfg).replace("/", "_"), keep=2)
+        fingerprint = weights_fingerprint(sd)
+        handle = self.shared.publish(e.train_step_num, sd, fingerprint)
+        self.last_bytes = handle["size"]
+        _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, shared=handle,
+                                                           bytes=self.last_bytes, method="ipc",
+                                                           fingerprint=fingerprint)))
+        return {"sync/version": float(e.train_step_num), "sync/seconds": time.perf_counter() - start,
+                "sync/bytes": float(self.last_bytes)}
+
+    def close(self) -> None:
+        if self.shared is not None:
+            self.shared.close()

@@ -17,12 +17,15 @@ RayWorkerGroup).
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Any
 
 from trinity_like.common.errors import UserError
 from trinity_like.config import Config
 from trinity_like.trainer.engine import TrainEngineWrapper
+
+logger = logging.getLogger(__name__)
 
 
 class ResourcePoolManager:
@@ -217,5 +220,13 @@ class DataParallelTrainer(TrainEngineWrapper):
         return {**results[0], "sync/bytes": sum(r.get("sync/bytes", 0.0) for r in results)}
 
     def shutdown(self) -> None:
+        """Let every rank stop what its publisher started (a broadcaster thread, shared-memory buffers), for at
+        most 30 s (a rank may be dead already), then end the workers."""
+        import ray
+
+        try:
+            ray.get([w.call.remote("shutdown") for w in self.group.workers], timeout=30)
+        except Exception as e:  # a dead or hung rank: its process is killed below, its buffers go with the run
+            logger.warning("trainer workers did not shut down cleanly: %s", type(e).__name__)
         self.group.kill()
         self.group.pools.remove()

@@ -47,11 +47,13 @@ class Sample:
 
 @dataclass
 class WeightUpdate:
-    """New weights for an engine: exactly one of ``path`` (safetensors file) or ``state_dict``."""
+    """New weights for an engine: exactly one of ``path`` (safetensors file), ``state_dict`` or ``shared`` (the
+    handle of a shared buffer on this node, method ``ipc``)."""
 
     version: int
     path: str | None = None
     state_dict: dict[str, Any] | None = field(default=None, repr=False)
+    shared: dict[str, Any] | None = field(default=None, repr=False)
     fingerprint: str = ""
     """``weights_fingerprint`` of the version as the trainer published it (empty: not checked)."""
 
@@ -59,6 +61,12 @@ class WeightUpdate:
 class WeightsMismatch(RuntimeError):
     """Weights an engine received, or serves after loading them, do not have the fingerprint the trainer
     published: the transfer damaged them or the load did not apply them. The version is refused."""
+
+
+def check_one_source(update: WeightUpdate) -> None:
+    given = [k for k in ("path", "state_dict", "shared") if getattr(update, k) is not None]
+    if len(given) != 1:
+        raise ValueError(f"a WeightUpdate needs exactly one of path, state_dict and shared, got {given or 'none'}")
 
 
 def check_fingerprint(got: str, update: WeightUpdate, engine_id: str, served_version: int, stage: str) -> None:

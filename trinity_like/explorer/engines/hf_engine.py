@@ -34,6 +34,7 @@ from trinity_like.explorer.engines.base import (
     WeightsMismatch,
     WeightUpdate,
     check_fingerprint,
+    check_one_source,
 )
 
 
@@ -94,12 +95,15 @@ class HFEngine(ChatByGenerate):
         """Load a version: its tensors are checked against the published fingerprint before anything changes
         (a damaged transfer is refused, the previous version keeps serving), and the weights served after the
         load are fingerprinted again (a load that did not apply them takes the engine out of service)."""
-        if (update.path is None) == (update.state_dict is None):
-            raise ValueError("a WeightUpdate needs exactly one of path and state_dict")
+        check_one_source(update)
         if update.path is not None:
             from trinity_like.synchronizer.weights_files import read_weights
 
             state_dict, self.last_load_bytes = read_weights(update.path)  # checked against its manifest
+        elif update.shared is not None:
+            from trinity_like.synchronizer.shared_weights import open_shared
+
+            state_dict, self.last_load_bytes = open_shared(update.shared), int(update.shared["size"])
         else:
             state_dict = update.state_dict
             self.last_load_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())

@@ -52,7 +52,13 @@ from typing import Any
 import numpy as np
 
 from trinity_like.config import SamplingConfig
-from trinity_like.explorer.engines.base import ChatByGenerate, Sample, WeightUpdate, check_fingerprint
+from trinity_like.explorer.engines.base import (
+    ChatByGenerate,
+    Sample,
+    WeightUpdate,
+    check_fingerprint,
+    check_one_source,
+)
 
 _EXTENSION_CLS = f"{__name__}.WeightSyncExtension"
 
@@ -62,9 +68,11 @@ class WeightSyncExtension:
     ``self`` is the worker. Called through ``LLM.collective_rpc``."""
 
     def trinity_load_weights(self, path: str | None = None, data: bytes | None = None,
-                             tied: bool = False, fingerprint: str = "") -> dict:
-        """Load new weights (Hugging Face names) in place, from a safetensors file or the bytes of one, if their
-        fingerprint is ``fingerprint`` (when given); return ``{"fingerprint", "applied", "tensors"}``.
+                             tied: bool = False, fingerprint: str = "", shared: dict | None = None) -> dict:
+        """Load new weights (Hugging Face names) in place, from a safetensors file, the bytes of one, or a shared
+        buffer on this node that the worker maps itself (method ``ipc``: CUDA IPC on the trainer's GPU, a
+        shared-memory file on the CPU), if their fingerprint is ``fingerprint`` (when given); return
+        ``{"fingerprint", "applied", "tensors"}``.
 
         Uses the worker's ``reload_weights``: layers whose weights vLLM repacked after the first load (the CPU
         backend's linear layers, quantised layers) are put back into checkpoint form, loaded through the
@@ -76,6 +84,10 @@ class WeightSyncExtension:
             from trinity_like.synchronizer.weights_files import read_weights
 
             state_dict, _ = read_weights(path)  # a version folder is checked against its manifest first
+        elif shared is not None:
+            from trinity_like.synchronizer.shared_weights import open_shared
+
+            state_dict = open_shared(shared)
         else:
             from safetensors.torch import load
 
@@ -254,8 +266,11 @@ class VLLMEngine(ChatByGenerate):
     def _load_kwargs(self, update: WeightUpdate) -> dict[str, Any]:
         """What the workers' ``trinity_load_weights`` gets for ``update``, after the checks that need no worker
         (names; a state dict's fingerprint)."""
-        if (update.path is None) == (update.state_dict is None):
-            raise ValueError("a WeightUpdate needs exactly one of path and state_dict")
+        check_one_source(update)
+        if update.shared is not None:  # the workers map the trainer's buffer themselves: nothing is copied here
+            self._check_names(m["name"] for m in update.shared["meta"])
+            self.last_load_bytes = int(update.shared["size"])
+            return {"shared": update.shared, "tied": self._tied, "fingerprint": update.fingerprint}
         if update.path is not None:
             from trinity_like.synchronizer.weights_files import read_manifest, tensor_names
 
@@ -293,6 +308,8 @@ class VLLMEngine(ChatByGenerate):
 
     @staticmethod
     def _load_stage(update: WeightUpdate) -> str:
+        if update.shared is not None:
+            return "mapped from shared memory"
         return "read from its files" if update.path else "sent to its workers"
 
     def _take_version(self, update: WeightUpdate, results: list[dict]) -> None:

@@ -1,0 +1,133 @@
+"""Weights through shared memory (``synchronizer.method: ipc``): on the CPU a shared-memory file the trainer writes
+once and engines map; on a GPU a CUDA IPC handle (``pytest -m gpu``). Real files in /dev/shm, real processes (Ray
+actors) mapping them."""
+
+import pytest
+import ray
+import torch
+
+from trinity_like.common.fingerprint import weights_fingerprint
+from trinity_like.synchronizer.shared_weights import SharedWeights, SharedWeightsUnreachable, open_shared
+
+
+def _weights(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"a.weight": torch.randn(7, 5, generator=g), "b.bias": torch.randn(3, generator=g).to(torch.bfloat16),
+            "c.ids": torch.arange(11, dtype=torch.int64) * seed, "d.scale": torch.tensor(float(seed))}
+
+
+@ray.remote(num_cpus=0)
+def _open_elsewhere(handle):
+    """In another process: map the version, return its fingerprint and a copy of one tensor."""
+    import os
+
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.synchronizer.shared_weights import open_shared
+
+    sd = open_shared(handle)
+    return os.getpid(), weights_fingerprint(sd), sd["a.weight"].clone()
+
+
+def test_a_version_in_shared_memory_is_read_intact_by_another_process(tmp_path, ray_session):
+    import os
+
+    shared = SharedWeights("test-intact", root=tmp_path)
+    try:
+        sd = _weights(1)
+        handle = shared.publish(1, sd, weights_fingerprint(sd))
+        assert handle["kind"] == "shm" and handle["version"] == 1 and handle["fingerprint"] == weights_fingerprint(sd)
+        # written whole under a temporary name, then renamed: only the finished buffer is there
+        assert [p.name for p in shared.folder.iterdir()] == ["version-00000001"]
+        assert os.path.getsize(handle["path"]) == handle["size"] == shared.last_bytes
+        pid, fingerprint, a = ray.get(_open_elsewhere.remote(handle))
+        assert pid != os.getpid()
+        assert fingerprint == weights_fingerprint(sd)  # every dtype, shape and byte, in the other process
+        assert torch.equal(a, sd["a.weight"])
+        mapped = open_shared(handle)
+        assert {k: (t.dtype, tuple(t.shape)) for k, t in mapped.items()} == {
+            k: (t.dtype, tuple(t.shape)) for k, t in sd.items()}
+    finally:
+        shared.close()
+    assert not shared.folder.exists()
+
+
+def test_the_newest_versions_are_kept_and_a_dropped_one_is_refused_clearly(tmp_path):
+    shared = SharedWeights("test-keep", keep=2, root=tmp_path)
+    try:
+        h1 = shared.publish(1, _weights(1))
+        mapped_v1 = open_shared(h1)  # an engine still reading version 1 ...
+        shared.publish(2, _weights(2))
+        h3 = shared.publish(3, _weights(3))
+        assert sorted(p.name for p in shared.folder.iterdir()) == ["version-00000002", "version-00000003"]
+        # ... reads it intact after it was dropped (its mapping outlives the file's name)
+        assert weights_fingerprint(mapped_v1) == weights_fingerprint(_weights(1))
+        with pytest.raises(SharedWeightsUnreachable, match="version 1 .* is gone.*load the newest"):
+            open_shared(h1)
+        assert weights_fingerprint(open_shared(h3)) == weights_fingerprint(_weights(3))
+        with pytest.raises(ValueError, match="no weights"):
+            shared.publish(4, {})
+    finally:
+        shared.close()
+
+
+def test_a_handle_from_another_host_or_gpu_is_refused_naming_the_method_to_use(tmp_path):
+    shared = SharedWeights("test-elsewhere", root=tmp_path)
+    try:
+        handle = shared.publish(1, _weights(1))
+        # fakes of what this machine lacks: a second host, a GPU buffer
+        with pytest.raises(SharedWeightsUnreachable, match="not on this engine's node.*nccl or memory"):
+            open_shared({**handle, "node": "another-host:fake-boot-id"})
+        cuda = {**handle, "kind": "cuda", "cuda": {"args": (), "device_uuid": "GPU-fake"}}
+        with pytest.raises(SharedWeightsUnreachable, match="nccl"):
+            open_shared(cuda)
+    finally:
+        shared.close()
+
+
+def test_buffers_a_killed_trainer_left_are_removed_by_the_next_one(tmp_path):
+    folder = tmp_path / "trinity_like-test-stale"
+    folder.mkdir()
+    (folder / "version-00000007").write_bytes(b"x" * 64)
+    (folder / "version-00000008.tmp").write_bytes(b"y" * 8)  # cut off mid-write
+    shared = SharedWeights("test-stale", root=tmp_path)
+    try:
+        assert list(shared.folder.iterdir()) == []
+        with pytest.raises(ValueError, match="keep must be at least 1"):
+            SharedWeights("test-stale-2", keep=0, root=tmp_path)
+    finally:
+        shared.close()
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_between_two_actors_on_one_gpu(ray_session):
+    """Trainer side and engine side in two processes sharing the one GPU (half of it each): the engine maps the
+    trainer's buffer by its CUDA IPC handle and gets every byte, on the GPU."""
+
+    @ray.remote(num_gpus=0.5, num_cpus=0)
+    class Publisher:
+        def __init__(self):
+            self.shared = SharedWeights("test-cuda")
+
+        def publish(self, version):
+            sd = {k: v.cuda() for k, v in _weights(version).items()}
+            return self.shared.publish(version, sd, weights_fingerprint(sd))
+
+        def close(self):
+            self.shared.close()
+
+    @ray.remote(num_gpus=0.5, num_cpus=0)
+    def receive(handle):
+        sd = open_shared(handle)
+        assert all(t.device.type == "cuda" for t in sd.values())
+        own = {k: t.clone() for k, t in sd.items()}  # the engine's copy, device to device
+        return weights_fingerprint(own)
+
+    pub = Publisher.remote()
+    try:
+        for version in (1, 2, 3):
+            handle = ray.get(pub.publish.remote(version))
+            assert handle["kind"] == "cuda"
+            assert ray.get(receive.remote(handle)) == handle["fingerprint"] == weights_fingerprint(_weights(version))
+    finally:
+        ray.get(pub.close.remote())
+        ray.kill(pub)

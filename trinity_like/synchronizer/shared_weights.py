@@ -1,0 +1,166 @@
+"""Weights through shared memory (``synchronizer.method: ipc``), for engines on the trainer's node.
+
+Trainer rank 0 packs each version into one flat buffer (the byte layout of the broadcast, ``collective.describe``)
+that engines on its node map instead of receiving a copy:
+
+- on a GPU, when the engines share the trainer's GPU (``explorer.gpus_per_engine`` below 1): a buffer in the
+  trainer's GPU memory, handed over as a CUDA IPC handle; each engine maps it and copies device to device
+  (NCCL cannot join two ranks on one GPU);
+- otherwise: a file in ``/dev/shm`` (the temp folder where there is none), which engines map read-only
+  (``torch.from_file``): the bytes are written once, by the trainer, and read once, by each engine.
+
+A handle (a plain dict: it crosses Ray in ``WeightsInfo.shared``) names the version, the buffer, the tensors'
+layout, the node (and GPU) it lives on, and the fingerprint. The trainer keeps the newest ``keep`` versions'
+buffers, so an engine still mapping version v when v+1 is published reads v intact; an engine asking for a
+buffer already dropped gets a clear error (its next load takes the newest version). Whatever the
+timing, an engine applies only bytes whose fingerprint is the published one.
+
+Files of a process killed before it cleaned up are removed by the next ``SharedWeights`` of the same owner
+(the run's namespace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trinity_like.synchronizer.collective import TensorMeta, describe, flat_size, pack, unpack
+
+
+class SharedWeightsUnreachable(RuntimeError):
+    """An engine cannot map a shared version: it runs on another node or GPU, or the buffer was dropped."""
+
+
+def node_identity() -> str:
+    """The host this process runs on, as shared memory sees it: its name and the kernel's boot id (the same in
+    every process of the host, in Ray or not, e.g. vLLM's worker processes)."""
+    import socket
+
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "-"
+    return f"{socket.gethostname()}:{boot}"
+
+
+def shared_root() -> Path:
+    """Where shared buffers live on the CPU: ``/dev/shm`` (memory), or the temp folder on a system without it."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _device_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def _export_cuda(flat: torch.Tensor) -> dict[str, Any]:
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    _, args = reduce_tensor(flat)
+    return {"args": args, "device_uuid": _device_uuid(flat.device.index or 0)}
+
+
+def _import_cuda(cuda: dict[str, Any]) -> torch.Tensor:
+    """Map a buffer exported by ``_export_cuda``, found by its GPU's UUID (Ray may number the GPU differently in
+    each process)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    if not torch.cuda.is_available():
+        raise SharedWeightsUnreachable(
+            "the trainer published this version in GPU memory (CUDA IPC) and this engine sees no GPU: with "
+            "synchronizer.method ipc, engines share the trainer's GPU (explorer.gpus_per_engine between 0 and 1); "
+            "engines on the CPU or other GPUs take synchronizer.method nccl or memory")
+    local = [i for i in range(torch.cuda.device_count()) if _device_uuid(i) == cuda["device_uuid"]]
+    if not local:
+        raise SharedWeightsUnreachable(
+            f"the trainer's GPU ({cuda['device_uuid']}) is not visible to this engine: CUDA IPC works only on the "
+            "same GPU; engines on other GPUs take synchronizer.method nccl")
+    args = list(cuda["args"])
+    args[6] = local[0]  # storage_device: this process's index of that GPU
+    return rebuild_cuda_tensor(*args)
+
+
+class SharedWeights:
+    """Trainer rank 0's side: publishes versions as shared buffers and keeps the newest ``keep`` of them."""
+
+    def __init__(self, owner: str, keep: int = 2, root: Path | None = None) -> None:
+        """``owner``: a name unique to the run (its namespace); its folder is cleared of buffers that an earlier
+        process of the same run left behind."""
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.keep = keep
+        self.folder = (root or shared_root()) / f"trinity_like-{owner}"
+        shutil.rmtree(self.folder, ignore_errors=True)  # buffers of a killed predecessor
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.node = node_identity()
+        self._kept: list[tuple[int, Any]] = []
+        """(version, its buffer: a GPU tensor or a file path), oldest first."""
+        self.last_bytes = 0
+
+    def publish(self, version: int, state_dict: dict[str, torch.Tensor], fingerprint: str = "") -> dict[str, Any]:
+        """Pack ``state_dict`` as version ``version`` into a shared buffer (in GPU memory when its tensors are on
+        a GPU, else a shared-memory file, written under a temporary name and renamed whole) and return its
+        handle; drop buffers older than the newest ``keep``."""
+        if not state_dict:
+            raise ValueError("no weights to publish")
+        meta = describe(state_dict)
+        size = flat_size(meta)
+        device = next(iter(state_dict.values())).device
+        handle: dict[str, Any] = {"version": version, "meta": [m.__dict__ for m in meta], "size": size,
+                                  "node": self.node, "fingerprint": fingerprint}
+        if device.type == "cuda":
+            flat = pack(state_dict, meta, device)
+            torch.cuda.current_stream(device).synchronize()  # the bytes are in place before anyone maps them
+            handle.update(kind="cuda", cuda=_export_cuda(flat))
+            self._kept.append((version, flat))
+        else:
+            path = self.folder / f"version-{version:08d}"
+            tmp = path.with_name(path.name + ".tmp")
+            flat = torch.from_file(str(tmp), shared=True, size=size, dtype=torch.uint8)
+            pack(state_dict, meta, out=flat)
+            del flat
+            os.replace(tmp, path)  # an engine never maps a half-written version
+            handle.update(kind="shm", path=str(path))
+            self._kept.append((version, path))
+        self.last_bytes = size
+        while len(self._kept) > self.keep:
+            self._drop(self._kept.pop(0)[1])
+        return handle
+
+    @staticmethod
+    def _drop(buffer: Any) -> None:
+        if isinstance(buffer, Path):
+            with contextlib.suppress(FileNotFoundError):
+                buffer.unlink()  # engines that mapped it keep their mapping until they let go
+
+    def close(self) -> None:
+        """Drop every buffer (GPU memory is freed once the engines let go of their mappings)."""
+        self._kept.clear()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def open_shared(handle: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of a shared version, as views into the trainer's buffer (read-only on the CPU: copy them, and
+    let go of them, before the next version). Raises ``SharedWeightsUnreachable`` when this process is on
+    another node or GPU, or the buffer was dropped for a newer version."""
+    if handle["node"] != node_identity():
+        raise SharedWeightsUnreachable(
+            f"version {handle['version']} is in shared memory on node {handle['node']}, not on this engine's node "
+            f"({node_identity()}): synchronizer.method ipc needs the engines on the trainer's node; engines on "
+            "other nodes take synchronizer.method nccl or memory")
+    meta = [TensorMeta(**{**m, "shape": tuple(m["shape"])}) for m in handle["meta"]]
+    if handle["kind"] == "cuda":
+        flat = _import_cuda(handle["cuda"])
+    else:
+        if not os.path.exists(handle["path"]):
+            raise SharedWeightsUnreachable(
+                f"the shared buffer of version {handle['version']} ({handle['path']}) is gone: the trainer keeps "
+                "only the newest versions (or stopped); load the newest one")
+        flat = torch.from_file(handle["path"], shared=False, size=handle["size"], dtype=torch.uint8)
+    return unpack(flat, meta)
