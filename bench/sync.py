@@ -15,10 +15,17 @@ Two weight sets: the tiny model's and a ~100M-parameter Qwen2-shaped state dict 
   among the same processes, timed on the sender with every receiver already waiting (its best case). ``vs_raw`` = our bandwidth / raw bandwidth (target
   >= 0.8). The baseline design, one broadcast per parameter, is timed too.
 - memory: ``ray.put`` of the state dict and ``ray.get`` in each receiver actor (no raw counterpart).
+- ipc: the trainer's ``SharedWeights.publish`` (pack into a shared buffer: a /dev/shm file on the CPU, GPU memory
+  exported as a CUDA IPC handle with ``--device cuda``), then each receiver actor maps it (``open_shared``) and
+  copies every tensor into its own weights, as an engine does. Raw: a bare copy of the same bytes from one buffer
+  to another on the same device, in the receiver. ``vs_copy`` = raw seconds / (publish + receive) seconds, the
+  whole delivery to an engine (target >= 0.5: two copies against one); ``vs_copy_receive`` counts the engine's
+  side only.
 
 gbps is gigabytes per second (1e9 B/s) of weights delivered to one receiver. Medians of ``--repeats``.
 
     .venv/bin/python bench/sync.py [--receivers 2] [--bucket-mb 64] [--repeats 3] [--skip-large]
+        [--methods checkpoint,nccl,memory,ipc] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -177,6 +184,75 @@ def bench_broadcast(sd, receivers: int, bucket_mb: float, repeats: int, namespac
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+# ------------------------------------------------------------------ ipc
+@ray.remote(num_cpus=0)
+class Mapper:
+    """An engine's side of method ipc: its own copy of the weights, filled from the trainer's shared buffer."""
+
+    def __init__(self, sd_shapes: dict, device: str) -> None:
+        torch.set_num_threads(1)
+        self.device = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        self.own = {k: torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+                    for k, (shape, dtype) in sd_shapes.items()}
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def receive(self, handle: dict) -> float:
+        from trinity_like.synchronizer.shared_weights import open_shared
+
+        self._sync()
+        start = time.perf_counter()
+        mapped = open_shared(handle)
+        for k, t in mapped.items():
+            self.own[k].copy_(t)
+        self._sync()
+        seconds = time.perf_counter() - start
+        del mapped
+        return seconds
+
+    def raw_copy(self, size: int) -> float:
+        """A bare copy of ``size`` bytes between two buffers on this device (after a warm-up copy)."""
+        src = torch.ones(size, dtype=torch.uint8, device=self.device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        self._sync()
+        start = time.perf_counter()
+        dst.copy_(src)
+        self._sync()
+        return time.perf_counter() - start
+
+
+def bench_ipc(sd, receivers: int, repeats: int, device: str) -> dict[str, float]:
+    from trinity_like.synchronizer.shared_weights import SharedWeights
+
+    if device == "cuda":
+        sd = {k: v.cuda() for k, v in sd.items()}
+    shapes = {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in sd.items()}
+    gpu_share = 0.9 / receivers if device == "cuda" else 0
+    actors = [Mapper.options(num_gpus=gpu_share).remote(shapes, device) for _ in range(receivers)]
+    shared = SharedWeights(f"bench-sync-{os.getpid()}", keep=2)
+    out: dict[str, list[float]] = {"publish": [], "receive": [], "raw": []}
+    try:
+        for r in range(repeats + 1):  # round 0 maps and touches everything once: warm-up, not timed
+            start = time.perf_counter()
+            handle = shared.publish(r + 1, sd)
+            publish = time.perf_counter() - start
+            receive = max(ray.get([a.receive.remote(handle) for a in actors]))
+            raw = statistics.median(ray.get([a.raw_copy.remote(handle["size"]) for a in actors]))
+            assert handle["kind"] == ("cuda" if device == "cuda" else "shm")
+            if r:
+                out["publish"].append(publish)
+                out["receive"].append(receive)
+                out["raw"].append(raw)
+    finally:
+        shared.close()
+        for a in actors:
+            ray.kill(a)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--receivers", type=int, default=2)
@@ -185,39 +261,55 @@ def main() -> None:
     parser.add_argument("--large-hidden", type=int, default=768)
     parser.add_argument("--large-layers", type=int, default=12)
     parser.add_argument("--skip-large", action="store_true")
+    parser.add_argument("--methods", default="checkpoint,nccl,memory,ipc",
+                        help="comma-separated subset of checkpoint,nccl,memory,ipc (nccl and memory run together)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where method ipc keeps the trainer's buffer and the engines' weights")
     args = parser.parse_args()
+    methods = set(args.methods.split(","))
 
     from trinity_like.common.modeling import export_state_dict, load_causal_lm
     from trinity_like.common.tiny_model import make_tiny_model
 
     torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    sets = []
+    sets, lines = [], []
     with tempfile.TemporaryDirectory() as tmp:
         sets.append(("tiny", export_state_dict(load_causal_lm(str(make_tiny_model(Path(tmp) / "tiny", seed=0))))))
         if not args.skip_large:
             sets.append(("100m", qwen2_like(args.large_hidden, args.large_layers, vocab=32000, inter=2048)))
-        lines = []
         for name, sd in sets:
             size = nbytes(sd)
             params = sum(t.numel() for t in sd.values())
-            ck = bench_checkpoint(sd, Path(tmp) / f"ck-{name}", args.repeats)
-            bc = bench_broadcast(sd, args.receivers, args.bucket_mb, args.repeats, f"bench-sync-{name}-{os.getpid()}")
             gb = size / 1e9
             print(f"{name}: {params / 1e6:.1f}M params, {size / 2**20:.1f} MiB")
-            print(f"  checkpoint  ours {ck['seconds']:.3f}s  raw save+load {ck['raw_seconds']:.3f}s")
-            print(f"  nccl(gloo)  transfer {bc['ours']:.3f}s  raw flat broadcast {bc['raw']:.3f}s  one-param-at-a-time "
-                  f"{bc['per_param']:.3f}s  snapshot copy {bc['snapshot']:.3f}s  whole round from ready "
-                  f"{bc['round']:.3f}s")
-            print(f"  memory      put + get in {args.receivers} actors {bc['memory']:.3f}s")
-            lines.append(f"RESULT sync model={name} method=checkpoint seconds={ck['seconds']:.4f} "
-                         f"gbps={gb / ck['seconds']:.3f} vs_raw={ck['seconds'] / ck['raw_seconds']:.3f}")
-            lines.append(f"RESULT sync model={name} method=nccl seconds={bc['ours']:.4f} gbps={gb / bc['ours']:.3f} "
-                         f"vs_raw={bc['raw'] / bc['ours']:.3f} per_param_seconds={bc['per_param']:.4f} "
-                         f"vs_per_param={bc['per_param'] / bc['ours']:.2f} snapshot_seconds={bc['snapshot']:.4f} "
-                         f"round_seconds={bc['round']:.4f}")
-            lines.append(f"RESULT sync model={name} method=memory seconds={bc['memory']:.4f} "
-                         f"gbps={gb / bc['memory']:.3f}")
+            if "checkpoint" in methods:
+                ck = bench_checkpoint(sd, Path(tmp) / f"ck-{name}", args.repeats)
+                print(f"  checkpoint  ours {ck['seconds']:.3f}s  raw save+load {ck['raw_seconds']:.3f}s")
+                lines.append(f"RESULT sync model={name} method=checkpoint seconds={ck['seconds']:.4f} "
+                             f"gbps={gb / ck['seconds']:.3f} vs_raw={ck['seconds'] / ck['raw_seconds']:.3f}")
+            if methods & {"nccl", "memory"}:
+                bc = bench_broadcast(sd, args.receivers, args.bucket_mb, args.repeats,
+                                     f"bench-sync-{name}-{os.getpid()}")
+                print(f"  nccl(gloo)  transfer {bc['ours']:.3f}s  raw flat broadcast {bc['raw']:.3f}s  "
+                      f"one-param-at-a-time {bc['per_param']:.3f}s  snapshot copy {bc['snapshot']:.3f}s  whole "
+                      f"round from ready {bc['round']:.3f}s")
+                print(f"  memory      put + get in {args.receivers} actors {bc['memory']:.3f}s")
+                lines.append(f"RESULT sync model={name} method=nccl seconds={bc['ours']:.4f} "
+                             f"gbps={gb / bc['ours']:.3f} vs_raw={bc['raw'] / bc['ours']:.3f} "
+                             f"per_param_seconds={bc['per_param']:.4f} vs_per_param={bc['per_param'] / bc['ours']:.2f} "
+                             f"snapshot_seconds={bc['snapshot']:.4f} round_seconds={bc['round']:.4f}")
+                lines.append(f"RESULT sync model={name} method=memory seconds={bc['memory']:.4f} "
+                             f"gbps={gb / bc['memory']:.3f}")
+            if "ipc" in methods:
+                ipc = bench_ipc(sd, args.receivers, args.repeats, args.device)
+                whole = ipc["publish"] + ipc["receive"]
+                print(f"  ipc({args.device})    publish {ipc['publish']:.3f}s  map + copy in {args.receivers} "
+                      f"receivers {ipc['receive']:.3f}s  bare copy {ipc['raw']:.3f}s")
+                lines.append(f"RESULT sync model={name} method=ipc device={args.device} seconds={whole:.4f} "
+                             f"gbps={gb / whole:.3f} publish_seconds={ipc['publish']:.4f} "
+                             f"receive_seconds={ipc['receive']:.4f} copy_seconds={ipc['raw']:.4f} "
+                             f"vs_copy={ipc['raw'] / whole:.3f} vs_copy_receive={ipc['raw'] / ipc['receive']:.3f}")
     ray.shutdown()
     print("\n".join(lines))
 

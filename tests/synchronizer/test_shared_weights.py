@@ -2,6 +2,8 @@
 once and engines map; on a GPU a CUDA IPC handle (``pytest -m gpu``). Real files in /dev/shm, real processes (Ray
 actors) mapping them."""
 
+import os
+
 import pytest
 import ray
 import torch
@@ -29,8 +31,6 @@ def _open_elsewhere(handle):
 
 
 def test_a_version_in_shared_memory_is_read_intact_by_another_process(tmp_path, ray_session):
-    import os
-
     shared = SharedWeights("test-intact", root=tmp_path)
     try:
         sd = _weights(1)
@@ -51,18 +51,23 @@ def test_a_version_in_shared_memory_is_read_intact_by_another_process(tmp_path, 
     assert not shared.folder.exists()
 
 
-def test_the_newest_versions_are_kept_and_a_dropped_one_is_refused_clearly(tmp_path):
+def test_the_newest_versions_are_kept_and_a_taken_back_one_is_refused_clearly(tmp_path):
     shared = SharedWeights("test-keep", keep=2, root=tmp_path)
     try:
         h1 = shared.publish(1, _weights(1))
+        inode_v1 = os.stat(h1["path"]).st_ino
         mapped_v1 = open_shared(h1)  # an engine still reading version 1 ...
-        shared.publish(2, _weights(2))
-        h3 = shared.publish(3, _weights(3))
-        assert sorted(p.name for p in shared.folder.iterdir()) == ["version-00000002", "version-00000003"]
-        # ... reads it intact after it was dropped (its mapping outlives the file's name)
+        h2 = shared.publish(2, _weights(2))
+        # ... reads it intact while the next version is published
         assert weights_fingerprint(mapped_v1) == weights_fingerprint(_weights(1))
+        h3 = shared.publish(3, _weights(3))  # into version 1's buffer, taken back (no new pages)
+        assert sorted(p.name for p in shared.folder.iterdir()) == ["version-00000002", "version-00000003"]
+        assert os.stat(h3["path"]).st_ino == inode_v1
         with pytest.raises(SharedWeightsUnreachable, match="version 1 .* is gone.*load the newest"):
             open_shared(h1)
+        # a reader that held on to version 1 past that sees other bytes: its fingerprint check refuses them
+        assert weights_fingerprint(mapped_v1) != weights_fingerprint(_weights(1))
+        assert weights_fingerprint(open_shared(h2)) == weights_fingerprint(_weights(2))
         assert weights_fingerprint(open_shared(h3)) == weights_fingerprint(_weights(3))
         with pytest.raises(ValueError, match="no weights"):
             shared.publish(4, {})

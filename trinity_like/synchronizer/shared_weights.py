@@ -11,9 +11,10 @@ that engines on its node map instead of receiving a copy:
 
 A handle (a plain dict: it crosses Ray in ``WeightsInfo.shared``) names the version, the buffer, the tensors'
 layout, the node (and GPU) it lives on, and the fingerprint. The trainer keeps the newest ``keep`` versions'
-buffers, so an engine still mapping version v when v+1 is published reads v intact; an engine asking for a
-buffer already dropped gets a clear error (its next load takes the newest version). Whatever the
-timing, an engine applies only bytes whose fingerprint is the published one.
+buffers and refills the oldest with the next version, so an engine still mapping version v when v+1 is
+published reads v intact; an engine asking for a version whose buffer was taken back gets a clear error (its
+next load takes the newest version). Whatever the timing, an engine applies only bytes whose fingerprint is the
+published one: one that maps a buffer just as it is refilled refuses what it read.
 
 Files of a process killed before it cleaned up are removed by the next ``SharedWeights`` of the same owner
 (the run's namespace).
@@ -99,14 +100,16 @@ class SharedWeights:
         shutil.rmtree(self.folder, ignore_errors=True)  # buffers of a killed predecessor
         self.folder.mkdir(parents=True, exist_ok=True)
         self.node = node_identity()
-        self._kept: list[tuple[int, Any]] = []
-        """(version, its buffer: a GPU tensor or a file path), oldest first."""
+        self._kept: list[tuple[int, Any, torch.Tensor]] = []
+        """(version, its file path or None on a GPU, the flat buffer), oldest first."""
         self.last_bytes = 0
 
     def publish(self, version: int, state_dict: dict[str, torch.Tensor], fingerprint: str = "") -> dict[str, Any]:
         """Pack ``state_dict`` as version ``version`` into a shared buffer (in GPU memory when its tensors are on
-        a GPU, else a shared-memory file, written under a temporary name and renamed whole) and return its
-        handle; drop buffers older than the newest ``keep``."""
+        a GPU, else a shared-memory file) and return its handle. Once ``keep`` versions are out, the oldest's
+        buffer is reused: its file is renamed away first (engines asking for that version from then on are
+        told it is gone), refilled under that temporary name, and renamed to the new version whole, so an
+        engine never maps a half-written version and the trainer's pages are not allocated anew each time."""
         if not state_dict:
             raise ValueError("no weights to publish")
         meta = describe(state_dict)
@@ -114,30 +117,37 @@ class SharedWeights:
         device = next(iter(state_dict.values())).device
         handle: dict[str, Any] = {"version": version, "meta": [m.__dict__ for m in meta], "size": size,
                                   "node": self.node, "fingerprint": fingerprint}
+        reuse = None
+        if len(self._kept) >= self.keep:
+            reuse = self._kept.pop(0)
+            if reuse[2].numel() != size or reuse[2].device != device:
+                self._drop(reuse[1])
+                reuse = None
         if device.type == "cuda":
-            flat = pack(state_dict, meta, device)
+            flat = pack(state_dict, meta, device, out=None if reuse is None else reuse[2])
             torch.cuda.current_stream(device).synchronize()  # the bytes are in place before anyone maps them
             handle.update(kind="cuda", cuda=_export_cuda(flat))
-            self._kept.append((version, flat))
+            self._kept.append((version, None, flat))
         else:
             path = self.folder / f"version-{version:08d}"
             tmp = path.with_name(path.name + ".tmp")
-            flat = torch.from_file(str(tmp), shared=True, size=size, dtype=torch.uint8)
+            if reuse is None:
+                flat = torch.from_file(str(tmp), shared=True, size=size, dtype=torch.uint8)
+            else:
+                os.replace(reuse[1], tmp)  # the old version is gone from here on; the mapping stays
+                flat = reuse[2]
             pack(state_dict, meta, out=flat)
-            del flat
-            os.replace(tmp, path)  # an engine never maps a half-written version
+            os.replace(tmp, path)
             handle.update(kind="shm", path=str(path))
-            self._kept.append((version, path))
+            self._kept.append((version, path, flat))
         self.last_bytes = size
-        while len(self._kept) > self.keep:
-            self._drop(self._kept.pop(0)[1])
         return handle
 
     @staticmethod
-    def _drop(buffer: Any) -> None:
-        if isinstance(buffer, Path):
+    def _drop(path: Path | None) -> None:
+        if path is not None:
             with contextlib.suppress(FileNotFoundError):
-                buffer.unlink()  # engines that mapped it keep their mapping until they let go
+                path.unlink()  # engines that mapped it keep their mapping until they let go
 
     def close(self) -> None:
         """Drop every buffer (GPU memory is freed once the engines let go of their mappings)."""
@@ -158,9 +168,12 @@ def open_shared(handle: dict[str, Any]) -> dict[str, torch.Tensor]:
     if handle["kind"] == "cuda":
         flat = _import_cuda(handle["cuda"])
     else:
-        if not os.path.exists(handle["path"]):
+        try:
+            if not os.path.exists(handle["path"]):
+                raise FileNotFoundError(handle["path"])
+            flat = torch.from_file(handle["path"], shared=False, size=handle["size"], dtype=torch.uint8)
+        except (OSError, RuntimeError) as e:  # taken back for a newer version (perhaps just now)
             raise SharedWeightsUnreachable(
                 f"the shared buffer of version {handle['version']} ({handle['path']}) is gone: the trainer keeps "
-                "only the newest versions (or stopped); load the newest one")
-        flat = torch.from_file(handle["path"], shared=False, size=handle["size"], dtype=torch.uint8)
+                "only the newest versions (or stopped); load the newest one") from e
     return unpack(flat, meta)
