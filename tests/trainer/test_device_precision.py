@@ -239,3 +239,41 @@ def test_engines_ask_ray_for_their_gpu_share_and_an_hf_engine_without_a_visible_
     assert granted == 0.5
     assert (health["device"], health["dtype"]) == (("cuda:0", "bfloat16") if torch.cuda.is_available() else
                                                    ("cpu", "float32"))
+
+
+def test_gpus_per_engine_above_one_is_vllm_tensor_parallelism_with_rules(tmp_path, tiny_model_path):
+    from trinity_like.config import ConfigError
+
+    base = ["explorer.engine=vllm", "synchronizer.method=memory"]
+    with pytest.raises(ConfigError, match="gpus_per_engine=1.5: above 1 an engine takes whole GPUs"):
+        _cfg(tmp_path, tiny_model_path, *base, "explorer.gpus_per_engine=1.5")
+    with pytest.raises(ConfigError, match="explorer.gpus_per_engine=2 with explorer.engine=hf: only vLLM"):
+        _cfg(tmp_path, tiny_model_path, "explorer.gpus_per_engine=2")
+    for method in ("nccl", "ipc"):
+        with pytest.raises(ConfigError, match=f"synchronizer.method={method}: .*use synchronizer.method checkpoint"):
+            _cfg(tmp_path, tiny_model_path, "explorer.engine=vllm", f"synchronizer.method={method}",
+                 "explorer.gpus_per_engine=2")
+    assert _cfg(tmp_path, tiny_model_path, *base, "explorer.gpus_per_engine=4").explorer.gpus_per_engine == 4
+
+
+def test_a_tensor_parallel_engine_runs_in_a_placement_group_of_one_gpu_per_bundle(tmp_path, tiny_model_path,
+                                                                                  ray_session):
+    """The placement group an engine of 2 GPUs gets (the session's one GPU is a fake, so it stays pending: what is
+    checked is what it asks for and where the engine would run, not vLLM's workers)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from trinity_like.explorer.fleet import engine_actor_options
+
+    assert engine_actor_options(_cfg(tmp_path, tiny_model_path, "explorer.gpus_per_engine=0.5")) == (
+        {"num_gpus": 0.5}, None)
+    cfg = _cfg(tmp_path, tiny_model_path, "explorer.engine=vllm", "synchronizer.method=memory",
+               "explorer.gpus_per_engine=2")
+    options, group = engine_actor_options(cfg)
+    try:
+        assert group.bundle_specs == [{"GPU": 1.0, "CPU": 0.01}, {"GPU": 1.0}]
+        strategy = options["scheduling_strategy"]
+        assert isinstance(strategy, PlacementGroupSchedulingStrategy) and strategy.placement_group is group
+        assert strategy.placement_group_bundle_index == 0 and strategy.placement_group_capture_child_tasks
+        assert options["num_gpus"] == 0  # the engine's workers hold the GPUs, one per bundle
+    finally:
+        ray_session.util.remove_placement_group(group)

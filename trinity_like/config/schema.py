@@ -138,7 +138,9 @@ class ExplorerConfig:
     """torch threads per engine, so that engines and trainer share the cores sensibly."""
     gpus_per_engine: float = _at_least(0.0, 0.0)
     """GPUs each engine asks Ray for; fractions share one GPU (0.5 beside a trainer worker of 0.5). 0 runs the
-    engines on the CPU (Ray then shows them no GPU)."""
+    engines on the CPU (Ray then shows them no GPU). An integer above 1 (vLLM only) splits the model over that
+    many GPUs by tensor parallelism, placed together by a Ray placement group (one bundle per GPU, one node);
+    weights then go by `checkpoint` or `memory`."""
     dtype: str = _choices("auto", ("auto", "float32", "bfloat16", "float16"))
     """Weights and activations of the engines: `auto` = bfloat16 on a GPU, float32 on the CPU. float32 matches
     the trainer's float32 log-probs within 1e-6 (vLLM on the tiny model), bfloat16 within ~5e-3."""

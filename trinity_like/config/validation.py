@@ -99,6 +99,8 @@ def _validate_trainer(cfg: Config) -> None:
         raise ConfigError(f"explorer.call_timeout_s={ex.call_timeout_s:g} must be below explorer.task_timeout_s="
                           f"{ex.task_timeout_s:g}: a call that hangs must be given up (and retried on another engine) "
                           "before its task is")
+    if ex.gpus_per_engine > 1:
+        _validate_tensor_parallel(cfg)
     if tr.device == "cpu" and tr.gpus_per_worker > 0:
         raise ConfigError(f"trainer.gpus_per_worker={tr.gpus_per_worker:g} reserves GPUs that trainer.device=cpu never "
                           "uses; set trainer.device=auto (or cuda), or trainer.gpus_per_worker=0")
@@ -110,6 +112,24 @@ def _validate_trainer(cfg: Config) -> None:
         raise ConfigError(f"trainer.num_workers={tr.num_workers} is more than the {units} "
                           f"{'pairs' if cfg.algorithm.policy_loss == 'dpo' else 'rows'} of a mini-batch: every worker "
                           "needs a share; lower num_workers or raise trainer.mini_batch_size")
+
+
+def _validate_tensor_parallel(cfg: Config) -> None:
+    """``explorer.gpus_per_engine`` above 1: vLLM tensor parallelism over that many whole GPUs."""
+    ex = cfg.explorer
+    gpus = ex.gpus_per_engine
+    if gpus != int(gpus):
+        raise ConfigError(f"explorer.gpus_per_engine={gpus:g}: above 1 an engine takes whole GPUs (vLLM tensor "
+                          "parallelism over that many); give an integer, or a fraction below 1 to share one GPU")
+    if gpus > 1 and ex.engine != "vllm":
+        raise ConfigError(f"explorer.gpus_per_engine={gpus:g} with explorer.engine={ex.engine}: only vLLM splits a "
+                          "model over several GPUs (tensor parallelism); set explorer.engine=vllm, or "
+                          "gpus_per_engine to 1 or less")
+    if gpus > 1 and cfg.synchronizer.method in ("nccl", "ipc"):
+        raise ConfigError(f"explorer.gpus_per_engine={gpus:g} (tensor parallelism) with synchronizer.method="
+                          f"{cfg.synchronizer.method}: a broadcast round and a shared buffer reach one worker per "
+                          "engine, and each of its workers needs the whole version; use synchronizer.method "
+                          "checkpoint or memory")
 
 
 def _validate_sources(cfg: Config) -> None:

@@ -170,8 +170,27 @@ def make_engine(cfg: Config, engine_id: str):
         return (AsyncVLLMEngine if v.async_engine else VLLMEngine)(cfg.model.path, engine_id=engine_id, cfg=cfg, dtype=cfg.explorer.dtype,
                           max_model_len=v.max_model_len,
                           max_num_seqs=v.max_num_seqs, gpu_memory_utilization=v.gpu_memory_utilization,
-                          enforce_eager=v.enforce_eager, seed=cfg.seed)
+                          enforce_eager=v.enforce_eager, seed=cfg.seed,
+                          tensor_parallel_size=max(1, int(cfg.explorer.gpus_per_engine)))
     raise ValueError(f"unknown engine {cfg.explorer.engine!r}")
+
+
+def engine_actor_options(cfg: Config) -> tuple[dict[str, Any], Any]:
+    """Ray options of one engine actor, and the placement group made for it (None when it needs none). Ray shows
+    an engine's process only the GPUs it asks for (``explorer.gpus_per_engine``; 0: the CPU). An engine over
+    several GPUs (vLLM tensor parallelism) asks for none itself: a placement group holds one bundle per GPU on
+    one node, the engine runs in the first bundle, and vLLM's Ray executor puts one worker in each bundle (it
+    uses the placement group of the actor it runs in)."""
+    gpus = cfg.explorer.gpus_per_engine
+    if gpus <= 1:
+        return {"num_gpus": gpus}, None
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = placement_group([{"GPU": 1.0, "CPU": 0.01}] + [{"GPU": 1.0}] * (int(gpus) - 1), strategy="STRICT_PACK")
+    strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=0,
+                                                placement_group_capture_child_tasks=True)
+    return {"num_gpus": 0, "num_cpus": 0.01, "scheduling_strategy": strategy}, group
 
 
 @dataclass
@@ -203,11 +222,17 @@ class EngineFleet:
         import ray
 
         self.cfg = cfg
-        # Ray shows an engine's process only the GPUs it asks for (explorer.gpus_per_engine; none: the CPU)
         async_engine = cfg.explorer.engine == "vllm" and cfg.explorer.vllm.async_engine
-        actor_cls = ray.remote(num_cpus=0, num_gpus=cfg.explorer.gpus_per_engine, max_restarts=-1,
-                               max_task_retries=0)(AsyncEngineActor if async_engine else EngineActor)
-        self.slots = [_Slot(actor_cls.remote(cfg, i), i) for i in range(cfg.explorer.num_engines)]
+        actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(
+            AsyncEngineActor if async_engine else EngineActor)
+        self.placement_groups: list[Any] = []
+        """One per tensor-parallel engine (``explorer.gpus_per_engine`` > 1), removed with the fleet."""
+        self.slots = []
+        for i in range(cfg.explorer.num_engines):
+            options, group = engine_actor_options(cfg)
+            if group is not None:
+                self.placement_groups.append(group)
+            self.slots.append(_Slot(actor_cls.options(**options).remote(cfg, i), i))
         self.max_retries = cfg.explorer.max_retries
         self.sync_timeout_s = cfg.synchronizer.sync_timeout_s
         self.call_timeout_s = cfg.explorer.call_timeout_s or 0.9 * cfg.explorer.task_timeout_s
@@ -378,3 +403,6 @@ class EngineFleet:
 
         for s in self.slots:
             ray.kill(s.actor, no_restart=True)
+        for group in self.placement_groups:
+            ray.util.remove_placement_group(group)
+        self.placement_groups = []

@@ -174,12 +174,15 @@ class VLLMEngine(ChatByGenerate):
         gpu_memory_utilization: float = 0.3,
         enforce_eager: bool | None = None,
         seed: int = 0,
+        tensor_parallel_size: int = 1,
     ) -> None:
         """``cfg`` (the run's Config, optional) sets the torch threads of a CPU engine
         (``explorer.num_threads``). ``max_model_len`` defaults to the model's own limit, capped at 4096.
         ``gpu_memory_utilization`` is the share of GPU memory this engine may take (ignored on CPU).
         ``enforce_eager`` defaults to True on CPU (no graph compilation; the tiny model is too small to gain
-        from it) and to vLLM's default (CUDA graphs) elsewhere."""
+        from it) and to vLLM's default (CUDA graphs) elsewhere. ``tensor_parallel_size`` above 1 splits the model
+        over that many GPUs with vLLM's Ray executor, one worker per bundle of the placement group this process
+        runs in (``fleet.engine_actor_options``)."""
         from trinity_like.common.offline import set_offline_env
 
         set_offline_env()
@@ -201,6 +204,7 @@ class VLLMEngine(ChatByGenerate):
         if max_model_len is None:
             max_model_len = min(int(max_positions), 4096) if max_positions else 4096
 
+        parallel = self._parallel_args(tensor_parallel_size)  # before vLLM looks for GPUs
         from vllm.platforms import current_platform
 
         self.device = str(current_platform.device_type)
@@ -231,6 +235,7 @@ class VLLMEngine(ChatByGenerate):
             logprobs_mode="processed_logprobs",
             worker_extension_cls=_EXTENSION_CLS,
             disable_log_stats=True,
+            **parallel,
         ))
         self.dtype = dtype
         self.max_model_len = max_model_len
@@ -247,6 +252,16 @@ class VLLMEngine(ChatByGenerate):
         loader; empty for the initial model)."""
 
     # ------------------------------------------------------------ weights
+    @staticmethod
+    def _parallel_args(tensor_parallel_size: int) -> dict[str, Any]:
+        if tensor_parallel_size <= 1:
+            return {}
+        # this process holds no GPU itself (its workers do, one per bundle): Ray set CUDA_VISIBLE_DEVICES to
+        # nothing, which would hide the GPUs from vLLM's platform check
+        if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        return {"tensor_parallel_size": tensor_parallel_size, "distributed_executor_backend": "ray"}
+
     def _start_llm(self, engine_args: dict[str, Any]):
         """The offline ``LLM``: in this process on the CPU build, calls served one at a time under ``_lock``."""
         from vllm import LLM
