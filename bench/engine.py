@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-cache", choices=("auto", "dynamic", "static"), default="auto",
+                    help="KV cache of the hf engine (auto: static on a GPU, dynamic on the CPU)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--vllm", action="store_true", help="also measure the vLLM engine (needs vllm installed)")
     ap.add_argument("--concurrent-episodes", type=int, default=0,
@@ -52,7 +54,7 @@ def main() -> None:
         path = make_tiny_model(f"{d}/m", hidden=args.hidden, layers=args.layers)
         tok = hf_tokenizer(str(path))
         prompts = [tok.encode(f"{i % 50}+{(7 * i) % 50}=") for i in range(args.batch)]
-        engine = HFEngine(path, num_threads=args.threads)
+        engine = HFEngine(path, num_threads=args.threads, kv_cache=args.kv_cache)
         sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
 
         def run_engine() -> int:
@@ -102,7 +104,7 @@ def main() -> None:
     ratio = results["hf_engine"] / results["raw_generate"]
     print(f"RESULT engine tokens_per_s={results['hf_engine']:.0f} raw_generate_tokens_per_s="
           f"{results['raw_generate']:.0f} vs_raw_generate={ratio:.2f} batch={args.batch} new_tokens={args.new_tokens} "
-          f"hidden={args.hidden} layers={args.layers} "
+          f"hidden={args.hidden} layers={args.layers} kv_cache={engine.kv_cache} device={engine.device.type} "
           + (f"vllm_tokens_per_s={results['vllm_engine']:.0f}" if "vllm_engine" in results else "vllm=not_run"))
 
 

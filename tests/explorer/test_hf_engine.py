@@ -41,6 +41,21 @@ def test_behaviour_logprobs_match_trainer_recompute(engine, prompts, tiny_model_
     assert batch["response_mask"].sum() > 0
 
 
+def test_a_static_kv_cache_gives_the_samples_of_the_dynamic_one(engine, prompts, tiny_model_path):
+    """``explorer.kv_cache: static`` (the GPU default) preallocates the cache: same tokens, log-probs within
+    float32 rounding, with prompts of different lengths (left padding) and early stops."""
+    static = HFEngine(tiny_model_path, kv_cache="static")
+    assert (engine.kv_cache, static.kv_cache) == ("dynamic", "static") and static.health()["kv_cache"] == "static"
+    for sampling in (SamplingConfig(temperature=1.0, max_new_tokens=12), SamplingConfig(temperature=0, max_new_tokens=6)):
+        a = engine.generate(prompts * 2, sampling, _seeds(prompts * 2, 3))
+        b = static.generate(prompts * 2, sampling, _seeds(prompts * 2, 3))
+        assert [s.response_ids.tolist() for s in a] == [s.response_ids.tolist() for s in b]
+        assert [s.finish_reason for s in a] == [s.finish_reason for s in b]
+        assert max(abs(x.logprobs - y.logprobs).max() for x, y in zip(a, b, strict=True)) < 1e-5
+    with pytest.raises(ValueError, match="kv_cache must be auto, dynamic or static"):
+        HFEngine(tiny_model_path, kv_cache="paged")
+
+
 def test_same_seed_same_samples_other_seed_differs(engine, prompts):
     sp = SamplingConfig(temperature=1.0, max_new_tokens=8)
     a = engine.generate(prompts, sp, _seeds(prompts, 5))

@@ -141,6 +141,10 @@ class ExplorerConfig:
     engines on the CPU (Ray then shows them no GPU). An integer above 1 (vLLM only) splits the model over that
     many GPUs by tensor parallelism, placed together by a Ray placement group (one bundle per GPU, one node);
     weights then go by `checkpoint` or `memory`."""
+    kv_cache: str = _choices("auto", ("auto", "dynamic", "static"))
+    """KV cache of the `hf` engine: `static` preallocates prompt + max_new_tokens per batch (no growing
+    concatenation per step; what CUDA graphs need), `dynamic` grows it; `auto` = static on a GPU, dynamic on the
+    CPU (same samples either way)."""
     dtype: str = _choices("auto", ("auto", "float32", "bfloat16", "float16"))
     """Weights and activations of the engines: `auto` = bfloat16 on a GPU, float32 on the CPU. float32 matches
     the trainer's float32 log-probs within 1e-6 (vLLM on the tiny model), bfloat16 within ~5e-3."""

@@ -60,9 +60,10 @@ class HFEngine(ChatByGenerate):
     exclusive: no request ever runs on half-loaded weights."""
 
     def __init__(self, model_path: str | Path, engine_id: str = "hf-0", num_threads: int = 1,
-                 dtype: str = "auto") -> None:
+                 dtype: str = "auto", kv_cache: str = "auto") -> None:
         """On the GPU this process sees (Ray shows an engine one only when ``explorer.gpus_per_engine`` asks for
-        it), else the CPU; ``dtype`` ``auto`` is bfloat16 on a GPU and float32 on the CPU."""
+        it), else the CPU; ``dtype`` ``auto`` is bfloat16 on a GPU and float32 on the CPU; ``kv_cache`` ``auto``
+        is ``static`` (preallocated for the whole batch) on a GPU and ``dynamic`` on the CPU."""
         torch.set_num_threads(num_threads)
         self.engine_id = engine_id
         self.model_path = str(model_path)
@@ -71,6 +72,9 @@ class HFEngine(ChatByGenerate):
         if dtype == "auto":
             dtype = "bfloat16" if self.device.type == "cuda" else "float32"
         self.dtype = dtype
+        if kv_cache not in ("auto", "dynamic", "static"):
+            raise ValueError(f"kv_cache must be auto, dynamic or static, got {kv_cache!r}")
+        self.kv_cache = ("static" if self.device.type == "cuda" else "dynamic") if kv_cache == "auto" else kv_cache
         self.model = load_causal_lm(model_path).to(self.device, getattr(torch, dtype))
         self.eos_token_id = int(self.model.config.eos_token_id)
         pad = self.model.config.pad_token_id
@@ -137,7 +141,7 @@ class HFEngine(ChatByGenerate):
     def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "model_version": self.model_version, "served": self._served,
                 "busy": self._lock.locked(), "fingerprint": self.fingerprint, "verified": self.verified,
-                "backend": "hf", "device": str(self.device), "dtype": self.dtype}
+                "backend": "hf", "device": str(self.device), "dtype": self.dtype, "kv_cache": self.kv_cache}
 
     # ------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
@@ -185,8 +189,16 @@ class HFEngine(ChatByGenerate):
                                 for s in seeds]).to(dev)  # (B, T)
         stop_ids = torch.tensor(sorted({self.eos_token_id, *sampling.stop_token_ids}), dtype=torch.long, device=dev)
 
+        static = self.kv_cache == "static"
+        if static:  # one preallocated cache for prompt + every new token: no per-step concatenation
+            from transformers import StaticCache
+
+            past = StaticCache(config=self.model.config, max_cache_len=width + steps)
+            positions = {"cache_position": torch.arange(width, device=dev)}
+        else:
+            past, positions = None, {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True)
+                         past_key_values=past, use_cache=True, **positions)
         past = out.past_key_values
         logits = out.logits[:, -1, :]  # (B, V)
         next_pos = position_ids[:, -1:] + 1  # (B, 1)
@@ -211,8 +223,10 @@ class HFEngine(ChatByGenerate):
                 break
             # Finished rows keep decoding pad tokens whose outputs are discarded; their mask value does not matter.
             attention_mask = torch.cat([attention_mask, torch.ones((batch, 1), dtype=torch.long, device=dev)], dim=-1)
+            if static:
+                positions = {"cache_position": torch.tensor([width + t], device=dev)}
             out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attention_mask, position_ids=next_pos,
-                             past_key_values=past, use_cache=True)
+                             past_key_values=past, use_cache=True, **positions)
             past = out.past_key_values
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
