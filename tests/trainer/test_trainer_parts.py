@@ -32,7 +32,7 @@ def _trainer(tmp_path, model_path, *overrides):
 
 
 def test_one_publisher_per_method_behind_one_interface():
-    assert PUBLISHERS.names() == ("checkpoint", "memory", "nccl", "ipc")
+    assert PUBLISHERS.names() == ("checkpoint", "ipc", "memory", "nccl")
     classes = {"checkpoint": FilePublisher, "memory": ObjectStorePublisher, "nccl": BroadcastPublisher,
                "ipc": SharedMemoryPublisher}
     for name, cls in classes.items():
