@@ -316,7 +316,11 @@ def staleness_figure(run: Run):
         ax2.plot(x, y, color=color, lw=lw, ls=ls, marker="o" if len(x) <= 30 else None, ms=4, label=label,
                  drawstyle="steps-mid")
     bound = run.setting("synchronizer.max_staleness")
-    if bound is not None and run.setting("mode") == "async":
+    bx, by = series(run.trainer, "sync/staleness_bound")
+    if len(bx):  # max_staleness: auto: the bound as it moved, and its hard max
+        ax2.plot(bx, by, color="black", lw=1.2, drawstyle="steps-post", label="bound (auto)")
+        ax2.axhline(bound, color="grey", lw=0.8, ls=":", label=f"auto_staleness.max = {bound}")
+    elif bound is not None and run.setting("mode") == "async":
         ax2.axhline(bound, color="black", lw=0.8, ls=":", label=f"bound (max_staleness = {bound})")
     ax2.set_xlabel("trainer step")
     ax2.set_ylabel("staleness (versions)")

@@ -117,6 +117,7 @@ def gather_status(config: str | None, namespace: str | None, address: str | None
     if sync is not None:
         report["latest_version"] = sync["latest_version"]
         report["explore_steps"] = sync.get("explore_steps")
+        report["staleness"] = sync.get("staleness")
     if paths is None:  # --namespace only: the roles say where the run directory is
         run_dirs = {r.get("run_dir") for r in roles.values() if r.get("run_dir")}
         if len(run_dirs) == 1:
@@ -169,6 +170,11 @@ def format_status(report: dict[str, Any]) -> str:
         steps = report.get("explore_steps") or {}
         lines.append(f"latest published version {report['latest_version']}   explorer steps handed out "
                      f"{steps.get('next', 0)}, running {steps.get('claimed', [])}, to redo {steps.get('returned', [])}")
+    st = report.get("staleness")
+    if st:  # max_staleness: auto
+        last_change = st["history"][-1]
+        lines.append(f"staleness bound {st['bound']} (auto, within [{st['min']}, {st['max']}]); last change at "
+                     f"trainer step {last_change['step']}: {last_change['reason']}")
     b = report.get("buffer")
     if b is not None:
         text = f"buffer: {b['rows']} rows, {b['unconsumed']} not yet trained"

@@ -114,6 +114,14 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, sync_r
     a, b = _final_weights(sync_cfg), _final_weights(async_cfg)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # a self-setting bound whose max is 0 is sync too (window 1: it decides after every step, and stays at 0)
+    auto_cfg = _cfg(tmp_path, tiny_model_path, "eq-auto", "mode=async", "synchronizer.max_staleness=auto",
+                    "synchronizer.auto_staleness.max=0", "synchronizer.auto_staleness.window=1", varied)
+    run(auto_cfg)
+    d = _final_weights(auto_cfg)
+    assert all(torch.equal(a[k], d[k]) for k in a)
+    bounds = [r["sync/staleness_bound"] for r in _records(auto_cfg) if "sync/staleness_bound" in r]
+    assert len(bounds) >= 6 and set(bounds) == {0.0}  # every trainer and explorer step logged it
     initial = export_state_dict(load_causal_lm(tiny_model_path))
     assert any(not torch.equal(a[k], initial[k]) for k in a)  # training did move the weights
     # and a different seed gives different weights, so the equality above is not vacuous
@@ -310,3 +318,24 @@ def test_a_run_whose_engine_is_stopped_mid_sync_completes_on_the_other_engine(tm
     explorer = [r for r in _records(cfg) if r["role"] == "explorer"]
     assert max(r.get("rollout/engine_restarts", 0) for r in explorer) == 0  # left out, not restarted
     assert max(r.get("sync/failures", 0) for r in explorer) >= 1  # the round with the stopped engine failed
+
+
+def test_a_self_setting_bound_falls_when_the_off_policy_signal_degrades(tmp_path, tiny_model_path, ray_session):
+    """``max_staleness: auto`` starting at its max of 3, a learning rate high enough that the decoupled
+    correction's ESS collapses within a few steps (measured: 1.0, 0.84, 0.65, 0.36 over steps 1-4 at lr 0.05; at
+    lr 0.001 it stays above 0.9 and so does the bound): the bound comes down, and the rows trained follow it."""
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    cfg = _cfg(tmp_path, tiny_model_path, "auto-falls", "mode=async", "trainer.total_steps=6",
+               "trainer.optimizer.lr=0.05", "algorithm.off_policy.correction=decoupled",
+               f"reward.function_path={reward_file}", "synchronizer.max_staleness=auto",
+               "synchronizer.auto_staleness.start=3", "synchronizer.auto_staleness.max=3",
+               "synchronizer.auto_staleness.window=1")
+    summary = run(cfg)
+    assert summary["exit_reason"] == "completed"
+    trainer = [r for r in _records(cfg) if r["role"] == "trainer"]
+    bounds = [r["sync/staleness_bound"] for r in trainer]
+    assert max(bounds) <= 3 and min(bounds) < 3  # never above its max; down once the ESS fell
+    fell_at = bounds.index(min(bounds))
+    assert trainer[fell_at]["off_policy/ess"] < 0.9  # the step that brought it down had a degraded signal
+    assert summary["staleness_max"] <= 3

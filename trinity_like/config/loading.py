@@ -32,6 +32,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (for example trainer.total_steps=5)")
+    layers = [_auto_staleness(layer) for layer in layers]
     try:
         merged = OmegaConf.merge(schema, *layers)
         for whole, items in _override_runs(overrides):
@@ -39,9 +40,12 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
                 key, _, value = items[0].partition("=")
                 OmegaConf.update(merged, key.strip(), _flow_mapping(items[0], value), merge=False)
             else:
-                layers.append(OmegaConf.from_dotlist(items))
+                layers.append(_auto_staleness(OmegaConf.from_dotlist(items)))
                 merged = OmegaConf.merge(merged, layers[-1])
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        auto = cfg.synchronizer.auto_staleness
+        if auto.enabled:  # the hard bound: no trained row is ever staler than auto_staleness.max
+            cfg.synchronizer.max_staleness = auto.max
     except OmegaConfBaseException as e:
         raise ConfigError(_explain_omegaconf_error(e, schema, layers)) from None
     except (TypeError, AttributeError) as e:  # e.g. a list index in a dotted override (OmegaConf's own error)
@@ -49,6 +53,18 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
                           "set a list as a whole (key=[...]) rather than one element") from None
     validate(cfg)
     return cfg
+
+
+def _auto_staleness(layer: Any) -> Any:
+    """``synchronizer.max_staleness: auto`` in a layer becomes ``synchronizer.auto_staleness.enabled: true``
+    (``max_staleness`` itself stays an integer: the hard bound, set to ``auto_staleness.max``)."""
+    from omegaconf import OmegaConf
+
+    sync = layer.get("synchronizer") if OmegaConf.is_dict(layer) else None
+    if OmegaConf.is_dict(sync) and sync.get("max_staleness") == "auto":
+        del sync["max_staleness"]
+        OmegaConf.update(layer, "synchronizer.auto_staleness.enabled", True, merge=True)
+    return layer
 
 
 def _override_runs(overrides) -> list[tuple[bool, list[str]]]:

@@ -286,6 +286,35 @@ class TrainerConfig:
 
 
 @dataclass
+class AutoStalenessConfig:
+    """`synchronizer.max_staleness: auto`: the bound moves within [min, max] (`trinity_like.synchronizer.staleness`)."""
+
+    enabled: bool = False
+    """Set by `synchronizer.max_staleness: auto` (then `max_staleness` is `max`: the hard bound no trained row
+    ever exceeds)."""
+    min: int = _at_least(0, 0)
+    """Lowest bound the controller sets."""
+    max: int = _at_least(4, 0)
+    """Highest bound the controller sets; 0 keeps async exactly like sync."""
+    start: int = _at_least(1, 0)
+    """Bound at the start of the run (clamped into [min, max])."""
+    window: int = _at_least(4, 1)
+    """Trainer steps per decision."""
+    ess_target: float = _at_least(0.9, 0.0)
+    """Narrow when the mean normalised effective sample size of the correction's weights in a window falls below
+    this (1 = on-policy; only with a correction)."""
+    clip_target: float = _at_least(0.2, 0.0)
+    """Narrow when the mean PPO clip fraction of a window rises above this."""
+    wait_frac: float = _at_least(0.1, 0.0)
+    """A role "waits" in a window when its waits add up to more than this share of it (the trainer for data,
+    the explorers for the bound); both waiting widens the bound."""
+    min_gain: float = _at_least(0.05, 0.0)
+    """A widening stays only if the next window trains this much more rows per second than the one before it."""
+    cooldown: int = _at_least(3, 0)
+    """Windows without a widening after one that bought no throughput."""
+
+
+@dataclass
 class SynchronizerConfig:
     method: str = _registered("checkpoint", "trinity_like.trainer.publish:PUBLISHERS")
     """How new weights reach the explorers: `checkpoint` (version folders of safetensors parts, written in
@@ -305,7 +334,10 @@ class SynchronizerConfig:
     `max_staleness` waits for and loads a newer version."""
     max_staleness: int = _at_least(1, 0)
     """Largest allowed `trainer version - model_version` of a trained experience (async mode). The explorer
-    waits rather than produce data that would exceed it; 0 makes async behave exactly like sync."""
+    waits rather than produce data that would exceed it; 0 makes async behave exactly like sync. `auto`: a bound
+    that moves within `auto_staleness.[min, max]` with the off-policy signal and the roles' waits."""
+    auto_staleness: AutoStalenessConfig = field(default_factory=AutoStalenessConfig)
+    """The self-setting bound of `max_staleness: auto`."""
     timeout_s: float = _at_least(600.0, 0.0)
     """How long a role waits for the other (new weights, new data; a role started alone waits this long for
     the other to join) before giving up."""

@@ -23,6 +23,17 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"trainer.batch_size={cfg.train_batch_size} is not a multiple of explorer.repeat_times="
             f"{cfg.explorer.repeat_times}; groups are never split across batches, so make it one")
+    auto = cfg.synchronizer.auto_staleness
+    if auto.enabled and auto.min > auto.max:
+        raise ConfigError(f"synchronizer.auto_staleness.min={auto.min} is above auto_staleness.max={auto.max}; the "
+                          "bound moves between them")
+    if auto.enabled and cfg.mode != "async":
+        raise ConfigError(f"synchronizer.max_staleness: auto moves the staleness bound of mode async; mode "
+                          f"'{cfg.mode}' has none to move (sync trains on-policy); set mode=async or an integer bound")
+    if auto.enabled and auto.min < cfg.synchronizer.interval - 1:
+        raise ConfigError(f"synchronizer.auto_staleness.min={auto.min} is smaller than synchronizer.interval - 1 = "
+                          f"{cfg.synchronizer.interval - 1}: at that bound the explorer would wait for weights that "
+                          "are never published; raise auto_staleness.min or lower interval")
     if cfg.mode == "async" and cfg.synchronizer.max_staleness < cfg.synchronizer.interval - 1:
         raise ConfigError(
             f"synchronizer.max_staleness={cfg.synchronizer.max_staleness} is smaller than "

@@ -18,6 +18,7 @@ A task whose workflow raises or times out (``explorer.task_timeout_s``) is retri
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -89,6 +90,9 @@ class ExplorerRole:
         self.role_id = f"explorer-{socket.gethostname()}-{os.getpid()}"
         await self.synchronizer.register.remote("explorer", self.role_id, {"engines": self.cfg.explorer.num_engines,
                                                                            "run_dir": str(self.paths.run_dir)})
+        self.auto_staleness = sc.auto_staleness.enabled and self.cfg.mode == "async"
+        if self.auto_staleness:
+            await self.synchronizer.configure_staleness.remote(dataclasses.asdict(sc.auto_staleness))
         written = await asyncio.to_thread(written_explore_steps, self.paths)
         await self.synchronizer.init_explore_steps.remote(written)
         self.explore_step_num = max(written) + 1 if written else 0  # lock-step driving resumes after them
@@ -129,7 +133,8 @@ class ExplorerRole:
 
         async def version_needed() -> int:  # earlier steps still running count their planned rows until written
             rows = await self.synchronizer.rows_before.remote(step, self.schedule.rows_per_step)
-            return self.schedule.version_needed(rows)
+            bound = await self.synchronizer.staleness_bound.remote() if self.auto_staleness else None
+            return self.schedule.version_needed(rows, bound)
 
         need = await version_needed()
         if self.fleet.version < need:
@@ -147,6 +152,9 @@ class ExplorerRole:
             if info is None:
                 need = await version_needed()
         metrics = {"sync/wait_s": time.perf_counter() - start}
+        if self.auto_staleness:
+            await self.synchronizer.report_explore.remote(metrics["sync/wait_s"])
+            metrics["sync/staleness_bound"] = float(await self.synchronizer.staleness_bound.remote())
         due = (self.cfg.mode == "sync" or sc.style == "trainer_driven" or self.steps_done == 0  # a (re)started explorer
                or self.schedule.sync_due(step))
         load_start = time.perf_counter()

@@ -70,13 +70,14 @@ class Schedule:
         written."""
         return rows_before // self.train_batch_size
 
-    def version_needed(self, rows_before: int) -> int:
+    def version_needed(self, rows_before: int, bound: int | None = None) -> int:
         """The lowest policy version an explorer step may generate with, ``rows_before`` rows written before
-        it (the admission rule)."""
+        it (the admission rule); ``bound``: the staleness bound now (``max_staleness: auto``), else
+        ``max_staleness``."""
         c = self.trainer_step_fed(rows_before)
         if self.mode == "sync":
             return c - c % self.interval
-        return max(0, c - self.max_staleness)
+        return max(0, c - (self.max_staleness if bound is None else min(bound, self.max_staleness)))
 
     def explore_more(self, rows_written: int, steps_running: int, rows_dropped: int = 0) -> bool:
         """Whether another explorer step is needed: the rows written, plus those planned by the

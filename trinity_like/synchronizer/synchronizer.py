@@ -134,6 +134,8 @@ class Synchronizer:
         self._sender: tuple[str, int] | None = None
         self._generation = 0
         self._round = 0
+        self._staleness = None
+        """The run's ``StalenessController`` (``synchronizer.max_staleness: auto``), made by the first role."""
 
     # ------------------------------------------------------------ roles
     async def claim_run(self, run_id: str) -> bool:
@@ -273,6 +275,7 @@ class Synchronizer:
                               "claimed": sorted(self._steps.claims), "returned": list(self._steps.returned)},
             "collective": {"generation": self._generation, "rounds": self._round, "members": list(self._members),
                            "waiting": sorted(self._ready)},
+            "staleness": None if self._staleness is None else self._staleness.state(),
             "roles": {rid: {"kind": r.kind, "state": r.state, "version": r.version,
                             "seconds_since_heartbeat": round(now - r.last_seen, 1), **r.info}
                       for rid, r in self.roles.items()},
@@ -295,6 +298,36 @@ class Synchronizer:
     async def trainer_resumed(self, step: int) -> None:
         """The trainer restarted from checkpoint ``step``: let its next publish go back to ``step``."""
         self._resume_floor = step if step < self._latest.version else None
+
+    # ------------------------------------------------------------ the self-setting staleness bound
+    async def configure_staleness(self, params: dict[str, Any]) -> int:
+        """``max_staleness: auto``: make the run's controller (the first role to call it does; a later call, or a
+        role restarting, keeps the bound where it is); return the current bound."""
+        from trinity_like.synchronizer.staleness import StalenessController
+
+        if self._staleness is None:
+            self._staleness = StalenessController(params)
+        return self._staleness.bound
+
+    async def staleness_bound(self) -> int | None:
+        """The bound now (None without ``max_staleness: auto``)."""
+        return None if self._staleness is None else self._staleness.bound
+
+    async def report_train(self, step: int, rows: int, metrics: dict[str, float]) -> int | None:
+        """A trainer step's rows and metrics, for the controller; returns the bound after it (None without)."""
+        if self._staleness is None:
+            return None
+        before = self._staleness.bound
+        bound = self._staleness.observe_train(step, time.time(), rows, metrics)
+        if bound != before:
+            logger.warning("staleness bound %d -> %d after trainer step %d: %s", before, bound, step,
+                           self._staleness.history[-1]["reason"])
+        return bound
+
+    async def report_explore(self, wait_s: float) -> None:
+        """An explorer step's admission wait (time held back by the bound)."""
+        if self._staleness is not None:
+            self._staleness.observe_explore(wait_s)
 
     # ------------------------------------------------------------ the global sequence of explorer steps
     async def init_explore_steps(self, written: dict[int, int]) -> None:

@@ -82,6 +82,11 @@ class TrainerRole:
         # heartbeats from now on: loading the model and the checkpoint may take longer than the timeout
         self.heartbeat = Heartbeat(self.synchronizer, self.role_id, lambda: {
             "version": self.engine.train_step_num if self.engine is not None else 0, "state": self.state}).start()
+        self.auto_staleness = sc.auto_staleness.enabled and self.cfg.mode == "async"
+        if self.auto_staleness:
+            import dataclasses
+
+            ray.get(self.synchronizer.configure_staleness.remote(dataclasses.asdict(sc.auto_staleness)))
         self.engine = make_train_engine(self.cfg, self.synchronizer)
         self.engine.prepare()
         resume_step = self._load_checkpoint() if self.resume else None
@@ -183,6 +188,14 @@ class TrainerRole:
             self.save()
         metrics["time/wait_data_s"] = wait_s
         metrics["trainer/version"] = float(step)
+        if self.auto_staleness:  # the controller sees the step's signal and waits; the bound after it is logged
+            import ray
+
+            reported = {k: v for k, v in metrics.items() if k in ("off_policy/ess", "actor/pg_clipfrac",
+                                                                   "time/wait_data_s", "time/train_step_s")}
+            bound = ray.get(self.synchronizer.report_train.remote(step, len(exps), reported))
+            if bound is not None:
+                metrics["sync/staleness_bound"] = float(bound)
         metrics.update(timeline)
         if self.consumer is not None:
             metrics.update(self.consumer.stats())
