@@ -177,7 +177,11 @@ def summarise(runs: list[dict]) -> list[dict]:
     out = []
     for (lag, correction), rs in sorted(cells.items()):
         acc = [r["accuracy"] for r in rs]
-        out.append({"lag": lag, "correction": correction, "seeds": len(rs), "acc_mean": statistics.fmean(acc),
+        # the mean held-out accuracy over the evaluations after step 0: how fast it learns, where the final
+        # accuracy alone saturates (25 distinct sums)
+        auc = [statistics.fmean(a for s, a in r["curve"] if s > 0) for r in rs]
+        out.append({"lag": lag, "correction": correction, "seeds": len(rs), "auc_mean": statistics.fmean(auc),
+                    "auc_std": statistics.stdev(auc) if len(auc) > 1 else 0.0, "acc_mean": statistics.fmean(acc),
                     "acc_std": statistics.stdev(acc) if len(acc) > 1 else 0.0, "acc_min": min(acc), "acc_max": max(acc),
                     "staleness_mean": statistics.fmean(r["staleness_mean"] for r in rs),
                     "staleness_max": max(r["staleness_max"] for r in rs),
@@ -189,12 +193,14 @@ def summarise(runs: list[dict]) -> list[dict]:
 
 def table(cells: list[dict], start_acc: float) -> str:
     lines = [f"start (warmed up): held-out greedy accuracy {start_acc:.3f}", "",
-             "| staleness (lag) | correction | accuracy mean +- std [min-max] | realised staleness mean / max | "
-             "ESS | clip frac | s/run |", "|---|---|---|---|---|---|---|"]
+             "| staleness (lag) | correction | final accuracy mean +- std [min-max] | accuracy over the run (mean of "
+             "the evaluations) +- std | realised staleness mean / max | ESS | clip frac | s/run |",
+             "|---|---|---|---|---|---|---|---|"]
     for c in cells:
         ess = f"{c['ess_mean']:.3f}" if c["ess_mean"] is not None else "-"
         lines.append(f"| {c['lag']} | {c['correction']} | {c['acc_mean']:.3f} +- {c['acc_std']:.3f} "
-                     f"[{c['acc_min']:.3f}-{c['acc_max']:.3f}] | {c['staleness_mean']:.2f} / {c['staleness_max']:.0f} | "
+                     f"[{c['acc_min']:.3f}-{c['acc_max']:.3f}] | {c['auc_mean']:.3f} +- {c['auc_std']:.3f} | "
+                     f"{c['staleness_mean']:.2f} / {c['staleness_max']:.0f} | "
                      f"{ess} | {c['clipfrac_mean']:.3f} | {c['seconds']:.0f} |")
     return "\n".join(lines)
 
@@ -205,17 +211,20 @@ def plot(cells: list[dict], path: Path, start_acc: float) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     sync = [c for c in cells if c["lag"] == 0]
-    for correction in sorted({c["correction"] for c in cells if c["lag"] > 0}):
-        rows = sync + [c for c in cells if c["correction"] == correction and c["lag"] > 0]
-        xs, ys = [c["lag"] for c in rows], [c["acc_mean"] for c in rows]
-        ax.errorbar(xs, ys, yerr=[c["acc_std"] for c in rows], marker="o", capsize=3, label=correction)
-    ax.axhline(start_acc, color="grey", linestyle=":", label="warm start")
-    ax.set_xlabel("staleness (versions)")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("Learning under staleness (tiny model, arithmetic)")
-    ax.legend()
+    for ax, key, title in ((axes[0], "auc", "accuracy over the run (mean of the evaluations)"),
+                           (axes[1], "acc", "final accuracy")):
+        for correction in sorted({c["correction"] for c in cells if c["lag"] > 0}):
+            rows = sync + [c for c in cells if c["correction"] == correction and c["lag"] > 0]
+            ax.errorbar([c["lag"] for c in rows], [c[f"{key}_mean"] for c in rows],
+                        yerr=[c[f"{key}_std"] for c in rows], marker="o", capsize=3, label=correction)
+        ax.axhline(start_acc, color="grey", linestyle=":", label="warm start")
+        ax.set_xlabel("staleness (versions)")
+        ax.set_title(title, fontsize=10)
+    axes[0].set_ylabel("held-out greedy accuracy")
+    axes[1].legend()
+    fig.suptitle("Learning under staleness (tiny model, arithmetic; mean +- std over seeds)")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -232,6 +241,7 @@ def main() -> None:
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench-learning"))
     ap.add_argument("--json", default="", help="write every run and the table's cells here")
     ap.add_argument("--plot", default="", help="write the accuracy-vs-staleness plot here (png)")
+    ap.add_argument("--from-json", default="", help="re-make the table, plot and RESULT lines of an earlier --json")
     args = ap.parse_args()
     from trinity_like.common.offline import set_offline_env
 
@@ -242,10 +252,14 @@ def main() -> None:
         cells = [(f"lag{lag}", int(lag), c) for lag, c in (p.split(":") for p in args.cells.split(","))]
     steps, seeds, every = (40, 1, 20) if args.quick else (args.steps, args.seeds, args.eval_every)
     work = Path(args.work)
-    warm = warm_model(work)
     runs = []
     total = time.perf_counter()
-    for seed in range(seeds):  # seed-major: background load on the machine hits every cell alike
+    if args.from_json:
+        runs = json.loads(Path(args.from_json).read_text())["runs"]
+        steps, seeds = runs[0]["steps"], len({r["seed"] for r in runs})
+    else:
+        warm = warm_model(work)
+    for seed in range(0 if args.from_json else seeds):  # seed-major: load on the machine hits every cell alike
         for _, lag, correction in cells:
             r = rl_run(work, warm, lag, correction, seed, steps, every, args.lr)
             runs.append(r)
@@ -255,14 +269,15 @@ def main() -> None:
     start_acc = runs[0]["curve"][0][1]
     summary = summarise(runs)
     print(table(summary, start_acc))
-    if args.json:
+    if args.json and not args.from_json:
         Path(args.json).write_text(json.dumps({"runs": runs, "cells": summary, "start_accuracy": start_acc}, indent=1))
     if args.plot:
         plot(summary, Path(args.plot), start_acc)
     sync = next((c for c in summary if c["lag"] == 0), None)
     for c in summary:
         gap = f" vs_sync={c['acc_mean'] - sync['acc_mean']:+.3f}" if sync else ""
-        print(f"RESULT learning lag={c['lag']} correction={c['correction']} acc_mean={c['acc_mean']:.3f} "
+        print(f"RESULT learning lag={c['lag']} correction={c['correction']} auc_mean={c['auc_mean']:.3f} "
+              f"auc_std={c['auc_std']:.3f} acc_mean={c['acc_mean']:.3f} "
               f"acc_std={c['acc_std']:.3f} acc_min={c['acc_min']:.3f} acc_max={c['acc_max']:.3f} "
               f"staleness_mean={c['staleness_mean']:.2f} staleness_max={c['staleness_max']:.0f}{gap} "
               f"seeds={c['seeds']} steps={steps}")
