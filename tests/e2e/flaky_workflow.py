@@ -1,5 +1,5 @@
-"""Workflows for tests/e2e/test_short_steps.py (loaded by path, as users load theirs): explorer steps that
-write fewer rows than they plan."""
+"""Workflows for the end-to-end tests (loaded by path, as users load theirs): explorer steps that write fewer
+rows than they plan (tests/e2e/test_short_steps.py), and slow ones (tests/e2e/test_jobs.py)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,16 @@ class SameRewardWorkflow(Workflow):
         samples = await engine.generate([prompt] * ctx.repeat_times, ctx.sampling, ctx.seeds)
         return [Experience(prompt_ids=prompt, response_ids=s.response_ids, logprobs=s.logprobs, reward=0.0,
                            model_version=s.model_version, engine_id=s.engine_id) for s in samples]
+
+
+class SlowWorkflow(Workflow):
+    """The single-turn workflow that takes a second longer per task (a slow environment or a long generation):
+    generation slower than training, for tests of the self-setting staleness bound."""
+
+    async def run(self, task, engine, ctx):
+        import asyncio
+
+        from trinity_like.explorer.workflows import SingleTurnWorkflow
+
+        await asyncio.sleep(1.0)
+        return await SingleTurnWorkflow().run(task, engine, ctx)

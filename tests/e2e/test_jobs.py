@@ -230,6 +230,26 @@ def test_several_explorer_jobs_join_one_trainer_and_status_shows_them(tmp_path, 
     assert by_ns["run_dir"] == str(paths.run_dir) and by_ns["buffer"] == final["buffer"]
 
 
+def test_a_self_setting_bound_rises_when_generation_is_slower_than_training(tmp_path, tiny_model_path, ray_cluster):
+    """Two explorer jobs whose steps take over a second each (a slow workflow) and a trainer that needs a fraction
+    of that: at a bound of 1 the second explorer's step waits for a version the trainer can only make from the
+    first's batch, while the trainer waits for data between pairs of steps. Both roles wait, so the bound widens
+    (whether the widening then stays depends on the rows per second it buys, a few percent here: not asserted)."""
+    workflow = Path(__file__).resolve().parent / "flaky_workflow.py"
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, "auto-rises", trainer__total_steps=16,
+                          explorer__workflow=f"{workflow}:SlowWorkflow", synchronizer__max_staleness="auto",
+                          synchronizer__auto_staleness={"start": 1, "min": 1, "max": 3, "window": 2})
+    explorers = [_driver(ray_cluster, cfg_path, "explorer") for _ in range(2)]
+    trainer = _driver(ray_cluster, cfg_path, "trainer")
+    for p in (trainer, *explorers):
+        assert p.wait(400) == 0, p.output
+    check_ledger(cfg_path)
+    trainer_records = _records(cfg_path, "trainer")
+    bounds = [r["sync/staleness_bound"] for r in trainer_records]
+    assert bounds[0] == 1 and 2 <= max(bounds) <= 3, bounds
+    assert max(r["train/staleness_max"] for r in trainer_records) <= 3  # never past the hard bound
+
+
 def test_killed_explorer_job_the_trainer_drains_waits_and_a_new_explorer_goes_on(tmp_path, tiny_model_path,
                                                                                    ray_cluster):
     cfg_path = _write_cfg(tmp_path, tiny_model_path, "explorer-killed", trainer__total_steps=12)

@@ -31,8 +31,13 @@ def test_both_roles_waiting_widens_and_a_widening_that_pays_stays():
     # window 1 (2 s): the trainer waited 0.5 s (25%) and the explorers 0.4 s (20%): widen to 2, on trial
     bound, t = _window(c, 1, 0.0, trainer_wait=0.5, explorer_wait=0.4)
     assert bound == 2 and "both roles waited (trainer 25%, explorers 20% of 2.0s)" in c.history[-1]["reason"]
-    # window 2: 100 rows/s -> 125 rows/s (same rows in 1.6 s): +25% > 5%, the widening stays; still both wait
+    # window 2 settles (steps claimed under the old bound still run): no decision, whatever the waits
+    bound, t = _window(c, 3, t, step_s=1.0, trainer_wait=0.5, explorer_wait=0.5)
+    assert bound == 2 and len(c.history) == 2
+    # window 3: 100 rows/s -> 125 rows/s (same rows in 1.6 s): +25% > 5%, the widening stays; still both wait
     bound, t = _window(c, 3, t, step_s=0.8, trainer_wait=0.3, explorer_wait=0.3)
+    assert bound == 3
+    bound, t = _window(c, 5, t, step_s=0.8, trainer_wait=0.3, explorer_wait=0.3)  # settling
     assert bound == 3
     # window 3 at the max: both still wait, nothing to widen; 125 -> 125 rows/s fails the trial of 3
     bound, t = _window(c, 5, t, step_s=0.8, trainer_wait=0.3, explorer_wait=0.3)

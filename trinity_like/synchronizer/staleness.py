@@ -11,8 +11,10 @@ The bound (``c - version`` an explorer step may generate with, see ``runtime.sch
 
 Rules, first match wins:
 
-1. A widening is a trial: at the next decision, if the rows per second did not rise by ``min_gain`` over the
-   window before it, the bound goes back down and stays for ``cooldown`` windows ("bought no throughput").
+1. A widening is a trial: one window to settle (steps claimed under the old bound are still running), then, if
+   the rows per second of the next window did not rise by ``min_gain`` over the window before the widening, the
+   bound goes back down and does not widen for ``cooldown`` windows ("bought no throughput"). The off-policy
+   check (rule 2) applies during a trial too.
 2. The signal degraded (ESS below ``ess_target`` or clip fraction above ``clip_target``): narrow by one.
 3. Both roles waited (each more than ``wait_frac`` of the window): the bound holds the explorers back while the
    trainer starves, so widen by one (a trial, rule 1).
@@ -68,6 +70,7 @@ class StalenessController:
         self._trial: float | None = None
         """Rows/s of the window before a widening, while that widening is on trial."""
         self._cooldown = 0
+        self._trial_windows = 0
 
     def observe_explore(self, wait_s: float) -> None:
         """An explorer step's admission wait (the time it was held back by the bound)."""
@@ -100,6 +103,9 @@ class StalenessController:
         p = self.p
         cooling, self._cooldown = self._cooldown > 0, max(0, self._cooldown - 1)
         if self._trial is not None:
+            self._trial_windows += 1
+            if self._trial_windows == 1:  # the steps claimed under the old bound are still running: settle
+                return
             base, self._trial = self._trial, None
             if w.rate < base * (1 + p["min_gain"]):
                 self._cooldown = int(p["cooldown"])
@@ -120,7 +126,7 @@ class StalenessController:
         trainer_waits = w.trainer_wait_s / w.seconds > p["wait_frac"]
         explorer_waits = w.explorer_wait_s / w.seconds > p["wait_frac"]
         if trainer_waits and explorer_waits and self.bound < self.max and not cooling:
-            self._trial = w.rate
+            self._trial, self._trial_windows = w.rate, 0
             self._set(step, self.bound + 1,
                       f"both roles waited (trainer {w.trainer_wait_s / w.seconds:.0%}, explorers "
                       f"{w.explorer_wait_s / w.seconds:.0%} of {w.seconds:.1f}s) with the signal within targets")
