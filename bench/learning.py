@@ -169,6 +169,52 @@ def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: 
             "seconds": time.perf_counter() - start}
 
 
+def held_out_accuracy(work: Path, model: Path) -> float:
+    """Greedy accuracy of ``model`` on the demo's held-out draw (the one every cell is evaluated on)."""
+    from trinity_like.algorithms.rewards import load_reward_manager
+    from trinity_like.common.tasks import generate_arithmetic
+    from trinity_like.common.tokenizer import hf_tokenizer
+    from trinity_like.explorer.engines.hf_engine import HFEngine
+    from trinity_like.explorer.evaluation import evaluate
+
+    cfg = base_config(work, "name=eval", f"model.path={model}", "model.build_tiny_at=null", "warmup.sft_steps=0")
+    ev = cfg.explorer.eval_tasksets[0]
+    tokenizer = hf_tokenizer(str(model))
+    m = asyncio.run(evaluate(LocalFleet(HFEngine(str(model), num_threads=2)), tokenizer,
+                             load_reward_manager(cfg, tokenizer), ev.name,
+                             generate_arithmetic(ev.size, ev.max_operand, seed=42 + 7_919), ev,
+                             cfg.explorer.sampling.max_new_tokens, seed=0))
+    return m[f"eval/{ev.name}/accuracy/mean@{ev.k}"]
+
+
+def real_run(work: Path, warm: Path, bound: str, correction: str, seed: int, steps: int, lr: float) -> dict:
+    """One real async run (``launcher.run``: explorer and trainer roles, Ray, the buffer, checkpoint sync) with
+    ``synchronizer.max_staleness`` = ``bound`` (an integer or ``auto``): the staleness it reaches by itself, its
+    trained rows per second, and its final held-out accuracy."""
+    from trinity_like.common.metrics import read_metrics
+    from trinity_like.launcher import run
+    from trinity_like.runtime.paths import RunPaths
+    from trinity_like.warmup import final_model
+
+    cfg = base_config(work, f"name=real-{bound}-{correction}-{seed}-{int(time.time())}", f"seed={seed}",
+                      f"model.path={warm}", "model.build_tiny_at=null", "warmup.sft_steps=0", "mode=async",
+                      f"synchronizer.max_staleness={bound}", f"algorithm.off_policy.correction={correction}",
+                      f"trainer.total_steps={steps}", f"trainer.optimizer.lr={lr}", "explorer.eval_tasksets=[]",
+                      "trainer.save_interval=0")
+    summary = run(cfg)
+    records, _ = read_metrics(RunPaths.of(cfg).metrics)
+    trainer = [r for r in records if r["role"] == "trainer"]
+    rows = sum(r["train/batch_size"] for r in trainer[1:])
+    rate = rows / max(1e-9, trainer[-1]["time"] - trainer[0]["time"])
+    bounds = [r["sync/staleness_bound"] for r in trainer if "sync/staleness_bound" in r]
+    return {"lag": bound, "correction": correction, "seed": seed, "steps": steps, "lr": lr, "real": True,
+            "accuracy": held_out_accuracy(work, final_model(cfg)), "rows_per_s": rate,
+            "staleness_mean": statistics.fmean(r["train/staleness_mean"] for r in trainer),
+            "staleness_max": max(r["train/staleness_max"] for r in trainer),
+            "bound_mean": statistics.fmean(bounds) if bounds else None, "bound_max": max(bounds) if bounds else None,
+            "wall_s": summary["wall_time_s"]}
+
+
 # ---------------------------------------------------------------- table and plot
 def summarise(runs: list[dict]) -> list[dict]:
     cells: dict[tuple[int, str], list[dict]] = {}
@@ -242,6 +288,10 @@ def main() -> None:
     ap.add_argument("--json", default="", help="write every run and the table's cells here")
     ap.add_argument("--plot", default="", help="write the accuracy-vs-staleness plot here (png)")
     ap.add_argument("--from-json", default="", help="re-make the table, plot and RESULT lines of an earlier --json")
+    ap.add_argument("--real", default="", help="instead of the fixed-lag table: real async runs (launcher.run), one "
+                                               "per comma-separated max_staleness value (e.g. 1,2,4,auto), with "
+                                               "--correction, over --seeds: accuracy, staleness reached, rows/s")
+    ap.add_argument("--correction", default="decoupled")
     args = ap.parse_args()
     from trinity_like.common.offline import set_offline_env
 
@@ -254,6 +304,25 @@ def main() -> None:
     work = Path(args.work)
     runs = []
     total = time.perf_counter()
+    if args.real:
+        warm = warm_model(work)
+        for seed in range(seeds):
+            for bound in args.real.split(","):
+                r = real_run(work, warm, bound, args.correction, seed, steps, args.lr)
+                runs.append(r)
+                print(f"real max_staleness={bound} seed={seed}: accuracy {r['accuracy']:.3f} rows/s "
+                      f"{r['rows_per_s']:.1f} staleness {r['staleness_mean']:.2f}/{r['staleness_max']:.0f} bound "
+                      f"{r['bound_mean']} wall {r['wall_s']:.0f}s", flush=True)
+        for bound in args.real.split(","):
+            rs = [r for r in runs if r["lag"] == bound]
+            print(f"RESULT learning_real max_staleness={bound} correction={args.correction} "
+                  f"acc_mean={statistics.fmean(r['accuracy'] for r in rs):.3f} "
+                  f"rows_per_s={statistics.fmean(r['rows_per_s'] for r in rs):.1f} "
+                  f"staleness_mean={statistics.fmean(r['staleness_mean'] for r in rs):.2f} "
+                  f"staleness_max={max(r['staleness_max'] for r in rs):.0f} seeds={len(rs)} steps={steps}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"runs": runs}, indent=1))
+        return
     if args.from_json:
         runs = json.loads(Path(args.from_json).read_text())["runs"]
         steps, seeds = runs[0]["steps"], len({r["seed"] for r in runs})
