@@ -160,7 +160,7 @@ def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: 
         if k % eval_every == 0 or k == steps:
             engine.update_weights(WeightUpdate(version=k, state_dict=snapshots[k]))
             curve.append((k, accuracy()))
-    trained = [s for s in staleness[lag:]] or staleness  # past the first `lag` steps, which cannot be stale yet
+    trained = staleness[lag:] or staleness  # past the first `lag` steps, which cannot be stale yet
     return {"lag": lag, "correction": correction, "seed": seed, "steps": steps, "lr": lr,
             "accuracy": curve[-1][1], "curve": curve,
             "staleness_mean": statistics.fmean(s[0] for s in trained), "staleness_max": max(s[1] for s in staleness),

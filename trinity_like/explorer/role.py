@@ -90,7 +90,7 @@ class ExplorerRole:
         self.role_id = f"explorer-{socket.gethostname()}-{os.getpid()}"
         await self.synchronizer.register.remote("explorer", self.role_id, {"engines": self.cfg.explorer.num_engines,
                                                                            "run_dir": str(self.paths.run_dir)})
-        self.auto_staleness = sc.auto_staleness.enabled and self.cfg.mode == "async"
+        self.auto_staleness = sc.auto_staleness.enabled  # only in mode async (validation)
         if self.auto_staleness:
             await self.synchronizer.configure_staleness.remote(dataclasses.asdict(sc.auto_staleness))
         written = await asyncio.to_thread(written_explore_steps, self.paths)
@@ -153,8 +153,7 @@ class ExplorerRole:
                 need = await version_needed()
         metrics = {"sync/wait_s": time.perf_counter() - start}
         if self.auto_staleness:
-            await self.synchronizer.report_explore.remote(metrics["sync/wait_s"])
-            metrics["sync/staleness_bound"] = float(await self.synchronizer.staleness_bound.remote())
+            metrics["sync/staleness_bound"] = float(await self.synchronizer.report_explore.remote(metrics["sync/wait_s"]))
         due = (self.cfg.mode == "sync" or sc.style == "trainer_driven" or self.steps_done == 0  # a (re)started explorer
                or self.schedule.sync_due(step))
         load_start = time.perf_counter()

@@ -42,7 +42,6 @@ class Window:
     clipfrac: list[float] = field(default_factory=list)
     trainer_wait_s: float = 0.0
     explorer_wait_s: float = 0.0
-    explorer_steps: int = 0
 
     @property
     def seconds(self) -> float:
@@ -66,7 +65,8 @@ class StalenessController:
         self.bound = min(self.max, max(self.min, int(self.p["start"])))
         self.history: list[dict[str, Any]] = [{"step": 0, "bound": self.bound, "reason": "start"}]
         self._window = Window()
-        self._previous: Window | None = None
+        self._last_end_s: float | None = None
+        """When the last window closed: the next one runs from there."""
         self._trial: float | None = None
         """Rows/s of the window before a widening, while that widening is on trial."""
         self._cooldown = 0
@@ -75,14 +75,13 @@ class StalenessController:
     def observe_explore(self, wait_s: float) -> None:
         """An explorer step's admission wait (the time it was held back by the bound)."""
         self._window.explorer_wait_s += max(0.0, wait_s)
-        self._window.explorer_steps += 1
 
     def observe_train(self, step: int, now_s: float, rows: int, metrics: dict[str, float]) -> int:
         """A trainer step ended at ``now_s`` having trained ``rows`` rows, with its metrics; returns the bound
         (changed when this step closes a window)."""
         w = self._window
         if w.start_s is None:  # the window runs from the end of the step before it
-            w.start_s = self._previous.end_s if self._previous is not None else now_s - (
+            w.start_s = self._last_end_s if self._last_end_s is not None else now_s - (
                 metrics.get("time/train_step_s", 0.0) + metrics.get("time/wait_data_s", 0.0))
         w.end_s, w.steps, w.rows = now_s, w.steps + 1, w.rows + rows
         if "off_policy/ess" in metrics:
@@ -92,7 +91,7 @@ class StalenessController:
         w.trainer_wait_s += max(0.0, metrics.get("time/wait_data_s", 0.0))
         if w.steps >= int(self.p["window"]):
             self._decide(step, w)
-            self._previous, self._window = w, Window()
+            self._last_end_s, self._window = w.end_s, Window()
         return self.bound
 
     def _set(self, step: int, bound: int, reason: str) -> None:

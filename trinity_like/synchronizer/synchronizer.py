@@ -324,10 +324,12 @@ class Synchronizer:
                            self._staleness.history[-1]["reason"])
         return bound
 
-    async def report_explore(self, wait_s: float) -> None:
-        """An explorer step's admission wait (time held back by the bound)."""
-        if self._staleness is not None:
-            self._staleness.observe_explore(wait_s)
+    async def report_explore(self, wait_s: float) -> int | None:
+        """An explorer step's admission wait (time held back by the bound); returns the bound (None without)."""
+        if self._staleness is None:
+            return None
+        self._staleness.observe_explore(wait_s)
+        return self._staleness.bound
 
     # ------------------------------------------------------------ the global sequence of explorer steps
     async def init_explore_steps(self, written: dict[int, int]) -> None:

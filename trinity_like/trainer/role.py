@@ -82,7 +82,7 @@ class TrainerRole:
         # heartbeats from now on: loading the model and the checkpoint may take longer than the timeout
         self.heartbeat = Heartbeat(self.synchronizer, self.role_id, lambda: {
             "version": self.engine.train_step_num if self.engine is not None else 0, "state": self.state}).start()
-        self.auto_staleness = sc.auto_staleness.enabled and self.cfg.mode == "async"
+        self.auto_staleness = sc.auto_staleness.enabled  # only in mode async (validation)
         if self.auto_staleness:
             import dataclasses
 
