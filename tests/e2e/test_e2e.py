@@ -330,7 +330,8 @@ def test_a_self_setting_bound_falls_when_the_off_policy_signal_degrades(tmp_path
                "trainer.optimizer.lr=0.05", "algorithm.off_policy.correction=decoupled",
                f"reward.function_path={reward_file}", "synchronizer.max_staleness=auto",
                "synchronizer.auto_staleness.start=3", "synchronizer.auto_staleness.max=3",
-               "synchronizer.auto_staleness.window=1")
+               "synchronizer.auto_staleness.window=1",
+               "synchronizer.auto_staleness.window_s=0")
     summary = run(cfg)
     assert summary["exit_reason"] == "completed"
     trainer = [r for r in _records(cfg) if r["role"] == "trainer"]

@@ -238,7 +238,8 @@ def test_a_self_setting_bound_rises_when_generation_is_slower_than_training(tmp_
     workflow = Path(__file__).resolve().parent / "flaky_workflow.py"
     cfg_path = _write_cfg(tmp_path, tiny_model_path, "auto-rises", trainer__total_steps=16,
                           explorer__workflow=f"{workflow}:SlowWorkflow", synchronizer__max_staleness="auto",
-                          synchronizer__auto_staleness={"start": 1, "min": 1, "max": 3, "window": 2})
+                          synchronizer__auto_staleness={"start": 1, "min": 1, "max": 3, "window": 2,
+                                                                        "window_s": 0})
     explorers = [_driver(ray_cluster, cfg_path, "explorer") for _ in range(2)]
     trainer = _driver(ray_cluster, cfg_path, "trainer")
     for p in (trainer, *explorers):

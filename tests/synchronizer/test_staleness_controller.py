@@ -7,7 +7,7 @@ from trinity_like.config import ConfigError, load_config
 from trinity_like.synchronizer.staleness import StalenessController
 
 PARAMS = {"min": 0, "max": 3, "start": 1, "window": 2, "ess_target": 0.9, "clip_target": 0.2, "wait_frac": 0.1,
-          "min_gain": 0.05, "cooldown": 2}
+          "min_gain": 0.05, "cooldown": 2, "window_s": 0.0, "patience": 1}
 
 
 def _window(c, first_step, start_s, *, rows=100, step_s=1.0, trainer_wait=0.0, explorer_wait=0.0, ess=0.99,
@@ -30,7 +30,7 @@ def test_both_roles_waiting_widens_and_a_widening_that_pays_stays():
     assert c.bound == 1
     # window 1 (2 s): the trainer waited 0.5 s (25%) and the explorers 0.4 s (20%): widen to 2, on trial
     bound, t = _window(c, 1, 0.0, trainer_wait=0.5, explorer_wait=0.4)
-    assert bound == 2 and "both roles waited (trainer 25%, explorers 20% of 2.0s)" in c.history[-1]["reason"]
+    assert bound == 2 and "both roles waited in 1 window(s) running (trainer 25%, explorers 20% of 2.0s)" in c.history[-1]["reason"]
     # window 2 settles (steps claimed under the old bound still run): no decision, whatever the waits
     bound, t = _window(c, 3, t, step_s=1.0, trainer_wait=0.5, explorer_wait=0.5)
     assert bound == 2 and len(c.history) == 2
@@ -49,6 +49,36 @@ def test_both_roles_waiting_widens_and_a_widening_that_pays_stays():
     bound, t = _window(c, 11, t, trainer_wait=0.5, explorer_wait=0.5)
     assert bound == 3 and c.bound <= PARAMS["max"]
     assert [h["bound"] for h in c.history] == [1, 2, 3, 2, 3]
+
+
+def test_with_patience_one_noisy_window_does_not_widen_and_a_trial_is_judged_over_several_windows():
+    c = StalenessController({**PARAMS, "patience": 2})
+    bound, t = _window(c, 1, 0.0, trainer_wait=0.5, explorer_wait=0.5)  # one slow step made both roles wait
+    assert bound == 1
+    bound, t = _window(c, 3, t)  # and then neither waits: the streak is broken
+    bound, t = _window(c, 5, t, trainer_wait=0.5, explorer_wait=0.5)
+    assert bound == 1 and len(c.history) == 1
+    # two windows in a row (100 rows/s each): widen, the base of the trial is 100 rows/s
+    bound, t = _window(c, 7, t, trainer_wait=0.5, explorer_wait=0.5)
+    assert bound == 2 and "in 2 window(s) running (trainer 25%, explorers 25% of 4.0s)" in c.history[-1]["reason"]
+    bound, t = _window(c, 9, t, step_s=0.5)  # settling: not measured, fast or not
+    # measured: 200 rows in 2.4 s, then 200 rows in 1.6 s: 100 rows/s together (not 125 as the last alone)
+    bound, t = _window(c, 11, t, step_s=1.2)
+    assert bound == 2 and len(c.history) == 2  # one window measured of two: no verdict yet
+    bound, t = _window(c, 13, t, step_s=0.8)
+    assert bound == 1 and "(100.0 rows/s against 100.0 before)" in c.history[-1]["reason"]
+
+
+def test_a_window_lasts_at_least_window_s():
+    c = StalenessController({**PARAMS, "window": 1, "window_s": 3.0})
+    t = 0.0
+    for step in range(1, 3):  # two 1 s steps of waiting roles: still one open window (2 s < 3 s)
+        t += 1.0
+        c.observe_explore(0.5)
+        assert c.observe_train(step, t, 100, {"time/wait_data_s": 0.5, "time/train_step_s": 0.5}) == 1
+    t += 1.0
+    assert c.observe_train(3, t, 100, {"time/wait_data_s": 0.5, "time/train_step_s": 0.5}) == 2
+    assert "of 3.0s" in c.history[-1]["reason"]
 
 
 def test_only_one_role_waiting_holds_the_bound():

@@ -299,7 +299,13 @@ class AutoStalenessConfig:
     start: int = _at_least(1, 0)
     """Bound at the start of the run (clamped into [min, max])."""
     window: int = _at_least(4, 1)
-    """Trainer steps per decision."""
+    """Trainer steps per decision (a window also lasts at least `window_s`)."""
+    window_s: float = _at_least(5.0, 0.0)
+    """Shortest window in seconds: with fast steps a window of `window` steps is too short for its rows per
+    second to mean anything."""
+    patience: int = _at_least(2, 1)
+    """Windows of evidence: both roles must wait in this many consecutive windows before a widening, and a
+    widening's rows per second are measured over this many windows (after one to settle)."""
     ess_target: float = _at_least(0.9, 0.0)
     """Narrow when the mean normalised effective sample size of the correction's weights in a window falls below
     this (1 = on-policy; only with a correction)."""
@@ -309,7 +315,8 @@ class AutoStalenessConfig:
     """A role "waits" in a window when its waits add up to more than this share of it (the trainer for data,
     the explorers for the bound); both waiting widens the bound."""
     min_gain: float = _at_least(0.05, 0.0)
-    """A widening stays only if the next window trains this much more rows per second than the one before it."""
+    """A widening stays only if the `patience` windows after it (and one to settle) train this much more rows per
+    second than the `patience` windows that asked for it."""
     cooldown: int = _at_least(3, 0)
     """Windows without a widening after one that bought no throughput."""
 

@@ -1,7 +1,9 @@
 """A staleness bound that sets itself (``synchronizer.max_staleness: auto``).
 
 The bound (``c - version`` an explorer step may generate with, see ``runtime.schedule``) moves within
-``synchronizer.auto_staleness.[min, max]``, decided every ``window`` trainer steps from what both roles report:
+``synchronizer.auto_staleness.[min, max]``, decided at the end of every window (``window`` trainer steps and at
+least ``window_s`` seconds, so that one window's rows per second is not one step's noise) from what both roles
+report:
 
 - the off-policy signal of the batches trained in the window: the normalised effective sample size of the
   correction's weights (``off_policy/ess``, 1 = on-policy) and the PPO clip fraction (``actor/pg_clipfrac``);
@@ -9,15 +11,17 @@ The bound (``c - version`` an explorer step may generate with, see ``runtime.sch
   admission, i.e. for the bound (``rollout/admission_wait_s``);
 - the trained rows per second of the window.
 
-Rules, first match wins:
+Rules, in this order:
 
-1. A widening is a trial: one window to settle (steps claimed under the old bound are still running), then, if
-   the rows per second of the next window did not rise by ``min_gain`` over the window before the widening, the
-   bound goes back down and does not widen for ``cooldown`` windows ("bought no throughput"). The off-policy
-   check (rule 2) applies during a trial too.
-2. The signal degraded (ESS below ``ess_target`` or clip fraction above ``clip_target``): narrow by one.
-3. Both roles waited (each more than ``wait_frac`` of the window): the bound holds the explorers back while the
-   trainer starves, so widen by one (a trial, rule 1).
+1. The signal degraded (ESS below ``ess_target`` or clip fraction above ``clip_target``): narrow by one (down
+   to ``min``), ending any trial.
+2. A widening is a trial: one window to settle (steps claimed under the old bound are still running), then the
+   rows per second of the next ``patience`` windows together must beat those of the ``patience`` windows that
+   asked for the widening by ``min_gain``; if not, the bound goes back down and does not widen for
+   ``cooldown`` windows ("bought no throughput").
+3. Both roles waited (each more than ``wait_frac`` of the window) in ``patience`` consecutive windows: the bound
+   holds the explorers back while the trainer starves, so widen by one (a trial, rule 2). One window of
+   waiting is not enough: on a busy machine a single slow step makes both roles wait once.
 4. Otherwise hold.
 
 Every change comes with its reason; the history is what ``sync/staleness_bound`` and the staleness plot show.
@@ -56,21 +60,22 @@ class StalenessController:
     """Holds the current bound of one run and moves it (see the module's rules)."""
 
     def __init__(self, params: dict[str, Any]) -> None:
-        """``params``: the fields of ``AutoStalenessConfig`` (min, max, start, window, ess_target, clip_target,
-        wait_frac, min_gain, cooldown)."""
+        """``params``: the fields of ``AutoStalenessConfig`` (min, max, start, window, window_s, patience,
+        ess_target, clip_target, wait_frac, min_gain, cooldown)."""
         self.p = dict(params)
         self.min, self.max = int(self.p["min"]), int(self.p["max"])
         if self.min > self.max:
             raise ValueError(f"auto_staleness.min={self.min} is above auto_staleness.max={self.max}")
+        self.patience = max(1, int(self.p.get("patience", 1)))
         self.bound = min(self.max, max(self.min, int(self.p["start"])))
         self.history: list[dict[str, Any]] = [{"step": 0, "bound": self.bound, "reason": "start"}]
         self._window = Window()
         self._last_end_s: float | None = None
         """When the last window closed: the next one runs from there."""
-        self._trial: float | None = None
-        """Rows/s of the window before a widening, while that widening is on trial."""
+        self._waiting: list[Window] = []
+        """The latest consecutive windows in which both roles waited (the evidence for a widening)."""
+        self._trial: _Trial | None = None
         self._cooldown = 0
-        self._trial_windows = 0
 
     def observe_explore(self, wait_s: float) -> None:
         """An explorer step's admission wait (the time it was held back by the bound)."""
@@ -89,7 +94,7 @@ class StalenessController:
         if "actor/pg_clipfrac" in metrics:
             w.clipfrac.append(metrics["actor/pg_clipfrac"])
         w.trainer_wait_s += max(0.0, metrics.get("time/wait_data_s", 0.0))
-        if w.steps >= int(self.p["window"]):
+        if w.steps >= int(self.p["window"]) and w.seconds >= float(self.p.get("window_s", 0.0)):
             self._decide(step, w)
             self._last_end_s, self._window = w.end_s, Window()
         return self.bound
@@ -101,16 +106,6 @@ class StalenessController:
     def _decide(self, step: int, w: Window) -> None:
         p = self.p
         cooling, self._cooldown = self._cooldown > 0, max(0, self._cooldown - 1)
-        if self._trial is not None:
-            self._trial_windows += 1
-            if self._trial_windows == 1:  # the steps claimed under the old bound are still running: settle
-                return
-            base, self._trial = self._trial, None
-            if w.rate < base * (1 + p["min_gain"]):
-                self._cooldown = int(p["cooldown"])
-                self._set(step, max(self.min, self.bound - 1),
-                          f"widening bought no throughput ({w.rate:.1f} rows/s against {base:.1f} before)")
-                return
         ess = statistics.fmean(w.ess) if w.ess else None
         clip = statistics.fmean(w.clipfrac) if w.clipfrac else None
         degraded = []
@@ -118,17 +113,53 @@ class StalenessController:
             degraded.append(f"ESS {ess:.3f} < {p['ess_target']:g}")
         if clip is not None and clip > p["clip_target"]:
             degraded.append(f"clip fraction {clip:.3f} > {p['clip_target']:g}")
-        if degraded:
+        if degraded:  # rule 2, during a trial too (which it ends)
+            self._trial, self._waiting = None, []
             if self.bound > self.min:
                 self._set(step, self.bound - 1, "off-policy signal degraded: " + ", ".join(degraded))
             return
+        if self._trial is not None:  # rule 1
+            trial = self._trial
+            if trial.settle > 0:  # the steps claimed under the old bound are still running
+                trial.settle -= 1
+                return
+            trial.measured.append(w)
+            if len(trial.measured) < self.patience:
+                return
+            self._trial, rate = None, _rate(trial.measured)
+            if rate < trial.base_rate * (1 + p["min_gain"]):
+                self._cooldown = int(p["cooldown"])
+                self._set(step, max(self.min, self.bound - 1),
+                          f"widening bought no throughput ({rate:.1f} rows/s against {trial.base_rate:.1f} "
+                          f"before)")
+                return
         trainer_waits = w.trainer_wait_s / w.seconds > p["wait_frac"]
         explorer_waits = w.explorer_wait_s / w.seconds > p["wait_frac"]
-        if trainer_waits and explorer_waits and self.bound < self.max and not cooling:
-            self._trial, self._trial_windows = w.rate, 0
+        self._waiting = self._waiting + [w] if trainer_waits and explorer_waits else []
+        if len(self._waiting) >= self.patience and self.bound < self.max and not cooling:  # rule 3
+            evidence, self._waiting = self._waiting[-self.patience:], []
+            self._trial = _Trial(base_rate=_rate(evidence), settle=1)
+            seconds = sum(e.seconds for e in evidence)
             self._set(step, self.bound + 1,
-                      f"both roles waited (trainer {w.trainer_wait_s / w.seconds:.0%}, explorers "
-                      f"{w.explorer_wait_s / w.seconds:.0%} of {w.seconds:.1f}s) with the signal within targets")
+                      f"both roles waited in {len(evidence)} window(s) running (trainer "
+                      f"{sum(e.trainer_wait_s for e in evidence) / seconds:.0%}, explorers "
+                      f"{sum(e.explorer_wait_s for e in evidence) / seconds:.0%} of {seconds:.1f}s) with the signal "
+                      f"within targets")
 
     def state(self) -> dict[str, Any]:
         return {"bound": self.bound, "min": self.min, "max": self.max, "history": list(self.history)}
+
+
+@dataclass
+class _Trial:
+    """A widening on trial: ``settle`` windows ignored, then ``patience`` windows measured against ``base_rate``
+    (the rows/s of the windows that asked for it)."""
+
+    base_rate: float
+    settle: int
+    measured: list[Window] = field(default_factory=list)
+
+
+def _rate(windows: list[Window]) -> float:
+    """Rows per second over consecutive windows together."""
+    return sum(w.rows for w in windows) / max(1e-9, sum(w.seconds for w in windows))
