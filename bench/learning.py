@@ -187,11 +187,15 @@ def held_out_accuracy(work: Path, model: Path) -> float:
     return m[f"eval/{ev.name}/accuracy/mean@{ev.k}"]
 
 
-def real_run(work: Path, warm: Path, bound: str, correction: str, seed: int, steps: int, lr: float) -> dict:
-    """One real async run (``launcher.run``: explorer and trainer roles, Ray, the buffer, checkpoint sync) with
-    ``synchronizer.max_staleness`` = ``bound`` (an integer or ``auto``): the staleness it reaches by itself, its
-    trained rows per second, and its final held-out accuracy."""
+def real_run(work: Path, warm: Path, bound: str, correction: str, seed: int, steps: int, lr: float,
+             explorers: int = 1, workflow: str = "") -> dict:
+    """One real async run with ``synchronizer.max_staleness`` = ``bound`` (an integer or ``auto``): the staleness
+    it reaches by itself, its trained rows per second, and its final held-out accuracy. One explorer: one
+    ``launcher.run`` (explorer and trainer roles on a local Ray, the buffer, checkpoint sync). More: independent
+    jobs as users launch them (``trinity-like run --role trainer|explorer --address``, one process each) on a
+    ``ray start --head`` cluster this bench starts (the tests' ``RayCluster``)."""
     from trinity_like.common.metrics import read_metrics
+    from trinity_like.config.loading import to_yaml
     from trinity_like.launcher import run
     from trinity_like.runtime.paths import RunPaths
     from trinity_like.warmup import final_model
@@ -200,19 +204,44 @@ def real_run(work: Path, warm: Path, bound: str, correction: str, seed: int, ste
                       f"model.path={warm}", "model.build_tiny_at=null", "warmup.sft_steps=0", "mode=async",
                       f"synchronizer.max_staleness={bound}", f"algorithm.off_policy.correction={correction}",
                       f"trainer.total_steps={steps}", f"trainer.optimizer.lr={lr}", "explorer.eval_tasksets=[]",
-                      "trainer.save_interval=0")
-    summary = run(cfg)
+                      "trainer.save_interval=0", *([f"explorer.workflow={workflow}"] if workflow else []),
+                      *(["explorer.num_threads=1", "trainer.num_threads=1"] if explorers > 1 else []))
+    if explorers == 1:
+        wall_s = run(cfg)["wall_time_s"]
+    else:
+        import subprocess
+
+        from tests.conftest import RayCluster
+
+        cfg_path = work / f"{cfg.name}.yaml"
+        cfg_path.write_text(to_yaml(cfg))
+        cluster, start = RayCluster(), time.perf_counter()
+        cluster.start()
+        try:
+            log = open(work / f"{cfg.name}.log", "w")  # noqa: SIM115 - closed below, after the jobs
+            jobs = [subprocess.Popen([str(Path(sys.executable).parent / "trinity-like"), "run", str(cfg_path),
+                                      "--role", role, "--address", cluster.address], env=cluster.env,
+                                     stdout=log, stderr=subprocess.STDOUT)
+                    for role in ("trainer", *["explorer"] * explorers)]
+            codes = [j.wait(1800) for j in jobs]
+            log.close()
+            if any(codes):
+                raise RuntimeError(f"jobs exited {codes}: see {work / f'{cfg.name}.log'}")
+        finally:
+            cluster.stop()
+        wall_s = time.perf_counter() - start
     records, _ = read_metrics(RunPaths.of(cfg).metrics)
     trainer = [r for r in records if r["role"] == "trainer"]
     rows = sum(r["train/batch_size"] for r in trainer[1:])
     rate = rows / max(1e-9, trainer[-1]["time"] - trainer[0]["time"])
     bounds = [r["sync/staleness_bound"] for r in trainer if "sync/staleness_bound" in r]
     return {"lag": bound, "correction": correction, "seed": seed, "steps": steps, "lr": lr, "real": True,
+            "explorers": explorers, "workflow": workflow,
             "accuracy": held_out_accuracy(work, final_model(cfg)), "rows_per_s": rate,
             "staleness_mean": statistics.fmean(r["train/staleness_mean"] for r in trainer),
             "staleness_max": max(r["train/staleness_max"] for r in trainer),
             "bound_mean": statistics.fmean(bounds) if bounds else None, "bound_max": max(bounds) if bounds else None,
-            "wall_s": summary["wall_time_s"]}
+            "bounds": bounds, "wall_s": wall_s}
 
 
 # ---------------------------------------------------------------- table and plot
@@ -292,6 +321,10 @@ def main() -> None:
                                                "per comma-separated max_staleness value (e.g. 1,2,4,auto), with "
                                                "--correction, over --seeds: accuracy, staleness reached, rows/s")
     ap.add_argument("--correction", default="decoupled")
+    ap.add_argument("--explorers", type=int, default=1, help="--real: explorer jobs (more than one: independent "
+                                                             "jobs on a ray start cluster)")
+    ap.add_argument("--workflow", default="", help="--real: explorer.workflow, e.g. "
+                                                   "bench/env_latency.py:EnvLatencyWorkflow")
     args = ap.parse_args()
     from trinity_like.common.offline import set_offline_env
 
@@ -306,9 +339,12 @@ def main() -> None:
     total = time.perf_counter()
     if args.real:
         warm = warm_model(work)
+        if args.workflow and not Path(args.workflow.split(":")[0]).is_absolute():
+            args.workflow = str(ROOT / args.workflow)
         for seed in range(seeds):
             for bound in args.real.split(","):
-                r = real_run(work, warm, bound, args.correction, seed, steps, args.lr)
+                r = real_run(work, warm, bound, args.correction, seed, steps, args.lr, args.explorers,
+                             args.workflow)
                 runs.append(r)
                 print(f"real max_staleness={bound} seed={seed}: accuracy {r['accuracy']:.3f} rows/s "
                       f"{r['rows_per_s']:.1f} staleness {r['staleness_mean']:.2f}/{r['staleness_max']:.0f} bound "
@@ -319,7 +355,9 @@ def main() -> None:
                   f"acc_mean={statistics.fmean(r['accuracy'] for r in rs):.3f} "
                   f"rows_per_s={statistics.fmean(r['rows_per_s'] for r in rs):.1f} "
                   f"staleness_mean={statistics.fmean(r['staleness_mean'] for r in rs):.2f} "
-                  f"staleness_max={max(r['staleness_max'] for r in rs):.0f} seeds={len(rs)} steps={steps}")
+                  f"rows_per_s_median={statistics.median(r['rows_per_s'] for r in rs):.1f} "
+                  f"staleness_max={max(r['staleness_max'] for r in rs):.0f} explorers={args.explorers} "
+                  f"seeds={len(rs)} steps={steps}")
         if args.json:
             Path(args.json).write_text(json.dumps({"runs": runs}, indent=1))
         return
