@@ -189,8 +189,8 @@ def held_out_accuracy(work: Path, model: Path) -> float:
 
 def real_run(work: Path, warm: Path, bound: str, correction: str, seed: int, steps: int, lr: float,
              explorers: int = 1, workflow: str = "") -> dict:
-    """One real async run with ``synchronizer.max_staleness`` = ``bound`` (an integer or ``auto``): the staleness
-    it reaches by itself, its trained rows per second, and its final held-out accuracy. One explorer: one
+    """One real run, async with ``synchronizer.max_staleness`` = ``bound`` (an integer or ``auto``) or ``sync``:
+    the staleness it reaches by itself, its trained rows per second, and its final held-out accuracy. One explorer: one
     ``launcher.run`` (explorer and trainer roles on a local Ray, the buffer, checkpoint sync). More: independent
     jobs as users launch them (``trinity-like run --role trainer|explorer --address``, one process each) on a
     ``ray start --head`` cluster this bench starts (the tests' ``RayCluster``)."""
@@ -201,8 +201,9 @@ def real_run(work: Path, warm: Path, bound: str, correction: str, seed: int, ste
     from trinity_like.warmup import final_model
 
     cfg = base_config(work, f"name=real-{bound}-{correction}-{seed}-{int(time.time())}", f"seed={seed}",
-                      f"model.path={warm}", "model.build_tiny_at=null", "warmup.sft_steps=0", "mode=async",
-                      f"synchronizer.max_staleness={bound}", f"algorithm.off_policy.correction={correction}",
+                      f"model.path={warm}", "model.build_tiny_at=null", "warmup.sft_steps=0",
+                      *(["mode=sync"] if bound == "sync" else ["mode=async", f"synchronizer.max_staleness={bound}"]),
+                      f"algorithm.off_policy.correction={correction}",
                       f"trainer.total_steps={steps}", f"trainer.optimizer.lr={lr}", "explorer.eval_tasksets=[]",
                       "trainer.save_interval=0", *([f"explorer.workflow={workflow}"] if workflow else []),
                       *(["explorer.num_threads=1", "trainer.num_threads=1"] if explorers > 1 else []))
@@ -318,7 +319,7 @@ def main() -> None:
     ap.add_argument("--plot", default="", help="write the accuracy-vs-staleness plot here (png)")
     ap.add_argument("--from-json", default="", help="re-make the table, plot and RESULT lines of an earlier --json")
     ap.add_argument("--real", default="", help="instead of the fixed-lag table: real async runs (launcher.run), one "
-                                               "per comma-separated max_staleness value (e.g. 1,2,4,auto), with "
+                                               "per comma-separated max_staleness value (e.g. sync,1,2,4,auto), with "
                                                "--correction, over --seeds: accuracy, staleness reached, rows/s")
     ap.add_argument("--correction", default="decoupled")
     ap.add_argument("--explorers", type=int, default=1, help="--real: explorer jobs (more than one: independent "
