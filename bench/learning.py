@@ -93,7 +93,7 @@ class LocalFleet:
 
 
 def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: int, eval_every: int,
-           lr: float) -> dict:
+           lr: float, overrides: tuple[str, ...] = ()) -> dict:
     from trinity_like.algorithms.rewards import load_reward_manager
     from trinity_like.common.tasks import generate_arithmetic
     from trinity_like.common.tokenizer import hf_tokenizer
@@ -106,7 +106,7 @@ def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: 
     cfg = base_config(work, f"name=cell-{lag}-{correction}-{seed}", f"seed={seed}", f"model.path={warm}",
                       "model.build_tiny_at=null", "warmup.sft_steps=0", "mode=sync",
                       f"algorithm.off_policy.correction={correction}", f"trainer.total_steps={steps}",
-                      f"trainer.optimizer.lr={lr}")
+                      f"trainer.optimizer.lr={lr}", *overrides)
     ex = cfg.explorer
     tokenizer = hf_tokenizer(str(warm))
     rewards = load_reward_manager(cfg, tokenizer)
@@ -161,7 +161,7 @@ def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: 
             engine.update_weights(WeightUpdate(version=k, state_dict=snapshots[k]))
             curve.append((k, accuracy()))
     trained = staleness[lag:] or staleness  # past the first `lag` steps, which cannot be stale yet
-    return {"lag": lag, "correction": correction, "seed": seed, "steps": steps, "lr": lr,
+    return {"lag": lag, "correction": correction, "overrides": list(overrides), "seed": seed, "steps": steps, "lr": lr,
             "accuracy": curve[-1][1], "curve": curve,
             "staleness_mean": statistics.fmean(s[0] for s in trained), "staleness_max": max(s[1] for s in staleness),
             "ess_mean": statistics.fmean(ess) if ess else None, "clipfrac_mean": statistics.fmean(clip),
@@ -322,6 +322,9 @@ def main() -> None:
                                                "per comma-separated max_staleness value (e.g. sync,1,2,4,auto), with "
                                                "--correction, over --seeds: accuracy, staleness reached, rows/s")
     ap.add_argument("--correction", default="decoupled")
+    ap.add_argument("--set", action="append", default=[], help="a config override for every fixed-lag run (e.g. "
+                                                               "algorithm.off_policy.cap=1.0); repeatable")
+    ap.add_argument("--first-seed", type=int, default=0, help="fixed-lag runs use seeds first-seed.. (default 0)")
     ap.add_argument("--explorers", type=int, default=1, help="--real: explorer jobs (more than one: independent "
                                                              "jobs on a ray start cluster)")
     ap.add_argument("--workflow", default="", help="--real: explorer.workflow, e.g. "
@@ -367,9 +370,10 @@ def main() -> None:
         steps, seeds = runs[0]["steps"], len({r["seed"] for r in runs})
     else:
         warm = warm_model(work)
-    for seed in range(0 if args.from_json else seeds):  # seed-major: load on the machine hits every cell alike
+    # seed-major: load on the machine hits every cell alike
+    for seed in range(args.first_seed, args.first_seed + (0 if args.from_json else seeds)):
         for _, lag, correction in cells:
-            r = rl_run(work, warm, lag, correction, seed, steps, every, args.lr)
+            r = rl_run(work, warm, lag, correction, seed, steps, every, args.lr, tuple(args.set))
             runs.append(r)
             print(f"run lag={lag} correction={correction} seed={seed}: accuracy {r['accuracy']:.3f} "
                   f"(curve {' '.join(f'{s}:{a:.2f}' for s, a in r['curve'])}) staleness {r['staleness_mean']:.2f}/"
