@@ -175,3 +175,29 @@ def test_weight_invariants(data, name, junk):
     noisy = ~valid * junk
     weights2, _ = fn(behav + noisy, old - noisy, mask, None, config, behaviour_known=known)
     torch.testing.assert_close(weights2, weights, rtol=1e-12, atol=0)
+
+
+# ---------------------------------------------------------------- pessimistic weights (off_policy.negative_cap)
+def test_pessimistic_weights_raise_only_negative_advantage_tokens_cut_below_their_ratio():
+    from trinity_like.algorithms import pessimistic_weights
+
+    old = torch.tensor(RATIOS, dtype=F64).log()
+    behaviour = torch.zeros_like(old)
+    advantages = torch.tensor([[-1.0, -1.0, -1.0], [1.0, -2.0, -1.0]], dtype=F64)
+    # decoupled at cap 2 dropped rho 4 and 3: [[1.5, .4, 0], [1, 0, 0]]
+    weights, _ = run("decoupled", {"cap": 2.0})
+    out, metrics = pessimistic_weights(weights, behaviour, old, advantages, MASK, 3.0)
+    # row 0: 1.5 and .4 are already their ratio; rho 4 (dropped, negative advantage) -> min(4, 3) = 3
+    # row 1: rho 1 kept (positive); rho 3 (dropped, negative) -> 3; the padded token stays 0
+    close(out, [[1.5, 0.4, 3.0], [1.0, 3.0, 0.0]])
+    assert metrics["off_policy/negative_raised_frac"] == pytest.approx(2 / 5)
+    # tis truncated 4 -> 2 and 3 -> 2; a positive advantage keeps its truncation
+    weights, _ = run("tis", {"cap": 2.0})
+    out, _ = pessimistic_weights(weights, behaviour, old, -advantages, MASK, 3.0)
+    close(out, [[1.5, 0.4, 2.0], [1.0, 2.0, 0.0]])
+    # unknown behaviour rows (ratio taken as 1) are never raised above their weight of 1
+    known = torch.tensor([False, True])
+    weights, _ = run("decoupled", {"cap": 2.0}, behaviour_known=known)
+    out, _ = pessimistic_weights(weights, behaviour, old, advantages, MASK, 3.0, behaviour_known=known)
+    close(out, [[1.0, 1.0, 1.0], [1.0, 3.0, 0.0]])
+    assert not out.requires_grad

@@ -158,6 +158,21 @@ def test_off_policy_corrections_on_stale_rows(tmp_path, tiny_model_path, batch_e
     assert abs(metrics["actor/ppo_kl"]) < 1e-5  # the PPO ratio is against the recomputed proximal policy
 
 
+def test_negative_cap_raises_weights_the_correction_cut_on_negative_advantages(tmp_path, tiny_model_path,
+                                                                               batch_exps):
+    # behaviour 0.7 nats below the proximal policy on every token: rho = 2.01 > cap 1.2, so tis truncates all
+    stale = [Experience(**{**e.__dict__, "logprobs": [lp - 0.7 for lp in e.logprobs], "model_version": 0})
+             for e in batch_exps]
+    raised = {}
+    for negative_cap in (0.0, 1.5):
+        t = _trainer(tmp_path, tiny_model_path, "algorithm.off_policy.correction=tis", "algorithm.off_policy.cap=1.2",
+                     f"algorithm.off_policy.negative_cap={negative_cap}")
+        raised[negative_cap] = t.train_step(stale)
+    assert "off_policy/negative_raised_frac" not in raised[0.0]
+    assert 0 < raised[1.5]["off_policy/negative_raised_frac"] < 1  # the tokens with a negative advantage
+    assert raised[1.5]["actor/pg_loss"] != raised[0.0]["actor/pg_loss"]
+
+
 def test_token_budget_micro_batches_give_the_same_update(tmp_path, tiny_model_path, batch_exps):
     weights = []
     for overrides in (["trainer.micro_batch_size=12"], ["trainer.max_token_len_per_micro_batch=25"]):

@@ -148,5 +148,24 @@ def decoupled_ppo(behaviour_log_prob, old_log_prob, response_mask, staleness=Non
     return _finish(weight, mask, staleness, behaviour_known)
 
 
+def pessimistic_weights(weights: torch.Tensor, behaviour_log_prob: torch.Tensor, old_log_prob: torch.Tensor,
+                        advantages: torch.Tensor, response_mask: torch.Tensor, negative_cap: float,
+                        behaviour_known: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Raise the weight of every token with a negative advantage to at least min(rho_t, negative_cap).
+
+    A correction truncates (tis) or drops (decoupled, icepop) the tokens whose ratio rho_t = pi_prox / pi_behav
+    is large: tokens that became much likelier since the data was sampled. For a token with a positive
+    advantage that only weakens a push up. For one with a negative advantage it removes the push down on
+    exactly the token that grew, and with the batches some versions stale such a token can run away before
+    fresh samples, where it is frequent, arrive (docs/learning.md). PPO's clip keeps the unclipped ratio for
+    negative advantages for the same reason; this keeps the correction's weight pessimistic likewise, bounded by
+    ``negative_cap`` for the variance. Returns the weights (no gradient) and the share of valid tokens raised."""
+    log_rho, mask = _log_ratio(behaviour_log_prob, old_log_prob, response_mask, behaviour_known)
+    floor = torch.clamp(torch.exp(log_rho), max=negative_cap)
+    raise_ = (advantages < 0) & (floor > weights) & (mask > 0)
+    out = torch.where(raise_, floor, weights).detach()
+    return out, {"off_policy/negative_raised_frac": float(raise_.sum() / mask.sum().clamp(min=1.0))}
+
+
 def get_off_policy_correction_fn(name: str):
     return OFF_POLICY_CORRECTIONS.get(name)

@@ -16,6 +16,9 @@ class OffPolicyParams:
     """Lower bound of the kept ratio range (icepop, geo_mask)."""
     high: float = 2.0
     """Upper bound of the kept ratio range (icepop, geo_mask)."""
+    negative_cap: float = 0.0
+    """With a correction: a token with a negative advantage keeps at least min(rho_t, negative_cap) as its
+    weight, whatever the correction cut (see ``off_policy.pessimistic_weights``); 0 = off."""
 
 
 @dataclass

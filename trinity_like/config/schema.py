@@ -372,6 +372,11 @@ class OffPolicyConfig:
     """Lower bound of the kept ratio range (icepop, geo_mask)."""
     high: float = _at_least(OffPolicyParams.high, 0.0)
     """Upper bound of the kept ratio range (icepop, geo_mask)."""
+    negative_cap: float = _at_least(OffPolicyParams.negative_cap, 0.0)
+    """Pessimistic corrections: a token with a negative advantage keeps its importance ratio pi_prox / pi_behav
+    up to this bound as its weight, where the correction truncated or dropped it, so that a correction may
+    weaken a push up but never the push down on a token that grew since the data was sampled (PPO's own clip
+    is pessimistic the same way). 0 = off. See docs/learning.md for the runaway it prevents."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ from trinity_like.algorithms import (
     kl_penalty,
     loss_needs,
     masked_mean,
+    pessimistic_weights,
 )
 from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
@@ -222,6 +223,12 @@ class PPOTrainer(TrainEngineWrapper):
             opmd_baseline=algo.opmd_baseline, tau=algo.tau)
         batch["advantages"] = advantages
         batch["returns"] = returns
+        negative_cap = algo.off_policy.negative_cap
+        if negative_cap > 0 and "rollout_is_weights" in batch:
+            batch["rollout_is_weights"], raised = pessimistic_weights(
+                batch["rollout_is_weights"], batch.pop("behaviour_log_probs"), batch.pop("proximal_log_probs"),
+                advantages, mask, negative_cap, behaviour_known=batch["has_log_probs"])
+            metrics.update(raised)
         if self.critic is not None:
             metrics.update(self._update_critic(batch))
         metrics.update(self._update_policy(batch, temperature))
@@ -487,6 +494,9 @@ class PPOTrainer(TrainEngineWrapper):
                                               self.cfg.algorithm.off_policy, behaviour_known=known)
         batch["old_log_probs"] = proximal
         batch["rollout_is_weights"] = weights
+        if self.cfg.algorithm.off_policy.negative_cap > 0:
+            # for pessimistic_weights, once the advantages are known
+            batch["behaviour_log_probs"], batch["proximal_log_probs"] = behaviour, proximal
         return metrics
 
     def _micro_weight(self, micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str | None = None) -> float:
