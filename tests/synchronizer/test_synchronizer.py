@@ -394,6 +394,8 @@ def test_short_steps_and_dropped_rows_are_explored_again(ray_session):
         assert ray.get(sync.explore_finished.remote(two))  # 9 rows >= 8
         ray.get(sync.report_dropped.remote(2))  # the trainer will never train 2 of them
         assert not ray.get(sync.explore_finished.remote(two))
+        # and admission no longer counts them: step 4's rows come after 4 + 1 + 0 + 4 - 2 = 7 trained rows
+        assert ray.get(sync.rows_before.remote(4, 4)) == 7
         assert ray.get(sync.claim_explore_step.remote("e1", two)) == 4
         assert ray.get(sync.claim_explore_step.remote("e1", two, 5)) is None  # max_steps caps the sequence
     finally:

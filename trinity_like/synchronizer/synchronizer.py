@@ -373,11 +373,15 @@ class Synchronizer:
         self._steps.rows_dropped = max(self._steps.rows_dropped, rows)
 
     async def rows_before(self, step: int, rows_per_step: int) -> int:
-        """Rows that explorer steps below ``step`` write: what each finished one wrote, and ``rows_per_step``
-        (what it plans) for each one still running or to be redone. Admission counts on this: an upper bound
-        while earlier steps run (never too lenient), exact once they are written."""
+        """Rows the trainer trains before those of explorer step ``step``: what each step below it wrote, and
+        ``rows_per_step`` (what it plans) for each one still running or to be redone, less the rows the trainer
+        dropped (too stale, quarantined). Admission counts on this: an upper bound while earlier steps run
+        (never too lenient), exact once they are written. Without the dropped rows taken off, every later step
+        would be admitted as if trained that many rows later than it is: with two explorers whose steps commit
+        out of order, a few rows dropped as too stale early in a run held the explorers to a bound smaller by
+        that many steps for the rest of it (realised staleness 0.1 at max_staleness 2, throughput that of sync)."""
         s = self._steps
-        return sum(s.rows.get(k, rows_per_step) for k in range(step))
+        return max(0, sum(s.rows.get(k, rows_per_step) for k in range(step)) - s.rows_dropped)
 
     async def explore_finished(self, schedule: Schedule) -> bool:
         """No explorer step is running or waiting to be redone, and the rows written cover the run: no more
