@@ -51,10 +51,6 @@ class Window:
     def seconds(self) -> float:
         return max(1e-9, self.end_s - (self.start_s if self.start_s is not None else self.end_s))
 
-    @property
-    def rate(self) -> float:
-        return self.rows / self.seconds
-
 
 class StalenessController:
     """Holds the current bound of one run and moves it (see the module's rules)."""
@@ -113,12 +109,12 @@ class StalenessController:
             degraded.append(f"ESS {ess:.3f} < {p['ess_target']:g}")
         if clip is not None and clip > p["clip_target"]:
             degraded.append(f"clip fraction {clip:.3f} > {p['clip_target']:g}")
-        if degraded:  # rule 2, during a trial too (which it ends)
+        if degraded:  # rule 1, during a trial too (which it ends)
             self._trial, self._waiting = None, []
             if self.bound > self.min:
                 self._set(step, self.bound - 1, "off-policy signal degraded: " + ", ".join(degraded))
             return
-        if self._trial is not None:  # rule 1
+        if self._trial is not None:  # rule 2
             trial = self._trial
             if trial.settle > 0:  # the steps claimed under the old bound are still running
                 trial.settle -= 1
