@@ -33,6 +33,22 @@ What is measured (everything lives in one temporary folder under /tmp, deleted a
    from the newest segment and includes the refresh that picks it up. Only the read is timed. A split of
    one read (listing, scan of the stale segments, table_to_experiences, ledger write) follows.
 
+5. ``--catalog`` (a mode of its own; ``--stored 1000000,10000000`` by default): fills a buffer per stored size
+   with segments of 512 short rows (8 prompt + 8 response tokens; one explorer step of 32 tasks x 16 samples
+   each, ``info.explore_step`` set, model_version rising every 4 steps, explorers a and b taking turns and
+   every 64th segment a human import with model_version -1) through ``BufferWriter.write_table``, plus a trainer
+   ledger that committed the first 90% of the rows (one step per 8 segments). Then it times, each call in a
+   fresh process (imports done before timing; page cache warm), ``--repeats`` times (median): ``buffer stats``
+   (``buffer_stats``), an explorer's start as the roles do it (``written_explore_steps``) and the catalog's
+   ``explore_step_rows``, a run's schema check (``check_schema_versions``), ``status``'s buffer part
+   (``buffer_status``), and ``buffer query`` of the newest 1% of versions and of the human rows; it counts the
+   segments each call maps or CRC-checks. ``--keep DIR`` keeps the filled buffers and reuses them.
+   Target (issue 20): ``buffer stats`` and the explorer's start < 1 s with 10M rows stored. stdout:
+
+    RESULT buffer_catalog stats_s_1m=... explorer_start_s_1m=... explore_step_rows_s_1m=... ...
+
+       cd /work/main && .venv/bin/python bench/buffer.py --catalog --keep /tmp/catalog-bench   # ~5 min
+
 Targets (issue): write >= 0.5x raw Arrow, write >= 10x SQLite blobs, p99 of a 256-row read < 50 ms with 1M
 rows stored. Progress and the PASS/FAIL table go to stderr; stdout gets one line:
 
@@ -46,6 +62,7 @@ import argparse
 import cProfile
 import gc
 import io
+import json
 import os
 import pickle
 import pstats
@@ -405,6 +422,180 @@ def read_split(buffer_dir: Path, consumer: BufferConsumer, version: int, stored:
         f"{to_exps * 1e3:.2f} ms; ledger add_pending (write + 2 fsyncs) {pending * 1e3:.2f} ms")
 
 
+# ------------------------------------------------------------------ catalog: start, stats, status, filtered reads
+CATALOG_ROWS_PER_SEGMENT = 512
+"""Rows per segment in --catalog mode: one explorer step of 32 tasks x 16 samples, one segment per step."""
+CATALOG_STEPS_PER_VERSION = 4
+CATALOG_HUMAN_EVERY = 64
+"""Every 64th segment is an import of human rows (source human, model_version -1, no explore_step)."""
+CATALOG_CONSUMED = 0.9
+"""The trainer has committed the first 90% of the segments' rows (the state `status` reports on)."""
+CATALOG_SEGMENTS_PER_STEP = 8
+"""Trainer steps of the ledger: one step per 8 segments (4,096 rows)."""
+CATALOG_MEASURES = ("stats", "explorer_start", "explore_step_rows", "run_start_check", "status", "read_version",
+                    "read_source")
+"""What --catalog times: ``buffer stats``; an explorer's start as the roles do it
+(``written_explore_steps``, trinity_like/runtime/run_home.py) and the catalog's ``explore_step_rows`` it is to call; the schema check of a run's
+start (``check_schema_versions``, from the catalog where it exists); ``status``'s buffer part; ``buffer query``
+of the newest 1% of versions and of one source."""
+
+
+def catalog_segment(seg: int, rng: np.random.Generator) -> tuple[pa.Table, str]:
+    """Segment ``seg`` of the --catalog buffer as an Arrow table (built column-wise: 10M rows take minutes, not
+    hours) and the writer that writes it: explorers a and b take turns, every 64th is a human import."""
+    n = CATALOG_ROWS_PER_SEGMENT
+    human = seg % CATALOG_HUMAN_EVERY == CATALOG_HUMAN_EVERY - 1
+    step = seg - (seg + 1) // CATALOG_HUMAN_EVERY  # explore steps count explorer segments only
+    tokens = 8
+
+    def lists(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+        offsets = pa.array(np.arange(0, n * tokens + 1, tokens, dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(values.ravel()), type=arrow_type)
+
+    accuracy = rng.random(n).round(3)
+    info = ([json.dumps({"accuracy": 1.0})] * n if human else
+            [f'{{"accuracy": {a}, "explore_step": {step}}}' for a in accuracy.tolist()])
+    table = pa.table({
+        "eid": [f"{seg:016x}{r:016x}" for r in range(n)],
+        "group_id": [f"s{seg}-g{r // 16}" for r in range(n)],
+        "task_id": [f"t{seg * 32 + r // 16}" for r in range(n)],
+        "source": ["human" if human else "explorer"] * n,
+        "prompt_ids": lists(rng.integers(0, VOCAB, (n, tokens), dtype=np.int32), pa.list_(pa.int32())),
+        "response_ids": lists(rng.integers(0, VOCAB, (n, tokens), dtype=np.int32), pa.list_(pa.int32())),
+        "action_mask": pa.nulls(n, pa.list_(pa.bool_())),
+        "logprobs": (pa.nulls(n, pa.list_(pa.float32())) if human else
+                     lists(-rng.exponential(1.0, (n, tokens)).astype(np.float32), pa.list_(pa.float32()))),
+        "reward": pa.array(accuracy.astype(np.float32)),
+        "token_rewards": pa.nulls(n, pa.list_(pa.float32())),
+        "model_version": pa.array(np.full(n, -1 if human else step // CATALOG_STEPS_PER_VERSION, np.int64)),
+        "engine_id": [None if human else f"engine-{seg % 4}"] * n,
+        "truncated": pa.array(np.zeros(n, np.bool_)),
+        "prompt_text": pa.nulls(n, pa.string()),
+        "response_text": pa.nulls(n, pa.string()),
+        "messages": pa.nulls(n, pa.string()),
+        "info": info,
+        "created_at": pa.array(np.full(n, time.time_ns() // 1000, np.int64)).cast(pa.timestamp("us", tz="UTC")),
+    }, schema=EXPERIENCE_SCHEMA)
+    return table, "ingest-human" if human else f"explorer-{'ab'[seg % 2]}"
+
+
+def fill_catalog_buffer(buffer_dir: Path, stored: int, seed: int) -> dict[str, int]:
+    """Write ``stored`` rows as segments through BufferWriter.write_table (the explorers' path), and a trainer
+    ledger that committed the first 90% of them; return the numbers the filtered reads need."""
+    rng = np.random.default_rng(seed)
+    writers: dict[str, BufferWriter] = {}
+    segments = stored // CATALOG_ROWS_PER_SEGMENT
+    consumed = int(segments * CATALOG_CONSUMED)
+    ledger = Ledger(buffer_dir, "trainer")
+    records: list[tuple[str, int, str, int]] = []
+    t0 = time.perf_counter()
+    for seg in range(segments):
+        table, writer_id = catalog_segment(seg, rng)
+        if writer_id not in writers:
+            writers[writer_id] = BufferWriter(buffer_dir, writer_id=writer_id)
+        info = writers[writer_id].write_table(table)
+        if seg < consumed:
+            step = seg // CATALOG_SEGMENTS_PER_STEP + 1
+            records.extend((eid, step, info.name, r) for r, eid in enumerate(table.column("eid").to_pylist()))
+            if (seg + 1) % CATALOG_SEGMENTS_PER_STEP == 0 or seg + 1 == consumed:
+                ledger.add_pending(step, records)
+                ledger.commit(step)
+                records = []
+        if (seg + 1) % 2000 == 0:
+            log(f"catalog fill: {(seg + 1) * CATALOG_ROWS_PER_SEGMENT:,}/{stored:,} rows "
+                f"({time.perf_counter() - t0:.0f}s)")
+    top_version = (segments - segments // CATALOG_HUMAN_EVERY) // CATALOG_STEPS_PER_VERSION
+    return {"segments": segments, "top_version": top_version}
+
+
+def _measure(kind: str, buffer_dir: Path, top_version: int) -> dict[str, float]:
+    """One timed call in this (fresh) process: imports are done first, then only the call is timed; counts the
+    segments whose bytes were mapped or CRC-checked."""
+    from types import SimpleNamespace
+
+    import duckdb  # noqa: F401  (imported before timing, as a running process has it)
+
+    from trinity_like.buffer import segments, sql
+    from trinity_like.buffer.maintenance import buffer_stats
+    from trinity_like.status import buffer_status
+
+    try:
+        from trinity_like.runtime.run_home import written_explore_steps
+    except ImportError:  # where it lived before
+        from trinity_like.explorer.role import written_explore_steps
+
+    try:
+        from trinity_like.buffer import catalog
+    except ImportError:  # the code before the catalog
+        catalog = None
+    if kind == "explore_step_rows" and catalog is None:
+        return {"seconds": float("nan"), "rows": -1, "segments_touched": -1}
+    min_version = int(top_version * 0.99)  # the newest ~1% of the rows
+    calls: dict[str, Callable[[], object]] = {
+        "stats": lambda: buffer_stats(buffer_dir),
+        "explorer_start": lambda: written_explore_steps(SimpleNamespace(buffer_dir=buffer_dir)),
+        "explore_step_rows": lambda: catalog.explore_step_rows(buffer_dir),
+        "run_start_check": lambda: (catalog or segments).check_schema_versions(buffer_dir),
+        "status": lambda: buffer_status(buffer_dir, top_version),
+        "read_version": lambda: sql.query(buffer_dir, f"model_version >= {min_version}").num_rows,
+        "read_source": lambda: sql.query(buffer_dir, "source = 'human'").num_rows,
+    }
+    touched: set[str] = set()
+    real_map, real_crc = pa.memory_map, segments.file_crc32
+
+    def mapping(path, *args):
+        if "/segments/" in str(path):
+            touched.add(Path(path).name)
+        return real_map(path, *args)
+
+    def crc(path):
+        touched.add(Path(path).name)
+        return real_crc(path)
+
+    pa.memory_map, segments.file_crc32 = mapping, crc
+    t0 = time.perf_counter()
+    result = calls[kind]()
+    seconds = time.perf_counter() - t0
+    rows = result if isinstance(result, int) else len(result) if kind in ("explorer_start", "explore_step_rows") else -1
+    return {"seconds": seconds, "rows": rows, "segments_touched": len(touched)}
+
+
+def catalog_bench(stored_list: list[int], keep: Path | None, repeats: int, tmp_root: str, seed: int) -> None:
+    import json as _json
+    import subprocess
+
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench-catalog-", dir=tmp_root) as tmp_name:
+        for stored in stored_list:
+            buffer_dir = (keep or Path(tmp_name)) / f"buffer-{stored}"
+            meta_path = buffer_dir / "bench-meta.json"
+            if meta_path.is_file():
+                meta = _json.loads(meta_path.read_text())
+                log(f"catalog: reusing {buffer_dir} ({stored:,} rows)")
+            else:
+                shutil.rmtree(buffer_dir, ignore_errors=True)
+                t0 = time.perf_counter()
+                meta = fill_catalog_buffer(buffer_dir, stored, seed)
+                meta_path.write_text(_json.dumps(meta))
+                size = sum(p.stat().st_size for p in buffer_dir.rglob("*") if p.is_file())
+                log(f"catalog: filled {buffer_dir}: {stored:,} rows in {meta['segments']:,} segments of "
+                    f"{CATALOG_ROWS_PER_SEGMENT} rows, {size / 2**30:.2f} GiB, {time.perf_counter() - t0:.0f}s")
+            for kind in CATALOG_MEASURES:
+                runs = []
+                for _ in range(repeats):
+                    out = subprocess.run([sys.executable, __file__, "--measure", kind, "--dir", str(buffer_dir),
+                                          "--top-version", str(meta["top_version"])],
+                                         check=True, capture_output=True, text=True).stdout
+                    runs.append(_json.loads(out.strip().splitlines()[-1].removeprefix("MEASURE ")))
+                secs = sorted(r["seconds"] for r in runs)
+                log(f"catalog: {stored:,} rows: {kind:<17} median {statistics.median(secs):.3f}s "
+                    f"(runs {', '.join(f'{s:.3f}' for s in secs)}; result rows {runs[0]['rows']}, segments touched "
+                    f"{[r['segments_touched'] for r in runs]} of {meta['segments']:,})")
+                results[f"{kind}_s_{stored // 1_000_000}m" if stored >= 1_000_000 else f"{kind}_s_{stored}"] = \
+                    statistics.median(secs)
+    print("RESULT buffer_catalog " + " ".join(f"{k}={v:.3f}" for k, v in results.items()), flush=True)
+
+
 # ------------------------------------------------------------------ main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -416,7 +607,23 @@ def main() -> None:
     parser.add_argument("--tmp", default="/tmp", help="where the temporary folder goes (default /tmp)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="cProfile the buffer write and read loops")
+    parser.add_argument("--catalog", action="store_true",
+                        help="time buffer stats, explorer start, status and filtered reads at --stored rows")
+    parser.add_argument("--stored", default="1000000,10000000", help="--catalog: rows stored, comma-separated")
+    parser.add_argument("--keep", help="--catalog: keep (and reuse) the filled buffers in this folder")
+    parser.add_argument("--measure", choices=CATALOG_MEASURES, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--top-version", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.measure:
+        print("MEASURE " + json.dumps(_measure(args.measure, Path(args.dir), args.top_version)), flush=True)
+        return
+    if args.catalog:
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+        catalog_bench([int(x) for x in args.stored.split(",")], Path(args.keep) if args.keep else None,
+                      args.repeats, args.tmp, args.seed)
+        return
     rows = args.rows or (10_000 if args.quick else 100_000)
     total_rows = max(args.total_rows or (100_000 if args.quick else 1_000_000), rows)
     scale_reads = args.scale_reads or (40 if args.quick else 200)

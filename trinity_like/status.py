@@ -54,34 +54,23 @@ def _synchronizer_status(namespace: str) -> dict[str, Any] | None:
 def buffer_status(buffer_dir: Path, trainer_version: int | None) -> dict[str, Any]:
     """Rows written and rows the trainer has not consumed (committed or pending), per source too; the model
     versions of the untrained rows made by this run's policy and their staleness (imported rows, version -1,
-    are never stale); rows the trainer quarantined as untrainable count apart, not as untrained."""
-    from trinity_like.buffer import list_segments, read_only_sql
+    are never stale); rows the trainer quarantined as untrainable count apart, not as untrained. From the buffer
+    catalog and the trainer's ledger (``catalog.consumer_summary``): segments are not read, except ones partly
+    consumed that mix sources or versions."""
+    from trinity_like.buffer.catalog import consumer_summary
 
-    if not list_segments(buffer_dir):
-        return {"rows": 0, "unconsumed": 0, "quarantined": 0, "by_source": {}}
-    per_source = read_only_sql(buffer_dir, """
-        WITH flagged AS (
-            SELECT source, model_version,
-                   eid IN (SELECT eid FROM quarantine WHERE consumer = 'trainer') AS quarantined,
-                   eid IN (SELECT eid FROM consumption WHERE consumer = 'trainer') AS consumed
-            FROM experiences),
-        tagged AS (SELECT *, NOT consumed AND NOT quarantined AS untrained FROM flagged)
-        SELECT source, count(*) AS rows, count(*) FILTER (WHERE untrained) AS unconsumed,
-               count(*) FILTER (WHERE quarantined) AS quarantined,
-               min(model_version) FILTER (WHERE untrained AND model_version >= 0) AS min_version,
-               max(model_version) FILTER (WHERE untrained AND model_version >= 0) AS max_version
-        FROM tagged GROUP BY source ORDER BY source""").to_pylist()
-    out: dict[str, Any] = {"rows": sum(r["rows"] for r in per_source),
-                           "unconsumed": sum(r["unconsumed"] for r in per_source),
-                           "quarantined": sum(r["quarantined"] for r in per_source),
-                           "by_source": {r["source"]: {"rows": r["rows"], "unconsumed": r["unconsumed"]}
-                                         for r in per_source}}
-    versions = [v for r in per_source for v in (r["min_version"], r["max_version"]) if v is not None]
-    if versions:
-        out["unconsumed_versions"] = [min(versions), max(versions)]
+    summary = consumer_summary(buffer_dir, "trainer")
+    per_source = summary.by_source
+    out: dict[str, Any] = {"rows": sum(r["rows"] for r in per_source.values()),
+                           "unconsumed": sum(r["unconsumed"] for r in per_source.values()),
+                           "quarantined": sum(r["quarantined"] for r in per_source.values()),
+                           "by_source": {s: {"rows": r["rows"], "unconsumed": r["unconsumed"]}
+                                         for s, r in per_source.items()}}
+    if summary.versions is not None:
+        lo, hi = summary.versions
+        out["unconsumed_versions"] = [lo, hi]
         if trainer_version is not None:
-            out["unconsumed_staleness"] = [max(0, trainer_version - max(versions)),
-                                           max(0, trainer_version - min(versions))]
+            out["unconsumed_staleness"] = [max(0, trainer_version - hi), max(0, trainer_version - lo)]
     return out
 
 

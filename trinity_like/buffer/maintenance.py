@@ -1,12 +1,14 @@
-"""Buffer upkeep: statistics and verification (with quarantine of bad segments)."""
+"""Buffer upkeep: statistics (from the catalog) and verification (with quarantine of bad segments)."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import trinity_like.buffer.catalog as catalog
 from trinity_like.buffer.ledger import Ledger, consumer_names
 from trinity_like.buffer.segments import (
     QUARANTINE,
@@ -20,19 +22,16 @@ from trinity_like.buffer.segments import (
 
 def buffer_stats(buffer_dir: Path) -> dict[str, Any]:
     """Rows by source and model_version, consumption per consumer (with the rows it quarantined as untrainable),
-    segments, bytes, quarantined segment files."""
+    segments, bytes, quarantined segment files. From the catalog and the ledgers' file names: a segment is read
+    only if it has no catalog entry yet (then its entry is healed)."""
     by_source: Counter = Counter()
     by_version: Counter = Counter()
-    segments = list_segments(buffer_dir)
-    unreadable = 0
-    for info in segments:
-        try:
-            table = read_segment(info, verify=False)
-        except SegmentError:
-            unreadable += 1
-            continue
-        by_source.update(table.column("source").to_pylist())
-        by_version.update(table.column("model_version").to_pylist())
+    cat = catalog.load(buffer_dir)
+    for _, entry in cat.listed():
+        by_source.update(entry.sources)
+        by_version.update(entry.versions)
+    segments = cat.segments
+    unreadable = len(cat.unreadable)
     rows = sum(s.num_rows for s in segments)
     consumers = {}
     for name in consumer_names(buffer_dir):
@@ -48,7 +47,7 @@ def buffer_stats(buffer_dir: Path) -> dict[str, Any]:
     return {
         "rows": rows,
         "segments": len(segments),
-        "bytes": sum(s.path.stat().st_size for s in segments),
+        "bytes": sum(e.bytes for _, e in cat.listed()) + sum(_size(s.path) for s in cat.unreadable),
         "by_source": dict(sorted(by_source.items())),
         "by_model_version": {str(k): v for k, v in sorted(by_version.items())},
         "consumers": consumers,
@@ -57,19 +56,31 @@ def buffer_stats(buffer_dir: Path) -> dict[str, Any]:
     }
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # quarantined meanwhile
+        return 0
+
+
 def verify_buffer(buffer_dir: Path, move: bool = True) -> dict[str, Any]:
-    """Check every segment's checksum and schema; move bad ones to ``quarantine/`` (unless ``move`` is
-    False); list leftover temporary files of interrupted writes."""
-    good, bad = 0, []
+    """Check every segment's checksum and schema (whatever the catalog says: this is the full check); record each
+    check in the catalog; move bad ones to ``quarantine/`` (unless ``move`` is False) and drop their entries; list
+    leftover temporary files of interrupted writes."""
+    good, bad, checked = 0, [], []
     for info in list_segments(buffer_dir):
         try:
-            read_segment(info, verify=True)
+            table = read_segment(info, verify=True)
+            checked.append(catalog.entry_of(table, info.name, info.path.stat().st_size, verified_at=time.time()))
             good += 1
         except SegmentError as e:
             entry = {"segment": info.name, "problem": str(e)}
             if move:
                 entry["moved_to"] = str(quarantine(buffer_dir, info))
             bad.append(entry)
+    catalog.save(buffer_dir, checked)
+    if move and bad:
+        catalog.roll_up(buffer_dir, block=True)  # the quarantined segments' entries go now
     d = segment_dir(buffer_dir)
     leftovers = sorted(n for n in os.listdir(d) if n.startswith(".")) if d.is_dir() else []
     return {"ok": good, "bad": bad, "temporary_files": leftovers}

@@ -23,7 +23,10 @@ overflow, it returns the whole groups it has (never a split group).
 Mix (``mix``, config ``buffer.mix``): a set share of each experience source per batch, each source's quota
 filled with its own whole groups in policy order; see ``mix.py`` for the rule.
 
-Corrupt or truncated segments are skipped with a logged error (``buffer verify`` quarantines them).
+Corrupt or truncated segments are skipped with a logged error (``buffer verify`` quarantines them). A segment's
+CRC-32 is checked the first time any reader opens it and the check is recorded in the buffer catalog
+(``catalog.py``); a consumer that starts later does not repeat it. A ``where`` filter skips, without reading them,
+the segments whose catalog entry shows no row that can match it.
 
 Untrainable rows (``table_row_problems``: a token id outside the vocabulary ``vocab_size``, a NaN, per-token
 fields of the wrong length...) are found when their segment is opened, and quarantined: recorded in the
@@ -43,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+import trinity_like.buffer.catalog as catalog
 from trinity_like.buffer.ledger import Ledger
 from trinity_like.buffer.mix import choose_mix, normalise_mix
 from trinity_like.buffer.segments import SUFFIX, SegmentError, SegmentInfo, read_segment, segment_dir
@@ -54,6 +58,11 @@ logger = logging.getLogger(__name__)
 POLICIES = ("fifo", "newest", "priority", "replay")
 POLL_INTERVAL_S = 0.02
 NEVER = np.iinfo(np.int64).min // 2
+CATALOG_SNAPSHOT_AT = 16
+"""A refresh that finds more new segments than this (a start) reads the catalog snapshot and records its CRC
+checks at once; a running consumer, seeing one or two at a time, reads only the new loose catalog files."""
+CATALOG_SAVE_AT = 64
+"""CRC checks recorded in the catalog per batch (and at each commit)."""
 NEVER_STALE = np.iinfo(np.int64).max
 """A segment's newest version when it holds a row with ``model_version -1``: no ``min_version`` skips it."""
 
@@ -132,6 +141,11 @@ class BufferConsumer:
         self._segments: list[_Segment] = []
         """Opened segments in write order; a segment is appended once, the first time it is listed."""
         self._known: set[str] = set()
+        self._catalog = catalog.EntryCache(self.buffer_dir)
+        self._entries: list[catalog.Entry] = []
+        """Per opened segment: its catalog entry (what a ``where`` filter can rule out without reading it)."""
+        self._unsaved: list[catalog.Entry] = []
+        """Entries of segments CRC-checked by this consumer and not recorded yet (saved in batches, and at commit)."""
         self._bad: set[str] = set()
         self._max_version = np.zeros(0, np.int64)
         """Per opened segment: its largest model_version, NEVER_STALE if it holds a -1 row (segments wholly below
@@ -168,6 +182,8 @@ class BufferConsumer:
         except FileNotFoundError:
             return
         new = sorted(n for n in names if n not in self._known and n.endswith(SUFFIX) and not n.startswith("."))
+        if new:
+            self._catalog.refresh(snapshot=len(new) > CATALOG_SNAPSHOT_AT)
         for name in new:
             self._known.add(name)
             info = SegmentInfo.parse(d / name)
@@ -175,11 +191,16 @@ class BufferConsumer:
                 logger.error("skipping buffer segment %s: malformed name", d / name)
                 continue
             try:
-                table = read_segment(info)
+                # CRC-checked on first sight only: a check on record in the catalog is not repeated.
+                table, updated = catalog.read_verified_once(info, self._catalog.get(name))
             except SegmentError as e:
                 self._bad.add(info.name)
                 logger.error("skipping a buffer segment: %s", e)
                 continue
+            if updated is not None:
+                self._unsaved.append(updated)
+                self._catalog.entries[name] = updated
+            self._entries.append(self._catalog.get(name))
             seg = _Segment(info, table.column("model_version").to_numpy(),
                            _group_index(table.column("group_id").to_pylist()), table.column("eid").to_pylist(),
                            np.asarray(table.column("source").to_pylist(), dtype=object))
@@ -192,6 +213,14 @@ class BufferConsumer:
             self._min_version = np.append(self._min_version, seg.min_version)
             self._exhausted = np.append(self._exhausted, bool((seg.uses >= self.max_uses).all()))
             self._stale_counted = np.append(self._stale_counted, False)
+        if len(self._unsaved) >= CATALOG_SAVE_AT or len(new) > CATALOG_SNAPSHOT_AT:
+            self._save_checks()
+
+    def _save_checks(self) -> None:
+        """Record the CRC checks done since the last call in the catalog, in one file (losing them in a crash only
+        means they are done again)."""
+        catalog.save(self.buffer_dir, self._unsaved)
+        self._unsaved = []
 
     def _quarantine(self, seg: _Segment, table: pa.Table) -> None:
         """Take the segment's untrainable rows out of circulation; record and log the ones not seen before."""
@@ -266,11 +295,12 @@ class BufferConsumer:
         import duckdb
 
         live = self._live(min_version, step)
+        prune = catalog.Prune.of(where)
         parts = []
         for i in live.tolist():
             seg = self._segments[i]
-            ok = self._eligible(seg, min_version, step)
-            if not ok.any():
+            ok = self._eligible(seg, min_version, step)  # before the prune: it counts the stale rows
+            if not ok.any() or (prune and not prune.may_match(self._entries[i])):
                 continue
             table = read_segment(seg.info, verify=False)
             parts.append(table.append_column("_seg", pa.array(np.full(len(seg.eids), i, np.int32)))
@@ -377,6 +407,7 @@ class BufferConsumer:
 
     def commit(self, step: int) -> int:
         """Make every hand-out for steps <= ``step`` durable; call it right before checkpointing ``step``."""
+        self._save_checks()
         return self.ledger.commit(step)
 
     def committed_steps(self) -> list[int]:

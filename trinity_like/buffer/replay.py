@@ -33,10 +33,12 @@ from trinity_like.common.experience import (
 logger = logging.getLogger(__name__)
 
 
-def _load_source(path: Path) -> pa.Table:
+def _load_source(path: Path, where: str | None = None) -> pa.Table:
+    """A source's rows; a buffer folder's segments that its catalog rules out for ``where`` are not read (the
+    caller applies ``where`` to what comes back)."""
     if path.is_dir():
         buffer_dir = path / "buffer" if (path / "buffer" / "segments").is_dir() else path
-        return experiences_table(buffer_dir).select([f.name for f in EXPERIENCE_SCHEMA])
+        return experiences_table(buffer_dir, where=where).select([f.name for f in EXPERIENCE_SCHEMA])
     if path.suffix == ".arrow":
         info = SegmentInfo.parse(path)
         if info is None:
@@ -73,7 +75,7 @@ class ReplayReader:
     def _load(self) -> pa.Table:
         import duckdb
 
-        tables = [self._trainable(s, _load_source(s)) for s in self.sources]
+        tables = [self._trainable(s, _load_source(s, self.where)) for s in self.sources]
         rows = pa.concat_tables(tables) if tables else EXPERIENCE_SCHEMA.empty_table()
         con = duckdb.connect(":memory:")
         try:

@@ -22,6 +22,7 @@ import re
 import shutil
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,16 +50,25 @@ class SegmentInfo:
     """What a segment's name says about it."""
 
     name: str
-    path: Path
+    folder: Path
     num_rows: int
     crc32: int
 
+    @property
+    def path(self) -> Path:
+        # Built on demand: a listing of 20k segments then creates no Path objects (pathlib is slow).
+        return self.folder / self.name
+
     @classmethod
     def parse(cls, path: Path) -> SegmentInfo | None:
-        m = _NAME.match(path.name)
+        return cls.of_name(path.parent, path.name)
+
+    @classmethod
+    def of_name(cls, folder: Path, name: str) -> SegmentInfo | None:
+        m = _NAME.match(name)
         if m is None:
             return None
-        return cls(path.name, path, int(m.group(4)), int(m.group(5), 16))
+        return cls(name, folder, int(m.group(4)), int(m.group(5), 16))
 
 
 def segment_dir(buffer_dir: str | os.PathLike) -> Path:
@@ -74,7 +84,7 @@ def list_segments(buffer_dir: str | os.PathLike) -> list[SegmentInfo]:
     for name in sorted(os.listdir(d)):
         if name.startswith(".") or not name.endswith(SUFFIX):
             continue
-        info = SegmentInfo.parse(d / name)
+        info = SegmentInfo.of_name(d, name)
         if info is None:
             logger.error("buffer segment %s has a malformed name; ignoring it (run `buffer verify`)", d / name)
             continue
@@ -90,8 +100,11 @@ def file_crc32(path: Path) -> int:
     return crc
 
 
-def write_segment(buffer_dir: str | os.PathLike, table: pa.Table, writer_id: str, seq: int) -> SegmentInfo:
-    """Write ``table`` as a new segment, atomically, and return its info."""
+def write_segment(buffer_dir: str | os.PathLike, table: pa.Table, writer_id: str, seq: int,
+                  before_publish: Callable[[str, int, pa.Table], None] | None = None) -> SegmentInfo:
+    """Write ``table`` as a new segment, atomically, and return its info. ``before_publish(name, nbytes, table)``
+    runs after the data is written and synced and before the rename that publishes it (``BufferWriter`` records
+    the segment's catalog entry there: see ``catalog.py``)."""
     if table.num_rows == 0:
         raise ValueError("a segment needs at least one row")
     d = segment_dir(buffer_dir)
@@ -110,8 +123,15 @@ def write_segment(buffer_dir: str | os.PathLike, table: pa.Table, writer_id: str
         with open(tmp, "wb") as fh:
             fh.write(memoryview(data))
 
+    name = f"{stamp}-{crc:08x}{SUFFIX}"
+
+    def name_of(_tmp: Path) -> str:
+        if before_publish is not None:
+            before_publish(name, len(data), table)
+        return name
+
     # The checksum is part of the name, so data and checksum are published by the same rename.
-    path = atomic_write_named(d, write, lambda _tmp: f"{stamp}-{crc:08x}{SUFFIX}", tmp_prefix=stamp)
+    path = atomic_write_named(d, write, name_of, tmp_prefix=stamp)
     info = SegmentInfo.parse(path)
     assert info is not None
     return info
@@ -150,9 +170,8 @@ def schema_version(info: SegmentInfo) -> str | None:
 
 def check_schema_versions(buffer_dir: str | os.PathLike) -> None:
     """Refuse a buffer that holds segments of another schema version (readers would have to skip them: a run
-    would silently train on part of its data). Unreadable segments are left to ``buffer verify``."""
-    from trinity_like.common.errors import UserError
-
+    would silently train on part of its data). Unreadable segments are left to ``buffer verify``. Reads every
+    segment's footer; ``catalog.check_schema_versions`` does the same from the catalog."""
     other: dict[str | None, list[str]] = {}
     for info in list_segments(buffer_dir):
         try:
@@ -161,6 +180,13 @@ def check_schema_versions(buffer_dir: str | os.PathLike) -> None:
             continue
         if version != str(SCHEMA_VERSION):
             other.setdefault(version, []).append(info.name)
+    refuse_other_schemas(buffer_dir, other)
+
+
+def refuse_other_schemas(buffer_dir: str | os.PathLike, other: dict[str | None, list[str]]) -> None:
+    """Raise UserError naming the segments of ``other`` schema versions (version -> segment names), if any."""
+    from trinity_like.common.errors import UserError
+
     if other:
         found = "; ".join(f"{len(names)} segment(s) of schema version {v or 'none'}, e.g. {names[0]}"
                           for v, names in other.items())

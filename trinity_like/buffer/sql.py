@@ -2,16 +2,20 @@
 ``quarantine`` (rows a consumer found untrainable).
 
 Segments are memory-mapped Arrow tables registered with DuckDB (no copy, no ``.duckdb`` file, so any
-number of processes can query while writers write). Corrupt segments are left out with a logged error.
+number of processes can query while writers write). Corrupt segments are left out with a logged error. The
+catalog (``catalog.py``) lists what each segment holds: ``query`` opens only the segments that can match its
+filter, and a segment's CRC is checked the first time it is opened, not at every query.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pyarrow as pa
 
+import trinity_like.buffer.catalog as catalog
 from trinity_like.buffer.ledger import QUARANTINE_SCHEMA, Ledger, consumer_names
 from trinity_like.buffer.segments import SegmentError, list_segments, read_segment
 from trinity_like.common.errors import UserError
@@ -22,17 +26,30 @@ logger = logging.getLogger(__name__)
 READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
 
 
-def experiences_table(buffer_dir: str | Path, verify: bool = True) -> pa.Table:
-    """Every row of every readable segment, with ``_segment`` and ``_row`` columns, as one Arrow table."""
-    parts = []
-    for info in list_segments(buffer_dir):
+def experiences_table(buffer_dir: str | Path, verify: bool = True, where: str | None = None) -> pa.Table:
+    """Every row of every readable segment, with ``_segment`` and ``_row`` columns, as one Arrow table.
+
+    ``verify``: CRC-check each segment whose check is not on record in the catalog yet (and record it).
+    ``where``: a SQL filter the caller applies to the result; segments that the catalog shows cannot hold a
+    matching row (``catalog.Prune``) are left out without being opened."""
+    cat = catalog.load(buffer_dir)
+    prune = catalog.Prune.of(where)
+    parts, updated = [], []
+    for info, entry in cat.listed():
+        if prune and not prune.may_match(entry):
+            continue
         try:
-            t = read_segment(info, verify=verify)
+            if verify:
+                t, new = catalog.read_verified_once(info, entry)
+                updated.extend([new] if new is not None else [])
+            else:
+                t = read_segment(info, verify=False)
         except SegmentError as e:
             logger.error("leaving a segment out of the query: %s", e)
             continue
-        parts.append(t.append_column("_segment", pa.array([info.name] * t.num_rows, pa.string()))
+        parts.append(t.append_column("_segment", pa.repeat(info.name, t.num_rows))
                      .append_column("_row", pa.array(range(t.num_rows), pa.int64())))
+    catalog.save(buffer_dir, updated)
     if not parts:
         empty = EXPERIENCE_SCHEMA.empty_table()
         return empty.append_column("_segment", pa.array([], pa.string())).append_column("_row", pa.array([], pa.int64()))
@@ -46,8 +63,8 @@ def consumption_table(buffer_dir: str | Path) -> pa.Table:
         ledger = Ledger(buffer_dir, name, create=False)
         for table, committed in ((ledger.committed(), True), (ledger.pending(), False)):
             n = table.num_rows
-            parts.append(pa.table({"consumer": [name] * n, "eid": table.column("eid"),
-                                   "step": table.column("step"), "committed": [committed] * n}))
+            parts.append(pa.table({"consumer": pa.repeat(name, n), "eid": table.column("eid"),
+                                   "step": table.column("step"), "committed": pa.repeat(committed, n)}))
     schema = pa.schema([("consumer", pa.string()), ("eid", pa.string()), ("step", pa.int64()),
                         ("committed", pa.bool_())])
     return pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
@@ -63,21 +80,24 @@ def quarantine_table(buffer_dir: str | Path) -> pa.Table:
                                                                            ).empty_table()
 
 
-def connect(buffer_dir: str | Path):
-    """An in-memory DuckDB connection with the views ``experiences``, ``consumption`` and ``quarantine``."""
+def connect(buffer_dir: str | Path, where: str | None = None, sql: str | None = None):
+    """An in-memory DuckDB connection with the views ``experiences``, ``consumption`` and ``quarantine``;
+    ``experiences`` leaves out the segments that cannot match ``where`` (see ``experiences_table``). Given the
+    ``sql`` text that will run, a ledger view it does not name is not built (they read every ledger file)."""
     import duckdb
 
     con = duckdb.connect(":memory:")
     con.execute("SET threads TO 1")
-    con.register("experiences", experiences_table(buffer_dir))
-    con.register("consumption", consumption_table(buffer_dir))
-    con.register("quarantine", quarantine_table(buffer_dir))
+    con.register("experiences", experiences_table(buffer_dir, where=where))
+    for view, build in (("consumption", consumption_table), ("quarantine", quarantine_table)):
+        if sql is None or re.search(rf"\b{view}\b", sql, re.IGNORECASE):
+            con.register(view, build(buffer_dir))
     return con
 
 
 def query(buffer_dir: str | Path, where: str = "TRUE", order_by: str = "_segment, _row") -> pa.Table:
-    """Rows of ``experiences`` matching ``where``."""
-    con = connect(buffer_dir)
+    """Rows of ``experiences`` matching ``where`` (segments the catalog rules out are not opened)."""
+    con = connect(buffer_dir, where, sql=where)
     try:
         return con.sql(f"SELECT * FROM experiences WHERE {where} ORDER BY {order_by}").to_arrow_table()
     finally:
@@ -88,7 +108,7 @@ def read_only_sql(buffer_dir: str | Path, sql: str) -> pa.Table:
     """Run one read-only statement (SELECT/EXPLAIN, also WITH ... SELECT); refuse anything that writes."""
     import duckdb
 
-    con = connect(buffer_dir)
+    con = connect(buffer_dir, sql=sql)
     try:
         statements = con.extract_statements(sql)
         if len(statements) != 1:

@@ -5,15 +5,20 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 
+from trinity_like.buffer.catalog import entry_of, maybe_roll_up, record, step_value
 from trinity_like.buffer.ledger import Ledger
 from trinity_like.buffer.segments import SegmentInfo, list_segments, write_segment
 from trinity_like.common.experience import Experience, experiences_to_table
 
 POLL_INTERVAL_S = 0.05
+ROLLUP_CHECK_EVERY = 16
+"""A writer looks whether a catalog roll-up is due after every 16th segment it writes (a listing of the catalog
+folder; readers look after every load)."""
 
 
 class BufferWriter:
@@ -34,11 +39,24 @@ class BufferWriter:
         """Write ``exps`` as one new segment. The rows of one call that share a group_id form one group."""
         if not exps:
             raise ValueError("BufferWriter.write needs at least one experience")
-        return self.write_table(experiences_to_table(exps))
+        table = experiences_to_table(exps)
+        steps = Counter(step_value(e.info.get("explore_step")) for e in exps if "explore_step" in e.info)
+        steps.pop(None, None)
+        return self.write_table(table, explore_steps=dict(steps))
 
-    def write_table(self, table: pa.Table) -> SegmentInfo:
-        """Write an Arrow table of Experience rows (EXPERIENCE_SCHEMA) as one new segment."""
-        return write_segment(self.buffer_dir, table, self.writer_id, next(self._seq))
+    def write_table(self, table: pa.Table, explore_steps: dict[int, int] | None = None) -> SegmentInfo:
+        """Write an Arrow table of Experience rows (EXPERIENCE_SCHEMA) as one new segment, its catalog entry
+        published just before it (a crash between the two leaves an entry that is ignored, never a segment that
+        the catalog describes wrongly). ``explore_steps``: the rows' info.explore_step -> rows if the caller
+        knows them (else they are read from the ``info`` column)."""
+        def publish_entry(name: str, nbytes: int, written: pa.Table) -> None:
+            record(self.buffer_dir, [entry_of(written, name, nbytes, explore_steps=explore_steps)])
+
+        seq = next(self._seq)
+        info = write_segment(self.buffer_dir, table, self.writer_id, seq, before_publish=publish_entry)
+        if seq % ROLLUP_CHECK_EVERY == ROLLUP_CHECK_EVERY - 1:
+            maybe_roll_up(self.buffer_dir)
+        return info
 
     def unconsumed(self) -> int:
         written = sum(s.num_rows for s in list_segments(self.buffer_dir))
