@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -53,18 +54,22 @@ class RedisServer:
     """A real redis-server on a free loopback port (never 6379, Ray's default), with an append-only file
     fsynced on every write, so that a restart (even after SIGKILL) keeps every acknowledged entry."""
 
-    def __init__(self, workdir) -> None:
+    def __init__(self, workdir, host: str = "127.0.0.1") -> None:
+        """``host``: the address it listens on; on another than loopback (for roles on other nodes) it asks for
+        a password, as a server reachable from the network must (protected mode refuses the others)."""
+        import secrets
         import socket
 
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             self.port = s.getsockname()[1]
-        self.workdir = workdir
+        self.workdir, self.host = workdir, host
+        self.password = "" if host == "127.0.0.1" else secrets.token_hex(16)
         self.proc = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{':' + self.password + '@' if self.password else ''}{self.host}:{self.port}/0"
 
     def start(self) -> None:
         import subprocess
@@ -73,10 +78,11 @@ class RedisServer:
         import redis
 
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes"],
+            ["redis-server", "--port", str(self.port), "--bind", self.host, "--dir", str(self.workdir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
         for _ in range(100):
             try:
                 if client.ping():
@@ -113,16 +119,21 @@ class RayCluster:
     fresh home: only a local `ray.init()` writes ~/.ray/auth_token); stopped by killing its process group, never by `ray stop` (which would kill every
     Ray instance of the machine, the test session's own included)."""
 
-    def __init__(self) -> None:
+    def __init__(self, node_ip: str = "127.0.0.1", head_resources: dict[str, float] | None = None) -> None:
+        """``node_ip``: the address its nodes take; loopback serves one node only (a node joining at 127.0.0.1
+        is told the machine's address instead), ``machine_ip()`` several (``add_node``)."""
         import secrets
         import tempfile
 
         self.token = secrets.token_hex(32)
         self.temp_dir = tempfile.mkdtemp(prefix="tlray-", dir="/tmp")  # short: Ray's socket paths are limited
         self.ports = _free_ports(9)
-        self.address = f"127.0.0.1:{self.ports[0]}"
+        self.node_ip, self.head_resources = node_ip, head_resources or {}
+        self.address = f"{node_ip}:{self.ports[0]}"
         self.dashboard = f"http://127.0.0.1:{self.ports[1]}"
         self.proc = None
+        self.nodes: list = []
+        """Processes of the nodes ``add_node`` started, with their temp dirs."""
 
     @property
     def env(self) -> dict[str, str]:
@@ -140,12 +151,12 @@ class RayCluster:
         ray_bin = str(Path(sys.executable).parent / "ray")
         env = {k: v for k, v in self.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
         self.proc = subprocess.Popen(
-            [ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={p[0]}",
+            [ray_bin, "start", "--head", "--block", f"--node-ip-address={self.node_ip}", f"--port={p[0]}",
              "--dashboard-host=127.0.0.1", f"--dashboard-port={p[1]}", f"--dashboard-agent-listen-port={p[2]}",
              f"--dashboard-agent-grpc-port={p[3]}", f"--metrics-export-port={p[4]}",
              f"--runtime-env-agent-port={p[5]}", f"--node-manager-port={p[6]}", f"--object-manager-port={p[7]}",
              f"--ray-client-server-port={p[8]}", f"--temp-dir={self.temp_dir}", "--num-cpus=2",
-             "--disable-usage-stats"],
+             f"--resources={json.dumps(self.head_resources)}", "--disable-usage-stats"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 120
         while not self._jobs_api_up():
@@ -153,6 +164,54 @@ class RayCluster:
                 self.stop()
                 raise RuntimeError("ray start --head did not come up")
             time.sleep(0.2)
+
+    def add_node(self, resources: dict[str, float], labels: dict[str, str], num_cpus: int = 2) -> str:
+        """Start a second node of this cluster on this machine (`ray start --address`, its own ports and temp
+        dir) with custom ``resources`` and ``labels``; return its node id once the cluster shows it alive."""
+        import subprocess
+        import sys
+        import tempfile
+        import time
+        from pathlib import Path
+
+        p = _free_ports(6)
+        temp_dir = tempfile.mkdtemp(prefix="tlray2-", dir="/tmp")
+        # Ray refuses a second node unless multi-node is on (the env of this class turns it off for the head)
+        env = {**{k: v for k, v in self.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")},
+               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "ray"), "start", f"--address={self.address}", "--block",
+             f"--node-ip-address={self.node_ip}", f"--dashboard-agent-listen-port={p[0]}",
+             f"--dashboard-agent-grpc-port={p[1]}", f"--metrics-export-port={p[2]}", f"--runtime-env-agent-port={p[3]}",
+             f"--node-manager-port={p[4]}", f"--object-manager-port={p[5]}", f"--temp-dir={temp_dir}",
+             f"--num-cpus={num_cpus}", f"--resources={json.dumps(resources)}",
+             "--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()), "--disable-usage-stats"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.nodes.append((proc, temp_dir))
+        deadline = time.monotonic() + 120
+        while True:
+            found = self._node_with(resources)
+            if found:
+                return found
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("ray start --address (a second node) did not come up")
+            time.sleep(1.0)
+
+    def _node_with(self, resources: dict[str, float]) -> str | None:
+        """The id of a live node that has ``resources``, asked of the cluster by a short driver process."""
+        import subprocess
+        import sys
+
+        script = ("import json, ray; ray.init(log_to_driver=False); print(json.dumps([(n['NodeID'], n['Resources']) "
+                  "for n in ray.nodes() if n['Alive']]))")
+        out = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True, text=True,
+                             timeout=120)
+        if out.returncode != 0:
+            return None
+        for node_id, have in json.loads(out.stdout.strip().splitlines()[-1]):
+            if all(have.get(k, 0) >= v for k, v in resources.items()):
+                return node_id
+        return None
 
     def _jobs_api_up(self) -> bool:
         """The job API answers (what `ray job list` asks, without starting a Python process each time)."""
@@ -169,20 +228,40 @@ class RayCluster:
 
     def stop(self) -> None:
         import shutil
-        import signal
-        import subprocess
 
-        if self.proc is not None and self.proc.poll() is None:
-            for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                    self.proc.wait(timeout=wait_s)
-                    break
-                except ProcessLookupError:
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        for proc, temp_dir in [*self.nodes, (self.proc, self.temp_dir)]:
+            _end_group(proc)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _end_group(proc) -> None:
+    """End a `ray start --block` process and the processes of its node (its own process group)."""
+    import signal
+    import subprocess
+
+    if proc is None or proc.poll() is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait_s)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def machine_ip() -> str:
+    """This machine's address on its default route (what Ray's nodes would take), without sending anything."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
 
 
 def _free_ports(n: int) -> list[int]:

@@ -38,11 +38,12 @@ from typing import Any
 from trinity_like.common.errors import RunError
 from trinity_like.common.fs import atomic_write_json
 from trinity_like.common.offline import set_offline_env
+from trinity_like.common.placement import actor_options, check_placeable
 from trinity_like.config import Config
 from trinity_like.progress import RunProgress
 from trinity_like.runtime.paths import RunPaths, namespace_of
 from trinity_like.runtime.ray_cluster import check_ray_address, init_ray
-from trinity_like.runtime.run_dir import prepare_run_dir
+from trinity_like.runtime.run_dir import explorer_needs_run_dir, prepare_run_dir
 from trinity_like.runtime.schedule import Schedule
 from trinity_like.synchronizer.messages import MONITOR_NAME
 
@@ -92,23 +93,31 @@ def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
         raise RunError("mode 'offline' has no explorer; run the trainer (--role trainer or all)")
     if role in ("all", "trainer") and _actor_exists(TRAINER_NAME, ns):
         raise RunError(f"a trainer is already running in namespace '{ns}'; a run has one trainer")
-    roles = _Roles(get_synchronizer(ns, cfg.synchronizer.heartbeat_timeout_s, run_id=read_run_id(RunPaths.of(cfg))))
     tr, ex = cfg.trainer, cfg.explorer
-    wanted = {"trainer.gpus_per_worker x trainer.num_workers": tr.gpus_per_worker * tr.num_workers
-              if role in ("all", "trainer") else 0.0,
-              "explorer.gpus_per_engine x explorer.num_engines": ex.gpus_per_engine * ex.num_engines
-              if role in ("all", "explorer") and cfg.mode != "offline" else 0.0}
-    asked = {what: n for what, n in wanted.items() if n}
+    explores = role in ("all", "explorer") and cfg.mode != "offline"
+    trains = role in ("all", "trainer")
+    for what, node, wanted in (("synchronizer.node", cfg.synchronizer.node, True),
+                               ("explorer.node", ex.node, explores), ("trainer.node", tr.node, trains)):
+        if wanted:
+            check_placeable(node, what)
+    paths = RunPaths.of(cfg)
+    # an explorer that needs no run directory takes the run's id from the trainer (runtime.run_home)
+    run_id = read_run_id(paths) if role != "explorer" or explorer_needs_run_dir(cfg) else None
+    roles = _Roles(get_synchronizer(ns, cfg.synchronizer.heartbeat_timeout_s, run_id=run_id,
+                                    options=actor_options(cfg.synchronizer.node), run_dir=str(paths.run_dir)))
+    gpus = {"trainer.gpus_per_worker x trainer.num_workers": tr.gpus_per_worker * tr.num_workers if trains else 0.0,
+            "explorer.gpus_per_engine x explorer.num_engines": ex.gpus_per_engine * ex.num_engines if explores else 0.0}
+    asked = {what: n for what, n in gpus.items() if n}
     if asked:
         _check_gpus(sum(asked.values()), " + ".join(asked))
-    if role in ("all", "explorer") and cfg.mode != "offline":
+    if explores:
         roles.explorer = ray.remote(num_cpus=0, max_concurrency=4)(ExplorerRole).options(
-            name=f"explorer-{uuid.uuid4().hex[:8]}", namespace=ns).remote(cfg)
-    if role in ("all", "trainer"):
+            name=f"explorer-{uuid.uuid4().hex[:8]}", namespace=ns, **actor_options(ex.node)).remote(cfg)
+    if trains:
         # one worker: the role trains in its own process and holds the GPU; more: each TrainWorker holds one
         gpus = tr.gpus_per_worker if tr.num_workers == 1 else 0
         roles.trainer = ray.remote(num_cpus=0, num_gpus=gpus, max_concurrency=2)(TrainerRole).options(
-            name=TRAINER_NAME, namespace=ns).remote(cfg, resume)
+            name=TRAINER_NAME, namespace=ns, **actor_options(tr.node)).remote(cfg, resume)
     ray.get([a.setup.remote() for a in roles.actors])
     for kind, actor in (("explorer", roles.explorer), ("trainer", roles.trainer)):
         if actor is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,24 +28,32 @@ TIMESTAMP_PREFIX = "timeline/"
 
 
 class MetricsWriter:
-    def __init__(self, path: str | Path, role: str, monitors: list[Monitor] | None = None) -> None:
+    def __init__(self, path: str | Path, role: str, monitors: list[Monitor] | None = None,
+                 relay: Callable[[str], None] | None = None) -> None:
+        """``relay``: also called with each line written (an explorer off the run's filesystem sends its
+        records to the trainer's ``metrics.jsonl`` this way)."""
         self.path = Path(path)
+        self.relay = relay
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.role = role
         self.monitors: list[Monitor] = list(monitors or [])
         """Backends still logging; one that raises is logged once and dropped from here."""
 
     @classmethod
-    def for_run(cls, cfg: Config, paths: RunPaths, role: str) -> MetricsWriter:
+    def for_run(cls, cfg: Config, paths: RunPaths, role: str,
+                relay: Callable[[str], None] | None = None) -> MetricsWriter:
         """The writer of ``role`` in the run: ``paths.metrics`` plus the monitors of ``cfg.monitor.backends``."""
         from trinity_like.common.monitors import open_monitors
 
         monitors = open_monitors(cfg.monitor.backends, paths.run_dir, f"{cfg.project}/{cfg.name}", cfg.monitor)
-        return cls(paths.metrics, role, monitors)
+        return cls(paths.metrics, role, monitors, relay)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"role": self.role, "step": step, "time": time.time(), **metrics}
-        append_line(self.path, json.dumps(record, sort_keys=False))
+        line = json.dumps(record, sort_keys=False)
+        append_line(self.path, line)
+        if self.relay is not None:
+            self.relay(line)
         # timeline/* are wall-clock instants (for `trinity-like plot`), not quantities to chart against steps
         scalars = {k: v for k, v in metrics.items() if not k.startswith(TIMESTAMP_PREFIX)}
         for monitor in list(self.monitors):

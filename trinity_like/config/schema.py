@@ -121,6 +121,19 @@ class VLLMConfig:
 
 
 @dataclass
+class NodeConfig:
+    """Where Ray places a part's actors: on nodes that offer these custom resources and carry these labels.
+    Empty = anywhere Ray finds room."""
+
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each actor of the part asks for, e.g. `{rollout_node: 0.01}` for nodes started with
+    `ray start --resources '{"rollout_node": 100}'` (a small amount per actor, so many fit one node)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Node labels each actor of the part requires (a Ray label selector), e.g. `{pool: rollout}` for nodes
+    started with `ray start --labels pool=rollout`."""
+
+
+@dataclass
 class ExplorerConfig:
     engine: str = _choices("hf", ENGINES)
     """Rollout engine: `hf` (transformers, CPU) or `vllm` (GPU)."""
@@ -178,6 +191,9 @@ class ExplorerConfig:
     """Held-out task sets for evaluation."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Settings of the `vllm` engine."""
+    node: NodeConfig = field(default_factory=NodeConfig)
+    """The nodes of this explorer job's role actor and engines (per job: several explorer jobs may each pin
+    their own nodes)."""
 
 
 @dataclass
@@ -274,6 +290,8 @@ class TrainerConfig:
     (e.g. 0.5) lets an engine share the GPU. 0 = none: the trainer runs on the CPU."""
     placement: str = _choices("pack", ("pack", "spread"))
     """How the workers' placement group places them: `pack` onto as few nodes as possible, `spread` over nodes."""
+    node: NodeConfig = field(default_factory=NodeConfig)
+    """The nodes of the trainer role actor and its workers (the run directory lives on the trainer's node)."""
     dtype: str = _choices("float32", ("float32", "bfloat16"))
     """Compute precision: `bfloat16` runs forward and backward in bf16 (autocast; FSDP2's
     MixedPrecisionPolicy under `fsdp2`) with float32 master weights, optimizer state, log-probs and loss."""
@@ -359,6 +377,9 @@ class SynchronizerConfig:
     explorer."""
     bucket_mb: float = _at_least(64.0, 0.001)
     """Method `nccl`: size of the slices the flat weight buffer is broadcast in (MiB)."""
+    node: NodeConfig = field(default_factory=NodeConfig)
+    """The node of the Synchronizer and CheckpointMonitor actors (made by whichever role starts first); best a
+    node that stays up for the whole run, such as the head."""
 
 
 @dataclass
@@ -498,8 +519,10 @@ class BufferConfig:
     transport: str = _choices("file", ("file", "redis"))
     """How explorers hand experiences over: `file` (write segments into the buffer folder) or `redis` (a
     Redis Stream, for explorers on hosts that share no filesystem with the trainer)."""
-    redis_url: str = "redis://127.0.0.1:6380/0"
-    """Redis server of the `redis` transport (run it with `appendonly yes` to survive its restarts)."""
+    redis_url: str = ""
+    """Redis server of the `redis` transport (run it with `appendonly yes` to survive its restarts). Empty =
+    port 6380 on the Ray head node (`redis://<head ip>:6380/0`), which every node of the cluster reaches: run
+    Redis there, listening on that address, not loopback only."""
     redis_stream: str = ""
     """Stream name of the `redis` transport; empty = `<project>/<name>/experiences`."""
     mix: dict[str, float] = field(default_factory=dict)

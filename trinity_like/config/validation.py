@@ -19,6 +19,7 @@ def validate(cfg: Config) -> None:
     _validate_trainer(cfg)
     _validate_explorer_and_buffer(cfg)
     _validate_sources(cfg)
+    _validate_nodes(cfg)
     if cfg.train_batch_size % cfg.explorer.repeat_times:
         raise ConfigError(
             f"trainer.batch_size={cfg.train_batch_size} is not a multiple of explorer.repeat_times="
@@ -182,6 +183,27 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
     names = [ev.name for ev in cfg.explorer.eval_tasksets]
     if len(names) != len(set(names)):
         raise ConfigError(f"explorer.eval_tasksets names must be unique, got {names}")
+
+
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def _validate_nodes(cfg: Config) -> None:
+    """``*.node``: custom resources only (CPUs and GPUs have their own keys), amounts above 0, string labels."""
+    for part in ("explorer", "trainer", "synchronizer"):
+        node = getattr(cfg, part).node
+        for name, amount in node.resources.items():
+            if name in RAY_BUILTIN_RESOURCES:
+                hint = {"GPU": f"{part}.gpus_per_{'engine' if part == 'explorer' else 'worker'}"}.get(name)
+                raise ConfigError(f"{part}.node.resources names Ray's built-in resource '{name}'; it is for custom "
+                                  f"resources of `ray start --resources`{f' (GPUs: {hint})' if hint else ''}")
+            if not isinstance(amount, (int, float)) or amount <= 0:
+                raise ConfigError(f"bad value for '{part}.node.resources.{name}': {amount!r}; give the amount each "
+                                  "actor asks for, above 0 (e.g. 0.01)")
+        for key, value in node.labels.items():
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"bad value for '{part}.node.labels.{key}': {value!r}; give the label's value "
+                                  "as a non-empty string (nodes started with `ray start --labels KEY=VALUE`)")
 
 
 def _check_fields(obj: Any, prefix: str) -> None:

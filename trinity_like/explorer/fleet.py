@@ -180,14 +180,17 @@ def engine_actor_options(cfg: Config) -> tuple[dict[str, Any], Any]:
     an engine's process only the GPUs it asks for (``explorer.gpus_per_engine``; 0: the CPU). An engine over
     several GPUs (vLLM tensor parallelism) asks for none itself: a placement group holds one bundle per GPU on
     one node, the engine runs in the first bundle, and vLLM's Ray executor puts one worker in each bundle (it
-    uses the placement group of the actor it runs in)."""
-    gpus = cfg.explorer.gpus_per_engine
+    uses the placement group of the actor it runs in). ``explorer.node`` pins the engines (or their bundles)."""
+    from trinity_like.common.placement import actor_options, bundle, bundle_label_selector
+
+    gpus, node = cfg.explorer.gpus_per_engine, cfg.explorer.node
     if gpus <= 1:
-        return {"num_gpus": gpus}, None
+        return {"num_gpus": gpus, **actor_options(node)}, None
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    group = placement_group([{"GPU": 1.0, "CPU": 0.01}] + [{"GPU": 1.0}] * (int(gpus) - 1), strategy="STRICT_PACK")
+    bundles = [bundle(node, {"GPU": 1.0, "CPU": 0.01})] + [bundle(node, {"GPU": 1.0}) for _ in range(int(gpus) - 1)]
+    group = placement_group(bundles, strategy="STRICT_PACK", bundle_label_selector=bundle_label_selector(node, len(bundles)))
     strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=0,
                                                 placement_group_capture_child_tasks=True)
     return {"num_gpus": 0, "num_cpus": 0.01, "scheduling_strategy": strategy}, group

@@ -26,13 +26,13 @@ import os
 import random
 import socket
 import time
+from functools import partial
 
 import numpy as np
 
 from trinity_like.algorithms.rewards import load_reward_manager
 from trinity_like.buffer import BufferWriter
 from trinity_like.common.experience import Experience
-from trinity_like.common.fs import append_line
 from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
@@ -40,23 +40,13 @@ from trinity_like.config import Config
 from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
-from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream
+from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
+from trinity_like.runtime.run_dir import explorer_needs_run_dir
+from trinity_like.runtime.run_home import RunFiles, join_run_home, written_explore_steps
 from trinity_like.runtime.schedule import ExplorerStalled, Schedule
 from trinity_like.synchronizer.synchronizer import Heartbeat
 
 logger = logging.getLogger(__name__)
-
-
-def written_explore_steps(paths: RunPaths) -> dict[int, int]:
-    """The explorer steps whose experiences the buffer holds, with their row counts (an explorer's restart
-    continues after them, and the schedule counts their rows)."""
-    from trinity_like.buffer import list_segments, read_only_sql
-
-    if not list_segments(paths.buffer_dir):
-        return {}
-    table = read_only_sql(paths.buffer_dir, "SELECT CAST(json_extract(info, '$.explore_step') AS BIGINT) AS s, "
-                                            "count(*) AS n FROM experiences WHERE s IS NOT NULL GROUP BY s")
-    return dict(zip(table.column("s").to_pylist(), table.column("n").to_pylist(), strict=True))
 
 
 class StepAbandoned(Exception):
@@ -79,22 +69,34 @@ class ExplorerRole:
         """Steps in a row that wrote no rows; ``explorer.max_empty_steps`` of them stop the explorer."""
         self._stop = False
         """Set by ``request_stop``: ``run()`` ends after the step in progress."""
+        self.files = RunFiles(self.paths)
+        """Appends to run-directory files; ``setup`` makes it relay them when the run directory is the trainer's
+        on another node."""
 
     async def setup(self) -> None:
+        import ray
+
         from trinity_like.common.tokenizer import hf_tokenizer
         from trinity_like.explorer.fleet import EngineFleet
         from trinity_like.synchronizer import get_synchronizer
 
         sc = self.cfg.synchronizer
-        self.synchronizer = get_synchronizer(namespace_of(self.cfg), sc.heartbeat_timeout_s, run_id=read_run_id(self.paths))
+        shared = explorer_needs_run_dir(self.cfg)  # else the run comes from the trainer, through the Synchronizer
+        local_id = read_run_id(self.paths)
+        self.synchronizer = get_synchronizer(namespace_of(self.cfg), sc.heartbeat_timeout_s,
+                                             run_id=local_id if shared else None, run_dir=str(self.paths.run_dir))
         self.role_id = f"explorer-{socket.gethostname()}-{os.getpid()}"
-        await self.synchronizer.register.remote("explorer", self.role_id, {"engines": self.cfg.explorer.num_engines,
-                                                                           "run_dir": str(self.paths.run_dir)})
+        await self.synchronizer.register.remote("explorer", self.role_id, {
+            "engines": self.cfg.explorer.num_engines, "run_dir": str(self.paths.run_dir),
+            "node": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id()})
         self.auto_staleness = sc.auto_staleness.enabled  # only in mode async (validation)
         if self.auto_staleness:
             await self.synchronizer.configure_staleness.remote(dataclasses.asdict(sc.auto_staleness))
-        written = await asyncio.to_thread(written_explore_steps, self.paths)
-        await self.synchronizer.init_explore_steps.remote(written)
+        self.home = None if shared else await join_run_home(self.cfg, self.synchronizer, sc.timeout_s)
+        # the trainer's run directory is this one (shared, or the same node): write there; else relay to it
+        self.files = RunFiles(self.paths, self.synchronizer, relay=self.home is not None and self.home.run_id != local_id)
+        written = await asyncio.to_thread(written_explore_steps, self.paths) if shared else {}
+        await self.synchronizer.init_explore_steps.remote(written)  # off the filesystem: the trainer did
         self.explore_step_num = max(written) + 1 if written else 0  # lock-step driving resumes after them
         self._sync_state = "running"
         self.sync_failures = 0
@@ -107,17 +109,18 @@ class ExplorerRole:
         self.fleet = EngineFleet(self.cfg)
         await self.fleet.ready()
         self.workflow = load_workflow(self.cfg.explorer.workflow)
-        self.tasks = load_taskset(self.paths.taskset)
+        self.tasks = self.home.tasks if self.home else load_taskset(self.paths.taskset)
         self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
-        self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer", capacity=self.cfg.buffer.capacity)
-        self.sender = None
+        self.writer = self.sender = None
         if self.cfg.buffer.transport == "redis":
             from trinity_like.buffer.redis_transport import RedisSender
 
-            self.sender = RedisSender(self.cfg.buffer.redis_url, redis_stream(self.cfg),
-                                      timeout_s=self.cfg.synchronizer.timeout_s)
-        self.metrics = MetricsWriter.for_run(self.cfg, self.paths, role="explorer")
-        self.eval_tasks = prepare_eval_tasksets(self.cfg)
+            self.sender = RedisSender(redis_url(self.cfg), redis_stream(self.cfg), timeout_s=sc.timeout_s)
+        else:
+            self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer", capacity=self.cfg.buffer.capacity)
+        self.metrics = MetricsWriter.for_run(self.cfg, self.paths, role="explorer",
+                                             relay=partial(self.files.relay_only, "metrics.jsonl"))
+        self.eval_tasks = self.home.eval_tasks if self.home else prepare_eval_tasksets(self.cfg)
         self._order: list[int] = []
         self._epoch = -1
         self._stragglers: list[asyncio.Task] = []
@@ -206,7 +209,7 @@ class ExplorerRole:
             except Exception as e:  # a workflow is user code: any failure costs this task only
                 error = f"{type(e).__name__}: {e}"
                 logger.warning("task %s failed (attempt %d): %s", task.task_id, attempt + 1, error)
-        append_line(self.paths.run_dir / "failed_tasks.jsonl", json.dumps(
+        self.files.append("failed_tasks.jsonl", json.dumps(
             {"task_id": task.task_id, "explore_step": ctx.explore_step, "error": error,
              "attempts": self.cfg.explorer.max_retries + 1}))
         return None

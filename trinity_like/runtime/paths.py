@@ -54,3 +54,18 @@ def namespace_of(cfg: Config) -> str:
 def redis_stream(cfg: Config) -> str:
     """The Redis Stream that carries this run's experiences (transport ``redis``)."""
     return cfg.buffer.redis_stream or f"{namespace_of(cfg)}/experiences"
+
+
+REDIS_PORT = 6380
+"""Port of the Redis server that an empty ``buffer.redis_url`` means, on the Ray head node."""
+
+
+def redis_url(cfg: Config) -> str:
+    """The ``redis`` transport's server: ``buffer.redis_url``, or port ``REDIS_PORT`` on the Ray head node (the
+    address every node of the cluster reaches it by). Call within a Ray job."""
+    if cfg.buffer.redis_url:
+        return cfg.buffer.redis_url
+    import ray
+
+    head = ray.get_runtime_context().gcs_address.rpartition(":")[0]
+    return f"redis://{head}:{REDIS_PORT}/0"

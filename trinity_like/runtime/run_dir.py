@@ -15,7 +15,8 @@ from trinity_like.runtime.paths import RunPaths
 
 ROLES = ("all", "explorer", "trainer")
 PER_JOB_KEYS = ("explorer.num_engines", "explorer.num_threads", "explorer.engine", "explorer.vllm",
-                "trainer.num_threads", "synchronizer.timeout_s", "serve")
+                "explorer.node", "trainer.num_threads", "trainer.node", "synchronizer.timeout_s", "synchronizer.node",
+                "serve")
 """Settings that may differ between the jobs of one run (resources of one job); every other key must match
 the run's ``config.yaml``."""
 
@@ -25,6 +26,16 @@ def config_differences(a: Config, b: Config) -> list[str]:
     fa, fb = flatten(a), flatten(b)
     keys = list(fa) + [k for k in fb if k not in fa]  # a dict entry may be in one config only
     return [k for k in keys if fa.get(k) != fb.get(k) and not any(k == p or k.startswith(p + ".") for p in PER_JOB_KEYS)]
+
+
+def explorer_needs_run_dir(cfg: Config) -> str | None:
+    """Why an explorer of ``cfg`` must see the trainer's run directory (None: it needs none and takes the run
+    from the Synchronizer: ``trinity_like.runtime.run_home``)."""
+    if cfg.buffer.transport == "file":
+        return "buffer.transport file writes the buffer folder"
+    if cfg.synchronizer.method == "checkpoint":
+        return "synchronizer.method checkpoint reads weights from the run directory"
+    return None
 
 
 def _ensure_run_id(paths: RunPaths) -> None:
@@ -84,6 +95,10 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     if role not in (*ROLES, "serve"):
         raise RunError(f"bad role {role!r}; allowed: {', '.join(ROLES)}")
     paths = RunPaths.of(cfg)
+    if role == "explorer" and cfg.mode != "offline" and not explorer_needs_run_dir(cfg):
+        # its run directory is the trainer's, published to the Synchronizer; this node keeps its own logs
+        paths.run_dir.mkdir(parents=True, exist_ok=True)
+        return paths
     if resume:
         latest_checkpoint(paths.checkpoint_dir)  # a damaged pointer stops a resume here, in one line
     if not allow_existing and not resume:

@@ -172,7 +172,8 @@ async def serve_async(cfg: Config, sock: socket.socket, api_key: str, ready: Any
     from trinity_like.synchronizer.synchronizer import Heartbeat
 
     paths = RunPaths.of(cfg)
-    sync = get_synchronizer(namespace_of(cfg), cfg.synchronizer.heartbeat_timeout_s, run_id=read_run_id(paths))
+    sync = get_synchronizer(namespace_of(cfg), cfg.synchronizer.heartbeat_timeout_s, run_id=read_run_id(paths),
+                            run_dir=str(paths.run_dir))
     role_id = f"server-{socket.gethostname()}-{os.getpid()}"
     await sync.register.remote("server", role_id, {"run_dir": str(paths.run_dir), "engines": cfg.explorer.num_engines})
     backend = FleetBackend(cfg, sync, hf_tokenizer(cfg.model.path))

@@ -169,9 +169,13 @@ class CheckpointMonitor:
 
     @classmethod
     def get_actor(cls, namespace: str, checkpoint_dir: str | None = None, keep_state_dicts: int = 3):
-        """The run's monitor, created by the first caller (which must give ``checkpoint_dir``)."""
+        """The run's monitor, created by the first caller (which must give ``checkpoint_dir``) on the caller's
+        node: it reads and writes ``checkpoint_dir``, which only that node (the trainer's) is sure to see."""
         if checkpoint_dir is None:
             return ray.get_actor(MONITOR_NAME, namespace=namespace)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         return ray.remote(num_cpus=0)(cls).options(
             name=MONITOR_NAME, namespace=namespace, get_if_exists=True, lifetime="detached",
-            max_concurrency=64).remote(checkpoint_dir, keep_state_dicts, namespace)
+            max_concurrency=64, scheduling_strategy=here).remote(checkpoint_dir, keep_state_dicts, namespace)

@@ -45,6 +45,8 @@ HEARTBEAT_S = 1.0
 """How often roles send a heartbeat."""
 GATHER_WINDOW_S = 0.25
 """How long a collective round waits for more engines after the first one is ready."""
+RELAY_MAX_LINES = 100_000
+"""Most relayed lines (``relay``) kept for the trainer to take."""
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +138,10 @@ class Synchronizer:
         self._round = 0
         self._staleness = None
         """The run's ``StalenessController`` (``synchronizer.max_staleness: auto``), made by the first role."""
+        self._run: dict[str, Any] | None = None
+        """What the trainer published of its run directory (``publish_run``)."""
+        self._relayed: dict[str, list[str]] = {}
+        self.relay_dropped = 0
 
     # ------------------------------------------------------------ roles
     async def claim_run(self, run_id: str) -> bool:
@@ -431,17 +437,52 @@ class Synchronizer:
     async def ended(self) -> dict[str, str]:
         return dict(self._ended)
 
+    # ------------------------------------------------------------ the run, for explorers off its filesystem
+    async def publish_run(self, run: dict[str, Any]) -> None:
+        """The trainer hands over what an explorer would read from the run directory (``RunHome``: the run's
+        id, config, task sets, the trainer's node and run directory), for explorers on nodes without it."""
+        self._run = run
+        self._notify()
+
+    async def run_home(self, timeout_s: float) -> dict[str, Any] | None:
+        """What the trainer published with ``publish_run``, once it has (None after ``timeout_s``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._run is None and loop.time() < deadline:
+            event = self._changed
+            try:
+                await asyncio.wait_for(event.wait(), deadline - loop.time())
+            except TimeoutError:
+                pass
+        return self._run
+
+    async def relay(self, name: str, lines: list[str]) -> None:
+        """Lines an explorer off the run's filesystem appends to run-directory file ``name``; the trainer
+        takes them (``take_relayed``) and writes them there. At most ``RELAY_MAX_LINES`` wait: beyond that
+        (no trainer to take them) the oldest are dropped, and counted."""
+        waiting = self._relayed.setdefault(name, [])
+        waiting.extend(lines)
+        if len(waiting) > RELAY_MAX_LINES:
+            self.relay_dropped += len(waiting) - RELAY_MAX_LINES
+            del waiting[:len(waiting) - RELAY_MAX_LINES]
+
+    async def take_relayed(self) -> dict[str, list[str]]:
+        taken, self._relayed = self._relayed, {}
+        return taken
+
 
 def get_synchronizer(namespace: str, heartbeat_timeout_s: float = 30.0, exit_grace_s: float = 120.0,
-                     run_id: str | None = None):
-    """The run's Synchronizer actor, created by whichever role asks first. Detached: it outlives the job
-    that created it, so explorer and trainer jobs can come and go. With ``run_id``, a synchronizer left over
-    from an earlier run of the same namespace (another id) is replaced."""
+                     run_id: str | None = None, options: dict[str, Any] | None = None, run_dir: str = ""):
+    """The run's Synchronizer actor, created by whichever role asks first (``options``: its placement,
+    ``synchronizer.node``). Detached: it outlives the job that created it, so explorer and trainer jobs can come
+    and go. With ``run_id`` (that of the caller's run directory ``run_dir``), a synchronizer left over from an
+    earlier run of the same namespace (another id, no live role) is replaced; one whose run still has live
+    roles is not: the caller sees another run directory than theirs (RunError)."""
     actor_cls = ray.remote(num_cpus=0)(Synchronizer)
 
     def get():
         return actor_cls.options(name=SYNCHRONIZER_NAME, namespace=namespace, get_if_exists=True,
-                                 lifetime="detached", max_concurrency=64).remote(
+                                 lifetime="detached", max_concurrency=64, **(options or {})).remote(
             heartbeat_timeout_s, exit_grace_s, run_id or "")
 
     actor = get()
@@ -451,6 +492,7 @@ def get_synchronizer(namespace: str, heartbeat_timeout_s: float = 30.0, exit_gra
         except ray.exceptions.RayActorError:  # it was exiting (no role left): start a new one
             ours = False
         if not ours:
+            _refuse_live_run(actor, namespace, run_id, run_dir)
             logger.warning("replacing the synchronizer of an earlier run in namespace %s", namespace)
             ray.kill(actor, no_restart=True)
             for _ in range(50):  # the name is freed once the kill is processed
@@ -461,6 +503,29 @@ def get_synchronizer(namespace: str, heartbeat_timeout_s: float = 30.0, exit_gra
                 time.sleep(0.1)
             actor = get()
     return actor
+
+
+def _refuse_live_run(actor, namespace: str, run_id: str, run_dir: str) -> None:
+    """Raise RunError when the synchronizer ``actor`` (of another run id than ``run_id``) still has live
+    roles: then the caller's run directory is not theirs (a node that does not see the shared run directory
+    made one of its own), or two runs share one name."""
+    from trinity_like.common.errors import RunError
+
+    try:
+        status = ray.get(actor.status.remote(), timeout=60)
+    except ray.exceptions.RayActorError:
+        return
+    live = {rid: r for rid, r in status["roles"].items() if r["state"] not in ("stopped", "dead")}
+    if not live:
+        return
+    rid, record = next(iter(live.items()))
+    theirs = f"{record['kind']} {rid}" + (f" on run directory {record['run_dir']}" if record.get("run_dir") else "")
+    raise RunError(
+        f"namespace '{namespace}' is in use by a live run (id {status['run_id'][:8]}: {theirs}), but this role's run "
+        f"directory {run_dir or '?'} holds run id {run_id[:8]}: if it should join that run, its node does not see "
+        "the run directory: mount the trainer's run directory here at the same path (buffer.transport file and "
+        "synchronizer.method checkpoint need a shared filesystem), or use buffer.transport=redis with "
+        "synchronizer.method nccl or memory, which need none; if it is another run, give it another name")
 
 
 class Heartbeat:

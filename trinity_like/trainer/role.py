@@ -23,7 +23,8 @@ from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tokenizer import model_vocab_size
 from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint
-from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream
+from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
+from trinity_like.runtime.run_home import RelayDrain, publish_run_home, written_explore_steps
 from trinity_like.runtime.schedule import Schedule
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
 from trinity_like.trainer.publish import PUBLISHERS
@@ -74,10 +75,11 @@ class TrainerRole:
 
         sc = self.cfg.synchronizer
         self.synchronizer = get_synchronizer(namespace_of(self.cfg), sc.heartbeat_timeout_s,
-                                             run_id=read_run_id(self.paths))
+                                             run_id=read_run_id(self.paths), run_dir=str(self.paths.run_dir))
         self.role_id = f"trainer-{socket.gethostname()}-{os.getpid()}"
-        ray.get(self.synchronizer.register.remote("trainer", self.role_id, {"workers": self.cfg.trainer.num_workers,
-                                                                            "run_dir": str(self.paths.run_dir)}))
+        ray.get(self.synchronizer.register.remote("trainer", self.role_id, {
+            "workers": self.cfg.trainer.num_workers, "run_dir": str(self.paths.run_dir),
+            "node": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id()}))
         self.engine = None
         # heartbeats from now on: loading the model and the checkpoint may take longer than the timeout
         self.heartbeat = Heartbeat(self.synchronizer, self.role_id, lambda: {
@@ -117,8 +119,13 @@ class TrainerRole:
             from trinity_like.buffer.redis_transport import IngesterThread, RedisIngester
 
             self.ingester = IngesterThread(RedisIngester(
-                b.redis_url, redis_stream(self.cfg), self.paths.buffer_dir,
+                redis_url(self.cfg), redis_stream(self.cfg), self.paths.buffer_dir,
                 timeout_s=self.cfg.synchronizer.timeout_s)).start()
+        self.relay = None
+        if self.cfg.mode != "offline":  # explorers on nodes without this run directory meet it here
+            ray.get(self.synchronizer.init_explore_steps.remote(written_explore_steps(self.paths)))
+            publish_run_home(self.cfg, self.paths, self.synchronizer)
+            self.relay = RelayDrain(self.synchronizer, self.paths.run_dir).start()
 
         if resume_step is not None and self.replay is None:
             self._republish(resume_step)
@@ -286,6 +293,9 @@ class TrainerRole:
             self.heartbeat.stop()
         if self.ingester is not None:
             self.ingester.stop()
+        if getattr(self, "relay", None) is not None:
+            self.relay.stop()  # what the explorers relayed to the last moment
+            self.relay = None
         if hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
         if getattr(self, "metrics", None) is not None:

@@ -33,21 +33,30 @@ class ResourcePoolManager:
 
     def __init__(self, resource_pool_spec: dict[str, list[int]], mapping: dict[str, str] | None = None,
                  cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, placement: str = "pack",
-                 timeout_s: float = 120.0) -> None:
+                 timeout_s: float = 120.0, node=None) -> None:
+        """``node``: a ``NodeConfig`` whose custom resources and labels every bundle asks for (None: any node)."""
         self.spec = resource_pool_spec
         self.mapping = mapping or {}
         self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
         self.placement, self.timeout_s = placement, timeout_s
+        self.node = node
         self._groups: dict[str, Any] = {}
 
     def create_resource_pools(self) -> None:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
+        from trinity_like.common.placement import bundle_label_selector
+        from trinity_like.config import NodeConfig
+
+        node = self.node or NodeConfig()
         for name, per_node in self.spec.items():
-            bundle = {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {})}
-            pg = placement_group([dict(bundle) for _ in range(sum(per_node))],
-                                 strategy="SPREAD" if len(per_node) > 1 or self.placement == "spread" else "PACK")
+            bundle = {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {}),
+                      **node.resources}
+            n = sum(per_node)
+            pg = placement_group([dict(bundle) for _ in range(n)],
+                                 strategy="SPREAD" if len(per_node) > 1 or self.placement == "spread" else "PACK",
+                                 bundle_label_selector=bundle_label_selector(node, n))
             try:
                 ray.get(pg.ready(), timeout=self.timeout_s)
             except ray.exceptions.GetTimeoutError:
@@ -107,8 +116,9 @@ class RayWorkerGroup:
 
 
 def free_port() -> int:
+    """A TCP port free on every interface of this node."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 
@@ -121,10 +131,11 @@ class TrainWorker:
         set_offline_env()
         self.cfg, self.synchronizer, self.rank, self.world_size = cfg, synchronizer, rank, world_size
 
-    def address(self) -> str:
+    def rendezvous(self) -> tuple[str, int]:
+        """The address and a free port of this worker's node, where the process group meets (rank 0's)."""
         import ray
 
-        return ray.util.get_node_ip_address()
+        return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, master_addr: str, master_port: int) -> None:
         import torch.distributed as dist
@@ -162,13 +173,13 @@ def start_train_workers(cfg: Config, synchronizer=None) -> RayWorkerGroup:
     """``trainer.num_workers`` TrainWorkers in one placement-group pool, joined in one process group."""
     tr = cfg.trainer
     pools = ResourcePoolManager({"actor": [tr.num_workers]}, cpus_per_worker=0.001, gpus_per_worker=tr.gpus_per_worker,
-                                placement=tr.placement, timeout_s=cfg.synchronizer.timeout_s)
+                                placement=tr.placement, timeout_s=cfg.synchronizer.timeout_s, node=tr.node)
     pools.create_resource_pools()
     group = RayWorkerGroup(TrainWorker, tr.num_workers, pools.get_resource_pool("actor"), cfg, synchronizer,
                            num_gpus=tr.gpus_per_worker)
     group.pools = pools
-    master = group.execute_rank_zero("address")
-    group.execute_all("setup", master, free_port())
+    master, port = group.execute_rank_zero("rendezvous")  # rank 0's node, wherever the trainer role runs
+    group.execute_all("setup", master, port)
     return group
 
 
