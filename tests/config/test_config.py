@@ -158,3 +158,24 @@ def test_a_list_element_override_is_a_config_error_not_a_crash():
     with pytest.raises(ConfigError, match="set a list as a whole"):
         load_config(Path(__file__).parents[2] / "configs" / "quickstart.yaml",
                     ["explorer.eval_tasksets.0.max_operand=6"])
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("explorer.node.resources={GPU: 1}", "built-in resource 'GPU'; it is for custom resources of `ray start "
+                                         "--resources` (GPUs: explorer.gpus_per_engine)"),
+    ("trainer.node.resources={CPU: 2}", "trainer.node.resources names Ray's built-in resource 'CPU'"),
+    ("synchronizer.node.resources={head: 0}", "'synchronizer.node.resources.head': 0.0; give the amount each actor "
+                                              "asks for, above 0"),
+    ("explorer.node.labels={pool: ''}", "'explorer.node.labels.pool': ''; give the label's value as a non-empty "
+                                        "string"),
+])
+def test_a_node_placement_with_builtin_resources_or_empty_values_is_refused(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+
+
+def test_node_placement_loads_from_overrides():
+    cfg = load_config(None, ["explorer.node.resources={rollout_node: 0.01}", "explorer.node.labels={pool: rollout}"])
+    assert cfg.explorer.node.resources == {"rollout_node": 0.01} and cfg.explorer.node.labels == {"pool": "rollout"}
+    assert cfg.trainer.node.resources == {} and cfg.synchronizer.node.labels == {}
