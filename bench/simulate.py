@@ -1,0 +1,1109 @@
+"""Discrete-event model of N engines x M trainer workers, checked on this machine, then projected to 64 H100s.
+
+What it models (the system's semantics, docs/timeline.md):
+
+- **sync** (``mode: sync``): explorer step k (every engine generates its share of the step's prompts x samples;
+  the step ends when the slowest engine is done), then trainer step k on exactly those rows, then the weight
+  sync (the trainer publishes, the engines load) before explorer step k+1: strictly alternating. The launcher
+  drives the lock-step with Ray calls between the phases (``lockstep_s`` per step).
+- **async** with ``max_staleness`` s: explorer step k may start only when k - published_version <= s
+  (admission, ``ExplorerRole._admit_and_sync``); the engines swap weights only between steps, to the newest
+  published version, and are blocked while they load; the trainer trains step k once its rows are in the
+  buffer (it polls the buffer every ``poll_s``) and is blocked while it publishes.
+- Several engines share a step's prompts (whole GRPO groups per engine); M trainer workers split a batch
+  data-parallel and pay a gradient all-reduce per step. The buffer costs a write per row on the explorer side
+  and a read per row (plus a fixed cost per read) on the trainer side. The Synchronizer actor serves one call
+  at a time: each engine's load and each role's per-step calls queue there (a serialisation point).
+
+It is an event simulation (event queue, simulated clock, the explorer and the trainer as processes that wait
+on time or on a condition), not a formula: pipeline fill and drain, admission waits, the trainer's waits for
+data and its buffer polling come out of it. Each step's response lengths are drawn (seeded, the same draws
+for every layout compared: common random numbers), so the long tail sets each explorer step's time. Busy
+fractions per resource (engines generating, engine GPUs, trainer, weight sync, buffer, Synchronizer) say
+where a layout saturates.
+
+Cost model of the parts (one function each, below):
+
+- lengths: ``min(Geometric(p), max_new_tokens)``, p set from the mean. On this machine that fits what was
+  measured (run C: mean 37.8, p90 90, 4% truncated at 128; the model gives p90 89 and 3.9%).
+- an engine step: ``prefill + sum over decode iterations of (iter_floor_s + active * iter_per_seq_s)``, where
+  ``active`` is the number of sequences still decoding. With continuous batching (vLLM) this is
+  ``max_len * iter_floor_s + total_tokens * iter_per_seq_s`` (at most ``max_seqs`` at once; the rest queue);
+  the ``hf`` engine of this machine decodes its whole padded batch until the longest response ends
+  (``padded``: every iteration has the whole batch active).
+- a trainer step: ``tokens / num_workers * s_per_token + allreduce_s`` (all-reduce only with 2+ workers);
+  tokens are the packed prompt + response tokens, or padded per micro-batch (this machine's trainer).
+- weight sync: the trainer is blocked ``publish_s``; the engines are blocked ``load_s`` (one transfer for the
+  fleet: all engines load in parallel) after the Synchronizer has served one call per engine, and, for the
+  ``nccl`` method, after its gathering window (``GATHER_WINDOW_S`` = 0.25 s in synchronizer.py).
+
+Calibration (``--calibrate``, the default run does it too). The parts' costs come from the **sync** runs of
+bench/async_speedup.py's workload (run C's: 16 steps of 64 experiences, tiny model, long-tail lengths), where
+each phase runs alone: t_gen (sum of ``time/explore_step_s``), t_train (``time/train_step_s``), publication
+(``time/sync_s``), engine loads (``sync/seconds``), buffer reads (``time/wait_data_s``); what is left of the
+loop is the lock-step driver's Ray calls. Engine and trainer costs per token follow from t_gen and t_train and
+the padded tokens the length model expects per step. The Synchronizer's cost per call, 0.5 ms, was measured
+on this machine (64 concurrent calls to one async Ray actor: 34 ms; one call 0.9 ms round trip).
+
+This machine has 2 cores, and in async the two roles compute side by side on them, with the rest of the
+system (driver, ExplorerRole, Synchronizer, CheckpointMonitor, raylet) on the same cores. The model shares
+the CPU (``SharedCpu``: processor sharing in the event simulation) with two more measured parts: the cores
+the rest of the system keeps busy (``other_cores``: its CPU seconds over the sync loop's seconds, sampled
+from /proc by bench/async_speedup.py's CpuSampler) and how much slower generation and training each compute
+while the other computes on the next core (``corun``: ``measure_corun`` runs the engine's and the trainer's
+step, one thread each, alone and side by side, in processes of their own, outside the system: shared L3 and
+memory bandwidth on this KVM guest). Nothing is taken from the async runs: the model predicts their
+speed-up (``calib_error`` = predicted / measured - 1, target |error| <= 10%) and their step-time stretch.
+
+Records: ``RUN_D`` (2026-11-25, ``--measure``: 3 interleaved sync/async pairs, medians; the default) and
+``RUN_C`` (2026-11-22, the RESULTS.md headline, medians of 2, staleness 1 and 2; its other processes' CPU
+and co-run slowdown were not recorded, so only the core-per-role prediction is possible for it).
+``--measure`` re-measures (Ray, ~6 min on this machine; noisy: the same sync run took 14.9-18.4 s within one
+session) and predicts the async runs of the same session.
+
+Projection (``--project``, also in the default run): a 7B model (Qwen2.5-7B's shape: 7.62e9 parameters, 28
+layers, 4 KV heads of 128, bf16: 15.2 GB of weights, 57 KB of KV cache per token) on 64 H100 SXM (8 nodes of
+8), engines with tensor parallel 1 (one GPU each) and the trainer on the rest, GRPO 256 prompts x 16 samples
+per step, 512 prompt tokens, responses mean 2,000, at most 8,192 tokens (1.8% truncated). Figures and where
+they come from:
+
+- H100 SXM: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB, NVLink 4 at 450 GB/s per direction (NVIDIA H100
+  datasheet).
+- decode: one iteration reads the weights once: ``iter_floor_s`` = 15.2 GB / (3.35 TB/s x 0.77) = 5.9 ms
+  (vLLM reached 77% of the memory-bandwidth roofline at one request for Llama-3.1-8B on an A100, J. Musgrave,
+  "vLLM throughput-latency sweep on NVIDIA A100"); each sequence adds its matmuls, 2 x 7.62e9 FLOP at 50% of
+  peak (31 us), and its KV-cache read at the token-weighted mean context (prompt + 2,000 tokens: 143 MB, 56
+  us): ``iter_per_seq_s`` = 87 us. That is 170 tokens/s at batch 1, 7,700 at 64, 10,500 at 256 per GPU.
+  Cross-check: the same formula with LLaMA-7B's shape (no GQA: 512 KB of KV per token) in FP8 (weights and
+  KV cache) at batch 64, 128 in / 2,048 out, gives ~5,700 tokens/s against 5,367 published for TensorRT-LLM
+  0.5 on one H100 (TensorRT-LLM docs/source/performance.md). Prefill: 2 x N FLOP per prompt token at 60% of
+  peak, once per prompt (the 16 samples share it: prefix caching). ``max_seqs`` = 256 (vLLM's default
+  ``max_num_seqs``; 256 sequences of 2,512 tokens need 37 GB of KV cache, within the 80 - 15 GB left).
+- training: FSDP at 40% MFU, 6 x N FLOP per token (behaviour log-probs come from the engines and there is no
+  reference model, so no extra forward): 8,650 tokens/s per GPU; gradient all-reduce of 15.2 GB of bf16
+  gradients (ring: 2 (M-1)/M x bytes) at 40 GB/s per GPU across nodes (8 x 400 Gb/s NDR InfiniBand per node,
+  one NIC per GPU, 80% of 50 GB/s) or 400 GB/s within one node (nccl-tests all-reduce bus bandwidth of 8 x
+  H100 SXM is 460-480 GB/s), counted on top of the MFU figure (conservative: FSDP overlaps part of it).
+  At least 2 trainer GPUs (weights + gradients + AdamW states are 122 GB).
+- weight sync, ``nccl`` method: the trainer is blocked for its snapshot (its shard copied on the GPU: < 10 ms)
+  and one Synchronizer call; the engines for the gathering window (0.25 s), one Synchronizer call each, the
+  gather of the full weights to the sending rank (15.2 GB over NVLink, 38 ms) and one pipelined broadcast of
+  15.2 GB at 40 GB/s (0.38 s; bandwidth-bound, so about the same for 4 or 60 receivers). The broadcast runs
+  on the trainer's side in the background thread and does not block it.
+- buffer: this machine's figures (bench/buffer.py: 55,978 rows/s written, 33,237 read, for 288-token rows)
+  scaled linearly with the tokens per row (2,512: 156 us per row written, 262 us read; conservative, the
+  per-row cost is mostly Python, not bytes), plus run C's fixed 12.5 ms per read; one writer (the explorer).
+- the Synchronizer: 0.5 ms per call as measured here; 3 calls per explorer step (claim, finish, heartbeat),
+  1 per publication, 1 per engine per load; the lock-step driver 14 ms per step as here.
+
+Where the model departs from the system (and why it is still useful): one explorer drives all engines (the
+system can also run several explorer jobs claiming steps, which would overlap one explorer's tail with
+another's step: not modelled, so long-tail results are pessimistic for such layouts); ``over_rollout_frac``
+< 1 (a step that ends before its stragglers) is not modelled; vLLM preemption, per-token cost growing with
+the context inside a step and MFU falling with small per-GPU batches are averaged out; the final checkpoint
+save is part of the lock-step remainder (it is once per run, so async pays it too: the calibration is
+optimistic for async by ~0.1 s of 15 s).
+
+    .venv/bin/python bench/simulate.py                 # calibration from run C + projection, plot, RESULT line
+    .venv/bin/python bench/simulate.py --calibrate     # the calibration only
+    .venv/bin/python bench/simulate.py --project [--total-gpus 64 --prompts 256 --samples 16 ...]
+    PYTHONPATH=. .venv/bin/python bench/simulate.py --measure   # re-measure: co-run, 3 sync/async pairs (Ray)
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-part costs
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Response lengths of a step: ``min(Geometric(p), max_len)`` tokens, and a fixed prompt length."""
+
+    p: float
+    """Probability that a response ends at each token (a stop token or EOS sampled)."""
+    max_len: int
+    """``max_new_tokens``: longer responses are truncated here."""
+    prompt_len: int
+    """Prompt tokens per row."""
+
+    @classmethod
+    def from_mean(cls, mean: float, max_len: int, prompt_len: int) -> Lengths:
+        """The distribution whose truncated mean is ``mean`` (bisection on p)."""
+        if not 1.0 <= mean < max_len:
+            raise ValueError(f"mean length {mean} must be in [1, max_len={max_len})")
+        lo, hi = 1e-9, 1.0
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            if cls(mid, max_len, prompt_len).mean() > mean:
+                lo = mid
+            else:
+                hi = mid
+        return cls((lo + hi) / 2, max_len, prompt_len)
+
+    def survival(self) -> np.ndarray:
+        """``P(L >= i)`` for i = 1..max_len, shape (max_len,)."""
+        return (1.0 - self.p) ** np.arange(self.max_len)
+
+    def mean(self) -> float:
+        return float(self.survival().sum())  # E[L] = sum_i P(L >= i)
+
+    def quantile(self, q: float) -> int:
+        return int(np.searchsorted(1.0 - self.survival(), q, side="right"))
+
+    def expected_max(self, n: int) -> float:
+        """E[max of n lengths] = sum_i (1 - (1 - P(L >= i))^n)."""
+        return float((1.0 - (1.0 - self.survival()) ** n).sum())
+
+    def token_weighted_mean_position(self) -> float:
+        """Mean position of a decoded token within its response, over all tokens: E[L (L + 1) / 2] / E[L]."""
+        i = np.arange(1, self.max_len + 1)
+        return float((i * self.survival()).sum() / self.mean())  # sum_i i P(L >= i) = E[L (L + 1) / 2]
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.minimum(rng.geometric(self.p, n), self.max_len)
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """One rollout engine: seconds for a share of a step's prompts."""
+
+    iter_floor_s: float
+    """One decode iteration whatever the batch (the weights are read once per iteration)."""
+    iter_per_seq_s: float
+    """Added to an iteration per sequence decoding in it (its matmuls and KV-cache reads)."""
+    prefill_s_per_prompt: float
+    """Prefill of one prompt, shared by its samples."""
+    padded: bool
+    """True: the whole batch decodes until its longest response ends (the ``hf`` engine); False: continuous
+    batching, a finished sequence leaves the batch (vLLM)."""
+    max_seqs: int
+    """Sequences decoding at once (vLLM ``max_num_seqs``); the rest wait for a free slot."""
+
+    def step_s(self, lengths: np.ndarray, prompts: int) -> float:
+        """Seconds for one engine to generate responses of ``lengths`` (shape (n,)) from ``prompts`` prompts."""
+        if len(lengths) == 0:
+            return 0.0
+        prefill = prompts * self.prefill_s_per_prompt
+        if self.padded:
+            active = min(len(lengths), self.max_seqs)
+            waves = math.ceil(len(lengths) / self.max_seqs)
+            return prefill + waves * int(lengths.max()) * (self.iter_floor_s + active * self.iter_per_seq_s)
+        if len(lengths) <= self.max_seqs:  # sum over iterations of (floor + active): closed form
+            return prefill + int(lengths.max()) * self.iter_floor_s + int(lengths.sum()) * self.iter_per_seq_s
+        return prefill + self._queued_s(lengths)
+
+    def _queued_s(self, lengths: np.ndarray) -> float:
+        """Continuous batching with more sequences than slots: a waiting sequence takes the slot of one that
+        finished. Between two finishes the batch is constant, so the time advances segment by segment."""
+        todo = iter(int(x) for x in lengths[self.max_seqs:])
+        ends = [int(x) for x in lengths[: self.max_seqs]]  # decode iteration at which each slot's sequence ends
+        heapq.heapify(ends)
+        now_iter, seconds = 0, 0.0
+        while ends:
+            nxt = ends[0]
+            seconds += (nxt - now_iter) * (self.iter_floor_s + len(ends) * self.iter_per_seq_s)
+            now_iter = nxt
+            while ends and ends[0] == now_iter:
+                heapq.heappop(ends)
+                length = next(todo, None)
+                if length is not None:
+                    heapq.heappush(ends, now_iter + length)
+        return seconds
+
+
+@dataclass(frozen=True)
+class TrainerCost:
+    """The trainer: seconds for one step on a batch, split data-parallel over workers."""
+
+    s_per_token: float
+    """Seconds per (prompt + response) token on one worker (forward, backward, optimizer step)."""
+    allreduce_s: float
+    """Gradient all-reduce per step when there are 2+ workers (0 for one worker)."""
+    micro_batch: int
+    """0: tokens are packed (no padding); n > 0: each micro-batch of n rows is padded to its longest row."""
+
+    def step_s(self, lengths: np.ndarray, prompt_len: int, num_workers: int) -> float:
+        if self.micro_batch:
+            chunks = [lengths[i:i + self.micro_batch] for i in range(0, len(lengths), self.micro_batch)]
+            tokens = sum(len(c) * (prompt_len + int(c.max())) for c in chunks)
+        else:
+            tokens = int(lengths.sum()) + len(lengths) * prompt_len
+        comm = self.allreduce_s if num_workers > 1 else 0.0
+        return tokens / num_workers * self.s_per_token + comm  # balanced split (sequence packing)
+
+
+@dataclass(frozen=True)
+class SyncCost:
+    """Weight sync and the Synchronizer actor."""
+
+    publish_s: float
+    """The trainer is blocked this long per publication (write or snapshot)."""
+    load_s: float
+    """The engines are blocked this long per load (one transfer; all engines load in parallel)."""
+    gather_window_s: float
+    """A collective round waits this long for more engines (``nccl``); 0 for file-based methods."""
+    call_s: float
+    """The Synchronizer's time per call; it serves one call at a time."""
+    explorer_calls_per_step: int
+    """Synchronizer calls the explorer makes per step besides loads (claim, finish, heartbeat)."""
+
+
+@dataclass(frozen=True)
+class BufferCost:
+    write_s_per_row: float
+    """Explorer side, per row written (one writer)."""
+    read_s_per_row: float
+    """Trainer side, per row read."""
+    read_fixed_s: float
+    """Trainer side, per read call (query, catalog, ledger)."""
+    poll_s: float
+    """A waiting trainer looks for new rows this often (``buffer/reader.py`` ``POLL_INTERVAL_S``)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """N engines x M trainer workers, the workload and every part's cost."""
+
+    num_engines: int
+    num_workers: int
+    prompts_per_step: int
+    samples_per_prompt: int
+    lengths: Lengths
+    engine: EngineCost
+    trainer: TrainerCost
+    sync: SyncCost
+    buffer: BufferCost
+    lockstep_s: float
+    """Sync mode only: the launcher's Ray calls between the phases, per step."""
+    cpu_cores: float = 0.0
+    """0: the engines and the trainer compute on devices of their own (GPUs). > 0: generation and training
+    share this many CPU cores (this machine: 2), each wanting one core while it runs."""
+    other_cores: float = 0.0
+    """With ``cpu_cores``: cores the rest of the system keeps busy on average (driver, Synchronizer, monitor,
+    Ray's daemons), measured in a sync run; the two roles share what is left."""
+    corun: tuple[float, float] = (1.0, 1.0)
+    """With ``cpu_cores``: (generation, training) computes this many times slower while the other computes on
+    the next core (``Work.corun``)."""
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The event simulation
+# ----------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Work:
+    """A request for ``seconds`` of computing on the shared CPU (seconds it takes with the machine to itself)."""
+
+    seconds: float
+    corun: float = 1.0
+    """How many times slower it computes, on a core of its own, while another job computes on the next core
+    (shared caches, memory bandwidth, clock): measured by ``measure_corun``."""
+
+
+Process = Generator[float | Work | Callable[[], bool], None, None]
+"""A process yields a float (wait that many seconds), a ``Work`` (compute on the shared CPU) or a predicate
+(wait until it holds)."""
+
+
+class Sim:
+    """Event queue and simulated clock. A process waiting on a predicate is checked again whenever another
+    process calls ``notify()`` after changing the state the predicate reads."""
+
+    def __init__(self, cpu_cores: float = 0.0, other_cores: float = 0.0) -> None:
+        self.now = 0.0
+        self._queue: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()  # ties keep the order in which events were scheduled
+        self._waiting: list[tuple[Callable[[], bool], Process]] = []
+        self.cpu = SharedCpu(self, cpu_cores, other_cores) if cpu_cores > 0 else None
+
+    def start(self, process: Process) -> None:
+        self.resume(process)
+
+    def notify(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for predicate, process in waiting:
+            if predicate():
+                self.resume(process)
+            else:
+                self._waiting.append((predicate, process))
+
+    def run(self) -> None:
+        while self._queue:
+            self.now, _, event = heapq.heappop(self._queue)
+            event()
+        if self._waiting:
+            raise RuntimeError(f"deadlock: {len(self._waiting)} process(es) wait on a condition nobody changes")
+
+    def at(self, when: float, event: Callable[[], None]) -> None:
+        heapq.heappush(self._queue, (when, next(self._order), event))
+
+    def resume(self, process: Process, after_s: float = 0.0) -> None:
+        self.at(self.now + after_s, lambda: self._advance(process))
+
+    def _advance(self, process: Process) -> None:
+        try:
+            request = next(process)
+        except StopIteration:
+            return
+        if isinstance(request, Work):
+            if self.cpu is None:  # a device of its own: the work takes its own time
+                self.resume(process, request.seconds)
+            else:
+                self.cpu.submit(process, request)
+        elif callable(request):
+            if request():
+                self.resume(process)
+            else:
+                self._waiting.append((request, process))
+        else:
+            self.resume(process, float(request))
+
+
+class SharedCpu:
+    """Processor sharing: ``cores`` less ``other`` are shared equally by the jobs computing, each getting
+    ``min(1, free / jobs)`` of a core (a job alone is not sped up: it wants one core), and a job beside another
+    one computes ``corun`` times slower on its share. When a job starts or ends the others' rates change, so
+    every job's remaining work is settled and the next completion rescheduled; ``_epoch`` retires completion
+    events scheduled under the old rates."""
+
+    def __init__(self, sim: Sim, cores: float, other: float = 0.0) -> None:
+        if not 0 <= other < cores:
+            raise ValueError(f"other_cores {other} must be in [0, cpu_cores={cores})")
+        self.sim = sim
+        self.free = cores - other
+        self._jobs: dict[int, list] = {}  # id -> [remaining seconds of work, Work, process]
+        self._ids = itertools.count()
+        self._settled_at = 0.0
+        self._epoch = 0
+
+    def rate(self, work: Work) -> float:
+        """Seconds of ``work`` done per second now."""
+        n = len(self._jobs)
+        share = min(1.0, self.free / n) if n else 1.0
+        return share / work.corun if n >= 2 else share
+
+    def submit(self, process: Process, work: Work) -> None:
+        self._settle()
+        self._jobs[next(self._ids)] = [work.seconds, work, process]
+        self._reschedule()
+
+    def _settle(self) -> None:
+        elapsed = self.sim.now - self._settled_at
+        for job in self._jobs.values():
+            job[0] -= elapsed * self.rate(job[1])
+        self._settled_at = self.sim.now
+
+    def _reschedule(self) -> None:
+        self._epoch += 1
+        if self._jobs:
+            epoch = self._epoch
+            first = min(max(job[0], 0.0) / self.rate(job[1]) for job in self._jobs.values())
+            self.sim.at(self.sim.now + first, lambda: self._complete(epoch))
+
+    def _complete(self, epoch: int) -> None:
+        if epoch != self._epoch:
+            return
+        self._settle()
+        for key in [k for k, job in self._jobs.items() if job[0] <= 1e-9]:
+            self.sim.resume(self._jobs.pop(key)[2])
+        self._reschedule()
+
+
+class Server:
+    """A single server taking requests in arrival order (the Synchronizer actor's event loop)."""
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+        self.busy_s = 0.0
+
+    def serve(self, now: float, seconds: float) -> float:
+        """Queue ``seconds`` of work arriving at ``now``; return when it is done."""
+        self.free_at = max(now, self.free_at) + seconds
+        self.busy_s += seconds
+        return self.free_at
+
+
+@dataclass
+class SimResult:
+    loop_s: float
+    samples_per_s: float
+    busy: dict[str, float]
+    """Share of the loop each resource was busy: ``engines`` (the fleet in a step), ``engine_gpus`` (mean over
+    engines of their own generation time: the rest is waiting for the step's slowest engine), ``trainer``
+    (training), ``weight_sync`` (engines loading), ``publish`` (trainer publishing), ``buffer`` (writes and
+    reads), ``synchronizer`` (the actor serving calls)."""
+    waits_s: dict[str, float]
+    """``admission`` (explorer waiting for a version), ``data`` (trainer waiting for rows)."""
+    staleness_mean: float
+    stretch: dict[str, float] = field(default_factory=lambda: {"engines": 1.0, "trainer": 1.0})
+    """Wall seconds over work seconds of generation (``engines``) and training (``trainer``): above 1 when they
+    shared the CPU with each other."""
+
+
+@lru_cache(maxsize=4096)
+def explore_steps(layout: Layout, steps: int, seed: int) -> tuple[tuple[float, float, float], ...]:
+    """Per explorer step: (fleet seconds = its slowest engine, mean engine seconds, trainer seconds on its
+    rows). Step k's lengths are drawn from ``(seed, k)`` alone, so layouts compared see the same draws."""
+    out = []
+    for k in range(steps):
+        rng = np.random.default_rng([seed, k])
+        lengths = layout.lengths.sample(rng, layout.rows_per_step)  # (rows,), grouped by prompt
+        groups = np.array_split(np.arange(layout.prompts_per_step), layout.num_engines)
+        per_engine = []
+        for g in groups:
+            rows = lengths[g[0] * layout.samples_per_prompt:(g[-1] + 1) * layout.samples_per_prompt] if len(g) else lengths[:0]
+            per_engine.append(layout.engine.step_s(rows, len(g)))
+        train = layout.trainer.step_s(lengths, layout.lengths.prompt_len, layout.num_workers)
+        out.append((max(per_engine), statistics.fmean(per_engine), train))
+    return tuple(out)
+
+
+def simulate(layout: Layout, steps: int, max_staleness: int | None, seed: int = 0) -> SimResult:
+    """Run ``steps`` explorer and trainer steps. ``max_staleness=None`` is mode sync (lock-step: staleness
+    0, the driver's calls between phases, no polling); an int is mode async with that bound."""
+    sync_mode = max_staleness is None
+    bound = 0 if sync_mode else max_staleness
+    parts = explore_steps(layout, steps, seed)
+    rows = layout.rows_per_step
+    sim, synchronizer = Sim(layout.cpu_cores, layout.other_cores), Server()
+    busy = dict.fromkeys(("engines", "engine_gpus", "trainer", "weight_sync", "publish", "buffer"), 0.0)
+    waits = {"admission": 0.0, "data": 0.0}
+    work = {"engines": 0.0, "trainer": 0.0}
+    state = {"version": 0, "fleet_version": 0, "written": 0}
+    step_versions: list[int] = []
+    end = {"trainer": 0.0}
+
+    def explorer() -> Process:
+        sc = layout.sync
+        for k in range(steps):
+            start = sim.now
+            yield lambda k=k: k - state["version"] <= bound  # admission
+            waits["admission"] += sim.now - start
+            if state["version"] > state["fleet_version"]:  # swap weights between steps, to the newest version
+                version = state["version"]
+                served = synchronizer.serve(sim.now, layout.num_engines * sc.call_s)  # one call per engine
+                load = max(served - sim.now, sc.gather_window_s) + sc.load_s
+                yield load
+                busy["weight_sync"] += load
+                state["fleet_version"] = version
+            fleet_s, engine_mean_s, _ = parts[k]
+            began = sim.now
+            yield Work(fleet_s, layout.corun[0])
+            stretch = (sim.now - began) / fleet_s if fleet_s else 1.0  # > 1 when it shared the CPU
+            busy["engines"] += sim.now - began
+            work["engines"] += fleet_s
+            busy["engine_gpus"] += engine_mean_s * stretch
+            write = rows * layout.buffer.write_s_per_row
+            yield write
+            busy["buffer"] += write
+            step_versions.append(state["fleet_version"])
+            state["written"] = k + 1
+            sim.notify()
+            calls = synchronizer.serve(sim.now, sc.explorer_calls_per_step * sc.call_s)
+            yield calls - sim.now
+
+    def trainer() -> Process:
+        bc = layout.buffer
+        for k in range(steps):
+            start = sim.now
+            yield lambda k=k: state["written"] > k
+            if not sync_mode and sim.now > start:  # a waiting reader sees the rows at its next poll
+                polls = math.ceil((sim.now - start) / bc.poll_s - 1e-9)
+                yield start + polls * bc.poll_s - sim.now
+            waits["data"] += sim.now - start
+            read = bc.read_fixed_s + rows * bc.read_s_per_row
+            yield read
+            busy["buffer"] += read
+            began = sim.now
+            yield Work(parts[k][2], layout.corun[1])
+            busy["trainer"] += sim.now - began
+            work["trainer"] += parts[k][2]
+            served = synchronizer.serve(sim.now, layout.sync.call_s)
+            publish = max(served - sim.now, 0.0) + layout.sync.publish_s
+            yield publish
+            busy["publish"] += publish
+            if sync_mode:
+                yield layout.lockstep_s
+            state["version"] = k + 1
+            end["trainer"] = sim.now
+            sim.notify()
+
+    sim.start(explorer())
+    sim.start(trainer())
+    sim.run()
+    loop_s = end["trainer"]
+    shares = {key: value / loop_s for key, value in busy.items()}
+    shares["synchronizer"] = synchronizer.busy_s / loop_s
+    staleness = statistics.fmean(k - v for k, v in enumerate(step_versions))
+    stretch = {key: busy[key] / work[key] if work[key] else 1.0 for key in work}
+    return SimResult(loop_s, steps * rows / loop_s, shares, waits, staleness, stretch)
+
+
+def mean_result(layout: Layout, steps: int, max_staleness: int | None, seeds: Iterable[int]) -> SimResult:
+    """The mean of ``simulate`` over seeds (samples/s from the mean loop time)."""
+    runs = [simulate(layout, steps, max_staleness, seed) for seed in seeds]
+    loop_s = statistics.fmean(r.loop_s for r in runs)
+    return SimResult(
+        loop_s, steps * layout.rows_per_step / loop_s,
+        {k: statistics.fmean(r.busy[k] for r in runs) for k in runs[0].busy},
+        {k: statistics.fmean(r.waits_s[k] for r in runs) for k in runs[0].waits_s},
+        statistics.fmean(r.staleness_mean for r in runs),
+        {k: statistics.fmean(r.stretch[k] for r in runs) for k in runs[0].stretch})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Calibration on this machine
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """Per-phase figures of a sync run of bench/async_speedup.py (sums over the run) and the async result."""
+
+    steps: int
+    rows_per_step: int
+    loop_s: float
+    gen_s: float
+    train_s: float
+    publish_s: float
+    load_s: float
+    read_s: float
+    len_mean: float
+    max_new_tokens: int
+    async_speedup: dict[int, float] = field(default_factory=dict)
+    """Measured speed-up of async over sync by ``max_staleness``."""
+    slowdown: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Measured (gen x, train x): async step times over sync step times, by ``max_staleness``. Not an input
+    of the model: compared with the stretch it predicts."""
+    other_cores: float | None = None
+    """CPU seconds of every process of the sync run but the engine's and the trainer's, during its loop, over
+    the loop's seconds (bench/async_speedup.py's ``rest_cpu_s``); None where it was not recorded."""
+    cpu_cores: int = 2
+    """Cores of the machine the run shared."""
+    corun: tuple[float, float] | None = None
+    """(generation, training): step time beside the other over step time alone, both on a core of their own,
+    outside the system (``measure_corun``); None where it was not measured."""
+
+
+RUN_C = MeasuredRun(
+    # bench/RESULTS.md, "Async speed-up (bench/async_speedup.py), 2026-11-22", run C at 34294a9, medians of 2:
+    # sync 42.40 samples/s over 16 steps of 64 experiences, t_gen 13.20 s, t_train 9.92 s (RESULT line);
+    # publish 0.4 s, load 0.2 s, buffer reads 0.2 s (the sync row of its breakdown); lengths mean 37.8, cap 128.
+    # Its other processes' CPU was not recorded per run ("4-9 s per loop" over runs A-C): no shared-core figure.
+    steps=16, rows_per_step=64, loop_s=16 * 64 / 42.40, gen_s=13.20, train_s=9.92, publish_s=0.4, load_s=0.2,
+    read_s=0.2, len_mean=37.8, max_new_tokens=128,
+    async_speedup={1: 1.627, 2: 1.499},
+    # the table's sum gen / sum train of the async rows over the sync row (13.8 / 13.2, 10.6 / 9.9; 14.9, 11.2)
+    slowdown={1: (13.8 / 13.2, 10.6 / 9.9), 2: (14.9 / 13.2, 11.2 / 9.9)},
+)
+RUN_D = MeasuredRun(
+    # ``--measure --measure-repeats 3`` on 2026-11-25 (bench/RESULTS.md, "Simulation"): sync loops 18.38, 16.93,
+    # 14.92 s; async (staleness 1) 10.22, 10.35, 9.27 s; the rest of the system 2.0-2.6 CPU s per sync loop;
+    # co-run: generation 450 -> 479 ms per step beside training, training 538 -> 548 ms beside generation.
+    steps=16, rows_per_step=64, loop_s=16.931, gen_s=7.544, train_s=8.357, publish_s=0.373, load_s=0.157,
+    read_s=0.081, len_mean=37.77, max_new_tokens=128, async_speedup={1: 1.6564}, slowdown={1: (1.1379, 1.0420)},
+    other_cores=0.1419, cpu_cores=2, corun=(1.0629, 1.0192),
+)
+CALIB_PROMPT_LEN = 16
+"""Prompt tokens of the arithmetic tasks (bench/trainer.py's workload); it only splits the trainer's cost
+between the prompt and the padded responses."""
+CALIB_SAMPLES, CALIB_MICRO = 8, 16
+"""run C: 8 tasks x 8 samples per step, ``trainer.micro_batch_size`` 16."""
+SYNCHRONIZER_CALL_S = 0.0005
+"""Measured on this machine, 2026-11-24, load 0.1: 64 concurrent calls to one async Ray actor in 34 ms."""
+BUFFER_WRITE_S_PER_288_TOKENS = 1 / 55_978
+BUFFER_READ_S_PER_288_TOKENS = 1 / 33_237
+"""bench/buffer.py (RESULTS.md, 2026-11-22): rows of 32 prompt + 256 response tokens."""
+
+
+def calibration_layout(run: MeasuredRun, shared_cpu: bool = True) -> Layout:
+    """This machine: one ``hf`` engine, one trainer worker, ``checkpoint`` sync; costs from ``run``'s sync
+    phases. The engine and trainer costs per token are the measured phase seconds per step over the padded
+    tokens per step the length model expects. ``shared_cpu``: generation and training share the machine's
+    cores with each other and with the rest of the system (``run.other_cores``, if recorded); False: each
+    has a core to itself (what a machine with a device per role would do)."""
+    rows = run.rows_per_step
+    lengths = Lengths.from_mean(run.len_mean, run.max_new_tokens, CALIB_PROMPT_LEN)
+    row_tokens = CALIB_PROMPT_LEN + run.len_mean
+    write_s_per_row = BUFFER_WRITE_S_PER_288_TOKENS * row_tokens / 288
+    read_fixed_s = run.read_s / run.steps  # in-system reads: per call; the per-row part is tiny here
+    gen_step_s = run.gen_s / run.steps - rows * write_s_per_row  # time/explore_step_s includes the write
+    train_step_s = run.train_s / run.steps
+    padded_gen_tokens = rows * lengths.expected_max(rows)  # the hf engine decodes the batch to its longest
+    padded_train_tokens = rows * (CALIB_PROMPT_LEN + lengths.expected_max(CALIB_MICRO))
+    # What the sync loop spent besides its measured phases, less the Synchronizer calls the model adds per
+    # step (3 by the explorer, 1 publication, 1 load): the driver's Ray calls between the phases.
+    other_s = run.loop_s - run.gen_s - run.train_s - run.publish_s - run.load_s - run.read_s
+    lockstep_s = other_s / run.steps - (3 + 1 + 1) * SYNCHRONIZER_CALL_S
+    shared = shared_cpu and run.other_cores is not None
+    return Layout(
+        num_engines=1, num_workers=1, prompts_per_step=rows // CALIB_SAMPLES, samples_per_prompt=CALIB_SAMPLES,
+        lengths=lengths,
+        engine=EngineCost(iter_floor_s=0.0, iter_per_seq_s=gen_step_s / padded_gen_tokens, prefill_s_per_prompt=0.0,
+                          padded=True, max_seqs=rows),
+        trainer=TrainerCost(s_per_token=train_step_s / padded_train_tokens, allreduce_s=0.0, micro_batch=CALIB_MICRO),
+        # the engine loads before every step but the first (it starts with version 0)
+        sync=SyncCost(publish_s=run.publish_s / run.steps, load_s=run.load_s / (run.steps - 1), gather_window_s=0.0,
+                      call_s=SYNCHRONIZER_CALL_S, explorer_calls_per_step=3),
+        buffer=BufferCost(write_s_per_row=write_s_per_row, read_s_per_row=0.0, read_fixed_s=read_fixed_s, poll_s=0.02),
+        lockstep_s=max(lockstep_s, 0.0), cpu_cores=run.cpu_cores if shared else 0.0,
+        other_cores=run.other_cores if shared else 0.0, corun=(run.corun or (1.0, 1.0)) if shared else (1.0, 1.0))
+
+
+def calibrate(run: MeasuredRun, seeds: Iterable[int] = range(20), label: str = "") -> dict[str, float]:
+    """Predict ``run``'s async speed-ups from its sync phases; print the comparison; return the figures. The
+    headline prediction shares the CPU where ``run.other_cores`` was recorded, else gives each role a core."""
+    seeds = list(seeds)
+    layout = calibration_layout(run)
+    own = calibration_layout(run, shared_cpu=False)
+    sync = mean_result(layout, run.steps, None, seeds)
+    lengths = layout.lengths
+    cores = (f"{run.cpu_cores} cores, the rest of the system on {run.other_cores:.2f} of them"
+             if run.other_cores is not None else "CPU use of the rest of the system not recorded")
+    print(f"calibration{label}: {run.steps} steps x {run.rows_per_step} rows, 1 engine x 1 trainer worker; lengths "
+          f"mean {lengths.mean():.1f} p90 {lengths.quantile(0.9)} truncated {100 * (1 - lengths.p) ** (lengths.max_len - 1):.1f}% "
+          f"(max {lengths.max_len}); per step: gen {run.gen_s / run.steps:.3f} s, train {run.train_s / run.steps:.3f} s, "
+          f"publish {layout.sync.publish_s:.4f} s, load {layout.sync.load_s:.4f} s, read {layout.buffer.read_fixed_s:.4f} s, "
+          f"lock-step driver {layout.lockstep_s:.4f} s; {cores}")
+    print(f"  sync loop: measured {run.loop_s:.2f} s, model {sync.loop_s:.2f} s (built from its parts: a check of "
+          "the bookkeeping, not a prediction)")
+    out = {"calib_sync_loop_s": sync.loop_s, "calib_measured_sync_loop_s": run.loop_s}
+    print("  | max_staleness | measured speed-up | predicted | error | a core per role | error | gen / train "
+          "stretch, predicted | measured | busy engine / trainer | admission / data waits s |")
+    print("  |---|---|---|---|---|---|---|---|---|---|")
+    for s, measured in sorted(run.async_speedup.items()):
+        pred = mean_result(layout, run.steps, s, seeds)
+        alone = mean_result(own, run.steps, s, seeds)
+        speedup, speedup_own = pred.samples_per_s / sync.samples_per_s, alone.samples_per_s / sync.samples_per_s
+        out.update({f"calib_pred_speedup{s}": speedup, f"calib_measured_speedup{s}": measured,
+                    f"calib_error{s}": speedup / measured - 1, f"calib_own_core_speedup{s}": speedup_own,
+                    f"calib_own_core_error{s}": speedup_own / measured - 1})
+        slow = run.slowdown.get(s, (math.nan, math.nan))
+        print(f"  | {s} | {measured:.3f} | {speedup:.3f} | {100 * (speedup / measured - 1):+.1f}% | {speedup_own:.3f} | "
+              f"{100 * (speedup_own / measured - 1):+.1f}% | {pred.stretch['engines']:.3f} / {pred.stretch['trainer']:.3f} | "
+              f"{slow[0]:.3f} / {slow[1]:.3f} | {pred.busy['engines']:.2f} / {pred.busy['trainer']:.2f} | "
+              f"{pred.waits_s['admission']:.2f} / {pred.waits_s['data']:.2f} |")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Projection: a 7B model on 64 H100s (sources in the module docstring)
+# ----------------------------------------------------------------------------------------------------------
+
+H100_BF16_FLOPS = 989e12
+H100_HBM_BYTES_PER_S = 3.35e12
+DECODE_BANDWIDTH_EFFICIENCY = 0.77
+DECODE_MATMUL_EFFICIENCY = 0.5
+PREFILL_EFFICIENCY = 0.6
+TRAIN_MFU = 0.40
+NVLINK_BYTES_PER_S = 400e9
+"""All-reduce / broadcast bus bandwidth within a node of 8 H100 SXM."""
+IB_BYTES_PER_S = 40e9
+"""Per GPU across nodes: one 400 Gb/s NDR NIC per GPU, 80% of 50 GB/s."""
+GPUS_PER_NODE = 8
+GATHER_WINDOW_S = 0.25
+"""``trinity_like/synchronizer/synchronizer.py`` ``GATHER_WINDOW_S`` (not imported: that module loads Ray)."""
+LOCKSTEP_S = 0.014
+"""The lock-step driver's Ray calls per step, as calibrated on this machine."""
+VLLM_MAX_NUM_SEQS = 256
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    bytes_per_param: int = 2
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param  # K and V
+
+
+QWEN25_7B = ModelShape(params=7.62e9, layers=28, kv_heads=4, head_dim=128)
+
+
+def h100_engine(model: ModelShape, lengths: Lengths) -> EngineCost:
+    """vLLM on one H100: the weights read once per decode iteration, per sequence its matmuls and its KV
+    cache at the token-weighted mean context."""
+    bandwidth = H100_HBM_BYTES_PER_S * DECODE_BANDWIDTH_EFFICIENCY
+    context = lengths.prompt_len + lengths.token_weighted_mean_position()
+    per_seq = 2 * model.params / (H100_BF16_FLOPS * DECODE_MATMUL_EFFICIENCY) + model.kv_bytes_per_token * context / bandwidth
+    prefill = 2 * model.params * lengths.prompt_len / (H100_BF16_FLOPS * PREFILL_EFFICIENCY)
+    return EngineCost(iter_floor_s=model.weight_bytes / bandwidth, iter_per_seq_s=per_seq, prefill_s_per_prompt=prefill,
+                      padded=False, max_seqs=VLLM_MAX_NUM_SEQS)
+
+
+def projection_layout(num_engines: int, num_workers: int, args: argparse.Namespace,
+                      model: ModelShape = QWEN25_7B) -> Layout:
+    """``num_engines`` vLLM engines (one H100 each) and an FSDP trainer on ``num_workers`` H100s."""
+    lengths = Lengths.from_mean(args.len_mean, args.max_new_tokens, args.prompt_len)
+    one_node = num_engines + num_workers <= GPUS_PER_NODE
+    trainer_bw = NVLINK_BYTES_PER_S if num_workers <= GPUS_PER_NODE else IB_BYTES_PER_S
+    grad_bytes = model.weight_bytes  # bf16 gradients
+    allreduce_s = 2 * (num_workers - 1) / num_workers * grad_bytes / trainer_bw
+    # engines: gather the full weights to the sending rank over NVLink, one pipelined broadcast to the fleet
+    load_s = model.weight_bytes / NVLINK_BYTES_PER_S + model.weight_bytes / (
+        NVLINK_BYTES_PER_S if one_node else IB_BYTES_PER_S)
+    snapshot_s = model.weight_bytes / num_workers / (H100_HBM_BYTES_PER_S / 2)  # read + write of its shard
+    row_tokens = args.prompt_len + lengths.mean()
+    return Layout(
+        num_engines=num_engines, num_workers=num_workers, prompts_per_step=args.prompts,
+        samples_per_prompt=args.samples, lengths=lengths, engine=h100_engine(model, lengths),
+        trainer=TrainerCost(s_per_token=6 * model.params / (H100_BF16_FLOPS * TRAIN_MFU), allreduce_s=allreduce_s,
+                            micro_batch=0),
+        sync=SyncCost(publish_s=snapshot_s, load_s=load_s, gather_window_s=GATHER_WINDOW_S, call_s=SYNCHRONIZER_CALL_S,
+                      explorer_calls_per_step=3),
+        buffer=BufferCost(write_s_per_row=BUFFER_WRITE_S_PER_288_TOKENS * row_tokens / 288,
+                          read_s_per_row=BUFFER_READ_S_PER_288_TOKENS * row_tokens / 288,
+                          read_fixed_s=RUN_C.read_s / RUN_C.steps, poll_s=0.02),
+        lockstep_s=LOCKSTEP_S)
+
+
+MODES: tuple[int | None, ...] = (None, 1, 2, 4)
+"""None: mode sync; an int: mode async with that ``max_staleness``."""
+
+
+def mode_name(max_staleness: int | None) -> str:
+    return "sync" if max_staleness is None else f"async {max_staleness}"
+
+
+def bottleneck(result: SimResult) -> str:
+    """The busiest resource; generation counts as the fleet's time in a step."""
+    keys = ("engines", "trainer", "weight_sync", "buffer", "synchronizer")
+    return max(keys, key=lambda k: result.busy[k])
+
+
+def project(args: argparse.Namespace) -> tuple[dict[str, float], dict[int | None, dict[int, SimResult]]]:
+    """Every split of ``args.total_gpus`` into engines and trainer workers, in every mode; print the table."""
+    min_workers = 2
+    splits = range(1, args.total_gpus - min_workers + 1)
+    seeds = range(args.seeds)
+    sweep: dict[int | None, dict[int, SimResult]] = {m: {} for m in MODES}
+    for engines in splits:
+        layout = projection_layout(engines, args.total_gpus - engines, args)
+        for m in MODES:
+            sweep[m][engines] = mean_result(layout, args.steps, m, seeds)
+    layout = projection_layout(args.total_gpus // 2, args.total_gpus // 2, args)
+    lengths, eng = layout.lengths, layout.engine
+    print(f"\nprojection: Qwen2.5-7B shape on {args.total_gpus} H100 ({args.total_gpus // GPUS_PER_NODE} nodes), "
+          f"{args.prompts} prompts x {args.samples} samples = {layout.rows_per_step} rows per step, prompt "
+          f"{args.prompt_len}, responses mean {lengths.mean():.0f} p90 {lengths.quantile(0.9)} max {lengths.max_len} "
+          f"({100 * (1 - lengths.p) ** (lengths.max_len - 1):.1f}% truncated), {args.steps} steps")
+    print(f"  decode iteration {1e3 * eng.iter_floor_s:.2f} ms + {1e6 * eng.iter_per_seq_s:.0f} us per sequence "
+          f"({1 / (eng.iter_floor_s + eng.iter_per_seq_s):.0f} tokens/s at batch 1, "
+          f"{64 / (eng.iter_floor_s + 64 * eng.iter_per_seq_s):.0f} at 64, "
+          f"{256 / (eng.iter_floor_s + 256 * eng.iter_per_seq_s):.0f} at 256); prefill {1e3 * eng.prefill_s_per_prompt:.1f} "
+          f"ms per prompt; training {1 / layout.trainer.s_per_token:.0f} tokens/s per GPU; weight load "
+          f"{layout.sync.load_s:.2f} s + {layout.sync.gather_window_s:.2f} s window; buffer "
+          f"{1e6 * layout.buffer.write_s_per_row:.0f} us/row written, {1e6 * layout.buffer.read_s_per_row:.0f} us/row read")
+    best = {m: max(sweep[m], key=lambda e: sweep[m][e].samples_per_s) for m in MODES}
+    sync_best = sweep[None][best[None]]
+    print("\n| mode | best split engines:trainer GPUs | samples/s | speed-up over best sync | s per step | "
+          "engines busy | engine GPUs busy | trainer busy | weight sync | buffer | Synchronizer | staleness | "
+          "saturates |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    figures: dict[str, float] = {}
+    for m in MODES:
+        e = best[m]
+        r = sweep[m][e]
+        b = r.busy
+        speedup = r.samples_per_s / sync_best.samples_per_s
+        print(f"| {mode_name(m)} | {e}:{args.total_gpus - e} | {r.samples_per_s:.1f} | {speedup:.2f}x | "
+              f"{r.loop_s / args.steps:.1f} | {b['engines']:.2f} | {b['engine_gpus']:.2f} | {b['trainer']:.2f} | "
+              f"{b['weight_sync']:.3f} | {b['buffer']:.3f} | {b['synchronizer']:.4f} | {r.staleness_mean:.2f} | "
+              f"{bottleneck(r)} |")
+        key = "sync" if m is None else f"async{m}"
+        figures[f"proj_{key}_sps"] = r.samples_per_s
+        figures[f"proj_{key}_engines"] = e
+        if m is not None:
+            figures[f"proj_speedup{m}"] = speedup
+            figures[f"proj_speedup{m}_same_split"] = r.samples_per_s / sweep[None][e].samples_per_s
+    head = sweep[1][best[1]]
+    b = head.busy
+    print(f"\nasync 1 at its best split {best[1]}:{args.total_gpus - best[1]}: the engines are in a step "
+          f"{100 * b['engines']:.0f}% of the time but each engine GPU generates only {100 * b['engine_gpus']:.0f}% "
+          f"(the rest waits for the step's longest response: {lengths.max_len} tokens x "
+          f"{1e3 * eng.iter_floor_s:.1f} ms = {lengths.max_len * eng.iter_floor_s:.0f} s per step whatever the "
+          f"split); headroom before the other parts saturate at this step time: weight sync "
+          f"{1 / max(b['weight_sync'], 1e-9):.0f}x, buffer {1 / max(b['buffer'], 1e-9):.0f}x, Synchronizer "
+          f"{1 / max(b['synchronizer'], 1e-9):.0f}x (one call per engine per sync: it alone would saturate "
+          f"at ~{b['engines'] and head.loop_s / args.steps / SYNCHRONIZER_CALL_S:.0f} engines).")
+    return figures, sweep
+
+
+def plot(sweep: dict[int | None, dict[int, SimResult]], total_gpus: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, m in enumerate(MODES):
+        xs = sorted(sweep[m])
+        ys = [sweep[m][x].samples_per_s for x in xs]
+        best = max(xs, key=lambda x: sweep[m][x].samples_per_s)
+        line, = ax.plot(xs, ys, label=mode_name(m))
+        ax.plot([best], [sweep[m][best].samples_per_s], "o", color=line.get_color())
+        ax.annotate(f"{best}:{total_gpus - best}", (best, sweep[m][best].samples_per_s), textcoords="offset points",
+                    xytext=(6, 4 - 11 * i), fontsize=8, color=line.get_color())
+    ax.set_xlabel(f"engine GPUs (trainer GPUs = {total_gpus} - engines)")
+    ax.set_ylabel("samples/s")
+    ax.set_title("7B, 64 H100: throughput by split (dots: best split)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    xs = sorted(sweep[1])
+    for key, label in (("engines", "engines in a step"), ("engine_gpus", "engine GPUs generating"),
+                       ("trainer", "trainer training"), ("weight_sync", "weight sync"), ("buffer", "buffer"),
+                       ("synchronizer", "Synchronizer")):
+        bx.plot(xs, [sweep[1][x].busy[key] for x in xs], label=label)
+    bx.set_xlabel("engine GPUs")
+    bx.set_ylabel("busy share of the loop")
+    bx.set_title("async, max_staleness 1: where it saturates")
+    bx.set_ylim(0, 1.05)
+    bx.grid(alpha=0.3)
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Re-measuring the parts (Ray, this machine)
+# ----------------------------------------------------------------------------------------------------------
+
+
+CORUN_WINDOW_S = 8.0
+"""Seconds each co-run worker keeps iterating; iterations starting in its first and last second are dropped."""
+
+
+def _corun_worker(kind: str, overrides: list[str], window_s: float, start, out) -> None:
+    """One part of the workload of run C on one thread, with run C's config (``overrides``): ``gen`` (the hf
+    engine generating a step: 64 prompts, its sampling settings) or ``train`` (a PPO step on 64 rows of run
+    C's lengths); warm up, wait for ``start``, iterate ``window_s``; put (kind, median seconds per
+    iteration) on ``out``."""
+    import torch
+
+    torch.set_num_threads(1)
+    from trinity_like.common.experience import Experience
+    from trinity_like.common.tokenizer import hf_tokenizer
+    from trinity_like.config import load_config
+    from trinity_like.explorer.engines.hf_engine import HFEngine
+    from trinity_like.trainer.ppo import PPOTrainer
+
+    cfg = load_config(None, overrides)
+    rows = cfg.explorer.batch_size * cfg.explorer.repeat_times
+    if kind == "gen":
+        tok = hf_tokenizer(cfg.model.path)
+        prompts = [tok.encode(f"{i % 5}+{(3 * i) % 5}=") for i in range(rows)]
+        engine = HFEngine(Path(cfg.model.path), num_threads=1)
+        seeds = itertools.count()
+
+        def step() -> None:
+            engine.generate(prompts, cfg.explorer.sampling, [next(seeds) for _ in prompts])
+    else:
+        trainer = PPOTrainer(cfg)
+        trainer.prepare()
+        torch.set_num_threads(1)
+        rng = np.random.default_rng(0)
+        lengths = Lengths.from_mean(RUN_C.len_mean, RUN_C.max_new_tokens, CALIB_PROMPT_LEN).sample(rng, rows)
+        vocab = hf_tokenizer(cfg.model.path).vocab_size
+        exps = [Experience(prompt_ids=rng.integers(2, vocab, CALIB_PROMPT_LEN),
+                           response_ids=rng.integers(2, vocab, int(n)), group_id=f"g{i // CALIB_SAMPLES}",
+                           task_id=f"t{i // CALIB_SAMPLES}", reward=float(rng.random()), model_version=0,
+                           logprobs=np.full(int(n), -3.0, dtype=np.float32)) for i, n in enumerate(lengths)]
+
+        def step() -> None:
+            trainer.train_step(exps)
+
+    step()  # warm-up
+    start.wait()
+    began, times = time.perf_counter(), []
+    while True:
+        t0 = time.perf_counter()
+        if t0 - began > window_s:
+            break
+        step()
+        if 1.0 <= t0 - began <= window_s - 1.0:
+            times.append(time.perf_counter() - t0)
+    out.put((kind, statistics.median(times)))
+
+
+def measure_corun(overrides: list[str]) -> tuple[float, float]:
+    """How much slower generation and training each compute while the other computes on the next core, each
+    on one thread of its own, outside the system (no Ray, no driver): median iteration time of each running
+    beside the other over running alone. The rest of the system's CPU is not in it (``other_cores`` is)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+
+    def launch(kinds: tuple[str, ...]) -> dict[str, float]:
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_corun_worker, args=(k, overrides, CORUN_WINDOW_S, start, out)) for k in kinds]
+        for proc in procs:
+            proc.start()
+        # a worker that has warmed up sleeps on the event: start them together once all do
+        deadline = time.time() + 120
+        while time.time() < deadline and not all(_waiting_for_start(proc.pid) for proc in procs):
+            time.sleep(0.5)
+        start.set()
+        result = dict(out.get(timeout=120) for _ in procs)
+        for proc in procs:
+            proc.join()
+        return result
+
+    alone = {**launch(("gen",)), **launch(("train",))}
+    together = launch(("gen", "train"))
+    corun = (together["gen"] / alone["gen"], together["train"] / alone["train"])
+    print(f"co-run: gen {1e3 * alone['gen']:.0f} ms alone, {1e3 * together['gen']:.0f} ms beside training "
+          f"(x{corun[0]:.3f}); train {1e3 * alone['train']:.0f} ms alone, {1e3 * together['train']:.0f} ms beside "
+          f"generation (x{corun[1]:.3f})", flush=True)
+    return corun
+
+
+def _waiting_for_start(pid: int) -> bool:
+    """True when the worker's CPU time stood still over 0.3 s: it has warmed up and sleeps on the start."""
+    def cpu_ticks() -> int:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    try:
+        before = cpu_ticks()
+        time.sleep(0.3)
+        return cpu_ticks() == before
+    except OSError:
+        return False
+
+
+def measure(steps: int, repeats: int) -> MeasuredRun:
+    """``repeats`` pairs of one sync and one async (``max_staleness`` 1) run of run C's workload through
+    bench/async_speedup.py, interleaved; the parts from the sync runs' metrics (medians), the speed-up from
+    the median samples/s of each mode, the other processes' cores from the sync runs' CPU samples."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import async_speedup as bench
+    import ray
+
+    from trinity_like.common.tiny_model import make_tiny_model
+
+    # async_speedup.py's defaults (run C's workload), less the held-out evaluation this does not need
+    args = argparse.Namespace(steps=steps, tasks=8, repeat=8, max_new_tokens=128, stop_tokens=8, micro=16,
+                              ppo_epochs=1, lr=3e-3, hidden=128, layers=2, max_operand=4, eval_size=8, eval_k=1, seed=42)
+    runs: dict[str, list[dict]] = {"sync": [], "async": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model = make_tiny_model(root / "model", seed=0, layers=args.layers, hidden=args.hidden)
+        stops = bench.stop_token_ids(model, args.stop_tokens)
+        # before Ray starts: nothing else of ours on the cores
+        corun = measure_corun(bench.overrides(args, root, model, stops, "sync", 0, "simulate-corun"))
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 namespace="simulate")
+        try:
+            for i in range(repeats):
+                for mode, s in (("sync", 0), ("async", 1)):
+                    with bench.CpuSampler() as sampler:
+                        r = bench.run_once(args, root, model, stops, mode, s, f"simulate-{mode}-{i}", sampler)
+                    runs[mode].append(r)
+                    print(f"[{mode} {i}] loop {r['loop_s']:.2f} s, sps {r['sps']:.2f}, gen {r['gen_s']:.2f} s, train "
+                          f"{r['train_s']:.2f} s, publish {r['publish_s']:.2f} s, load {r['load_s']:.2f} s, read/wait "
+                          f"{r['wait_data_s']:.2f} s, len mean {r['lengths']['mean']:.1f}; cpu engine "
+                          f"{r['engine_cpu_s']:.1f} s, trainer {r['trainer_cpu_s']:.1f} s, other {r['rest_cpu_s']:.1f} s "
+                          f"({r['rest_top']}), load average {r['load_avg']:.2f}", flush=True)
+        finally:
+            ray.shutdown()
+
+    def med(mode: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[mode])
+
+    sync = runs["sync"]
+    run = MeasuredRun(
+        steps=steps, rows_per_step=args.tasks * args.repeat, loop_s=med("sync", "loop_s"), gen_s=med("sync", "gen_s"),
+        train_s=med("sync", "train_s"), publish_s=med("sync", "publish_s"), load_s=med("sync", "load_s"),
+        read_s=med("sync", "wait_data_s"), len_mean=statistics.median(r["lengths"]["mean"] for r in sync),
+        max_new_tokens=args.max_new_tokens, async_speedup={1: med("async", "sps") / med("sync", "sps")},
+        slowdown={1: (med("async", "gen_step_s") / med("sync", "gen_step_s"),
+                      med("async", "train_step_s") / med("sync", "train_step_s"))},
+        other_cores=statistics.median(r["rest_cpu_s"] / r["loop_s"] for r in sync), cpu_cores=os.cpu_count() or 2,
+        corun=corun)
+    print(f"measured: {run}")
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calibrate", action="store_true", help="the calibration only (runs D and C)")
+    parser.add_argument("--project", action="store_true", help="the projection only")
+    parser.add_argument("--measure", action="store_true",
+                        help="re-measure the parts with one sync and one async run (Ray; needs PYTHONPATH=.)")
+    parser.add_argument("--measure-steps", type=int, default=16)
+    parser.add_argument("--measure-repeats", type=int, default=3, help="sync/async pairs to take medians over")
+    parser.add_argument("--total-gpus", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=256, help="prompts per step")
+    parser.add_argument("--samples", type=int, default=16, help="samples per prompt")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--len-mean", type=float, default=2000.0, help="mean response length (after truncation)")
+    parser.add_argument("--max-new-tokens", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=64, help="steps per simulated projection run")
+    parser.add_argument("--seeds", type=int, default=1, help="length draws per projected layout")
+    parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "plots" / "simulate.png")
+    args = parser.parse_args()
+    both = not (args.calibrate or args.project or args.measure)
+
+    fields: dict[str, float | str] = {}
+    if args.calibrate or args.measure or both:
+        run = measure(args.measure_steps, args.measure_repeats) if args.measure else RUN_D
+        calib = calibrate(run, label=" (measured now)" if args.measure else " (run D, 2026-11-25)")
+        fields.update({"calib_pred_speedup": calib["calib_pred_speedup1"],
+                       "calib_measured_speedup": calib["calib_measured_speedup1"],
+                       "calib_error": calib["calib_error1"]})
+        fields.update({k: v for k, v in calib.items() if k not in ("calib_pred_speedup1", "calib_measured_speedup1",
+                                                                    "calib_error1")})
+        if args.measure:
+            fields["calib_source"] = "measured"
+        else:  # the earlier record, without the CPU-sharing parts
+            earlier = calibrate(RUN_C, label=" (run C, 2026-11-22)")
+            fields.update({f"calib_c_{k.removeprefix('calib_')}": v for k, v in earlier.items()
+                           if "own_core" not in k})
+    if args.project or both:
+        figures, sweep = project(args)
+        fields["best_split"] = f"{int(figures['proj_async1_engines'])}:{args.total_gpus - int(figures['proj_async1_engines'])}"
+        fields["best_split_sync"] = f"{int(figures['proj_sync_engines'])}:{args.total_gpus - int(figures['proj_sync_engines'])}"
+        fields["proj_speedup"] = figures["proj_speedup1"]
+        fields.update({k: v for k, v in figures.items() if not k.endswith("_engines") and k != "proj_speedup1"})
+        fields["saturates"] = bottleneck(sweep[1][int(figures["proj_async1_engines"])])
+        if args.plot:
+            plot(sweep, args.total_gpus, args.plot)
+    text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
+    print("RESULT simulate " + text, flush=True)
+
+
+if __name__ == "__main__":
+    main()

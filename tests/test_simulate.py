@@ -1,0 +1,241 @@
+"""bench/simulate.py: the cost model's parts against closed forms and hand-worked values, and the event simulation
+against loop times worked by hand for layouts simple enough to reason about (every response one token long)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "bench" / "simulate.py"
+_spec = importlib.util.spec_from_file_location("bench_simulate", _PATH)
+sim = importlib.util.module_from_spec(_spec)
+sys.modules["bench_simulate"] = sim  # dataclasses resolve their module by name
+_spec.loader.exec_module(sim)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lengths
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p,max_len", [(0.1, 50), (0.02, 128), (0.5, 4)])
+def test_lengths_mean_is_the_truncated_geometric_mean(p: float, max_len: int) -> None:
+    # E[min(G, m)] for G ~ Geometric(p) on {1, 2, ...} = sum_{i=0}^{m-1} (1-p)^i = (1 - (1-p)^m) / p
+    lengths = sim.Lengths(p, max_len, prompt_len=0)
+    assert lengths.mean() == pytest.approx((1 - (1 - p) ** max_len) / p, rel=1e-12)
+
+
+def test_lengths_from_mean_inverts_mean_and_rejects_impossible_means() -> None:
+    lengths = sim.Lengths.from_mean(37.8, 128, prompt_len=16)
+    assert lengths.mean() == pytest.approx(37.8, rel=1e-9)
+    with pytest.raises(ValueError, match="max_len=128"):
+        sim.Lengths.from_mean(128.0, 128, prompt_len=16)
+
+
+def test_lengths_quantile_and_truncation_by_hand() -> None:
+    # p = 0.5, max 4: P(L=1) = 1/2, P(L=2) = 1/4, P(L=3) = 1/8, P(L=4) = 1/8 (truncated)
+    lengths = sim.Lengths(0.5, 4, prompt_len=0)
+    assert lengths.quantile(0.4) == 1
+    assert lengths.quantile(0.6) == 2
+    assert lengths.quantile(0.8) == 3
+    assert lengths.quantile(0.9) == 4
+    # E[L (L+1) / 2] / E[L] = (1/2 * 1 + 1/4 * 3 + 1/8 * 6 + 1/8 * 10) / (1/2 + 2/4 + 3/8 + 4/8) = 3.25 / 1.875
+    assert lengths.token_weighted_mean_position() == pytest.approx(3.25 / 1.875)
+
+
+def test_lengths_expected_max_matches_sampling() -> None:
+    lengths = sim.Lengths.from_mean(37.8, 128, prompt_len=16)
+    draws = lengths.sample(np.random.default_rng(0), 64 * 4000).reshape(4000, 64)
+    assert draws.max() <= 128 and draws.min() >= 1
+    assert lengths.expected_max(64) == pytest.approx(draws.max(axis=1).mean(), rel=0.01)
+    assert lengths.expected_max(1) == pytest.approx(lengths.mean())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Engine and trainer costs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _engine(padded: bool, max_seqs: int, prefill: float = 0.0) -> sim.EngineCost:
+    return sim.EngineCost(iter_floor_s=1.0, iter_per_seq_s=0.1, prefill_s_per_prompt=prefill, padded=padded,
+                          max_seqs=max_seqs)
+
+
+def test_engine_continuous_batching_closed_form_by_hand() -> None:
+    # lengths 3, 1, 2 all in the batch: 3 iterations of 1 s, 6 sequence-iterations of 0.1 s, 2 prompts of 0.5 s
+    assert _engine(False, 8, prefill=0.5).step_s(np.array([3, 1, 2]), prompts=2) == pytest.approx(3 + 0.6 + 1.0)
+
+
+def test_engine_queued_sequences_take_freed_slots_by_hand() -> None:
+    # 2 slots, lengths 3, 1, 2: iteration 0-1 has 2 active (1.2 s each); the third sequence takes the slot freed at
+    # 1 and ends at 3; iterations 1-3 have 2 active: 2 x 1.2 s. Total 3.6 s.
+    assert _engine(False, 2).step_s(np.array([3, 1, 2]), prompts=0) == pytest.approx(3.6)
+    # with as many slots as sequences the queue and the closed form agree
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 50, 40)
+    engine = _engine(False, 40)
+    assert engine._queued_s(lengths) == pytest.approx(engine.step_s(lengths, prompts=0))
+
+
+def test_engine_padded_batch_decodes_to_its_longest_by_hand() -> None:
+    # 2 slots, 3 sequences: 2 waves, each 3 iterations (the longest) with 2 active: 2 x 3 x 1.2 s
+    assert _engine(True, 2).step_s(np.array([3, 1, 2]), prompts=0) == pytest.approx(7.2)
+    assert _engine(True, 2).step_s(np.array([], dtype=int), prompts=0) == 0.0
+
+
+def test_trainer_cost_padded_and_packed_by_hand() -> None:
+    lengths = np.array([1, 5, 2, 2])
+    # micro-batches of 2: (5 + 5) padded to 5 plus a prompt of 3 each -> 2 x 8 + 2 x 5 = 26 tokens
+    padded = sim.TrainerCost(s_per_token=0.5, allreduce_s=7.0, micro_batch=2)
+    assert padded.step_s(lengths, prompt_len=3, num_workers=1) == pytest.approx(13.0)
+    # packed: 10 response + 12 prompt tokens over 2 workers, plus the all-reduce
+    packed = sim.TrainerCost(s_per_token=0.5, allreduce_s=7.0, micro_batch=0)
+    assert packed.step_s(lengths, prompt_len=3, num_workers=2) == pytest.approx(22 / 2 * 0.5 + 7.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The event simulation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _layout(gen_s: float, train_s: float, *, load_s: float = 0.0, publish_s: float = 0.0, poll_s: float = 1e-6,
+            lockstep_s: float = 0.0, engines: int = 1) -> sim.Layout:
+    """Every response one token (p = 1), 4 prompts x 2 samples: a step generates in ``gen_s`` and trains in
+    ``train_s``; no buffer or Synchronizer cost unless given."""
+    rows = 8
+    return sim.Layout(
+        num_engines=engines, num_workers=1, prompts_per_step=4, samples_per_prompt=2,
+        lengths=sim.Lengths(1.0, 16, prompt_len=0),
+        engine=sim.EngineCost(iter_floor_s=gen_s, iter_per_seq_s=0.0, prefill_s_per_prompt=0.0, padded=True,
+                              max_seqs=rows),
+        trainer=sim.TrainerCost(s_per_token=train_s / rows, allreduce_s=0.0, micro_batch=0),
+        sync=sim.SyncCost(publish_s=publish_s, load_s=load_s, gather_window_s=0.0, call_s=0.0,
+                          explorer_calls_per_step=3),
+        buffer=sim.BufferCost(write_s_per_row=0.0, read_s_per_row=0.0, read_fixed_s=0.0, poll_s=poll_s),
+        lockstep_s=lockstep_s)
+
+
+def test_sync_mode_alternates_the_phases() -> None:
+    # per step: generate 2, train 1, publish 0.1, driver 0.05, then the engine loads 0.2 before every step but the
+    # first (it starts at version 0): 10 x 3.15 + 9 x 0.2
+    result = sim.simulate(_layout(2.0, 1.0, load_s=0.2, publish_s=0.1, lockstep_s=0.05), steps=10, max_staleness=None)
+    assert result.loop_s == pytest.approx(10 * 3.15 + 9 * 0.2)
+    assert result.staleness_mean == 0.0
+    assert result.samples_per_s == pytest.approx(80 / result.loop_s)
+
+
+def test_async_explorer_bound_pipeline_by_hand() -> None:
+    # generation 2 s, training 1 s, bound 1: the explorer never waits (step k needs version k-1, done at 2k + 1 <
+    # 2k), so the loop is 10 generations plus the last training: 21 s; sync takes 30 s.
+    layout = _layout(2.0, 1.0)
+    asynchronous = sim.simulate(layout, steps=10, max_staleness=1)
+    assert asynchronous.loop_s == pytest.approx(21.0, abs=1e-4)
+    assert asynchronous.waits_s["admission"] == pytest.approx(0.0)
+    assert asynchronous.busy["engines"] == pytest.approx(20 / 21, abs=1e-4)
+    assert sim.simulate(layout, steps=10, max_staleness=None).loop_s == pytest.approx(30.0)
+
+
+def test_async_trainer_bound_holds_the_staleness_bound() -> None:
+    # generation 1 s, training 2 s: the trainer is busy from t = 1 on (10 x 2 s + the first generation = 21 s) and
+    # the explorer is held by admission: step k starts when version k - bound exists.
+    for bound in (1, 2, 4):
+        result = sim.simulate(_layout(1.0, 2.0), steps=10, max_staleness=bound)
+        assert result.loop_s == pytest.approx(21.0, abs=1e-4)
+        assert result.staleness_mean <= bound
+        assert result.waits_s["admission"] > 0
+    # a wider bound lets the explorer run further ahead: staleness grows with it
+    stale = [sim.simulate(_layout(1.0, 2.0), steps=10, max_staleness=b).staleness_mean for b in (1, 2, 4)]
+    assert stale[0] < stale[1] < stale[2]
+
+
+def test_async_reader_sees_rows_at_its_next_poll() -> None:
+    # the trainer starts waiting at 0 and polls every 0.3 s: the first rows (written at 1.0) are seen at 1.2; it
+    # trains the 2 steps back to back after that (2 s each, the second generation ends at 2.0): 1.2 + 4 = 5.2
+    result = sim.simulate(_layout(1.0, 2.0, poll_s=0.3), steps=2, max_staleness=1)
+    assert result.loop_s == pytest.approx(5.2)
+    assert result.waits_s["data"] == pytest.approx(1.2)
+
+
+def test_weight_loads_are_taken_between_steps_only_when_a_newer_version_exists() -> None:
+    # async, generation 2 s, training 1 s, loads 0.5 s: version j is published at 2j + 1 or later (its rows are
+    # written at 2j, training takes 1 s); steps 0 and 1 (from 0 and 2) run on version 0, every later step finds
+    # a newer version than its engine's and loads first: 10 - 2 = 8 loads
+    result = sim.simulate(_layout(2.0, 1.0, load_s=0.5), steps=10, max_staleness=1)
+    assert result.busy["weight_sync"] * result.loop_s == pytest.approx(8 * 0.5)
+
+
+def test_fleet_step_is_set_by_its_slowest_engine() -> None:
+    # 4 prompts on 3 engines: 2, 1, 1 prompts; a padded engine costs the same whatever its batch here, so the
+    # fleet's step equals one engine's and the engines' mean busy share equals the fleet's
+    layout = _layout(2.0, 1.0, engines=3)
+    parts = sim.explore_steps(layout, 3, 0)
+    assert all(fleet == pytest.approx(2.0) and mean == pytest.approx(2.0) for fleet, mean, _ in parts)
+
+
+def test_calibration_reproduces_the_measured_sync_loop() -> None:
+    # the calibration layout is built from the sync run's phases: simulating that sync run gives back its loop
+    # time (a bookkeeping check), and the async prediction is a speed-up between 1 and the ideal of the phases
+    run = sim.RUN_C
+    layout = sim.calibration_layout(run)
+    sync = sim.mean_result(layout, run.steps, None, range(5))
+    assert sync.loop_s == pytest.approx(run.loop_s, rel=0.02)
+    asynchronous = sim.mean_result(layout, run.steps, 1, range(5))
+    ideal = (run.gen_s + run.train_s) / max(run.gen_s, run.train_s)
+    assert 1.0 < sync.loop_s / asynchronous.loop_s < ideal
+    assert math.isfinite(asynchronous.staleness_mean) and 0 < asynchronous.staleness_mean <= 1
+
+
+def test_shared_cpu_processor_sharing_by_hand() -> None:
+    # one free core: job A (2 s of work) starts at 0, job B (0.5 s) at 1. A runs alone until 1 (1 s left), then
+    # both at half a core: B ends at 2 (A has 0.5 s left), then A alone ends at 2.5
+    clock = sim.Sim(cpu_cores=1.0)
+    ends: dict[str, float] = {}
+
+    def job(name: str, start_s: float, work_s: float):
+        yield start_s
+        yield sim.Work(work_s)
+        ends[name] = clock.now
+
+    clock.start(job("a", 0.0, 2.0))
+    clock.start(job("b", 1.0, 0.5))
+    clock.run()
+    assert ends == pytest.approx({"a": 2.5, "b": 2.0})
+
+
+def test_shared_cpu_gives_a_lone_job_one_core_and_shares_what_the_rest_leaves() -> None:
+    # 2 cores, the rest of the system on 0.5: two 1-second jobs together run at 0.75 of a core each -> 4/3 s;
+    # one alone runs at full speed (it wants one core)
+    for jobs, end in ((2, 4 / 3), (1, 1.0)):
+        clock = sim.Sim(cpu_cores=2.0, other_cores=0.5)
+        ends: list[float] = []
+
+        def job(clock: sim.Sim = clock, ends: list[float] = ends):
+            yield sim.Work(1.0)
+            ends.append(clock.now)
+
+        for _ in range(jobs):
+            clock.start(job())
+        clock.run()
+        assert ends == pytest.approx([end] * jobs)
+    with pytest.raises(ValueError, match="other_cores"):
+        sim.Sim(cpu_cores=2.0, other_cores=2.0)
+
+
+def test_async_on_one_shared_core_gains_nothing_over_sync() -> None:
+    # with a single core for both roles the work (10 x (2 + 1) s) cannot overlap: async is no faster than sync,
+    # and each role's compute is stretched while the other one computes
+    from dataclasses import replace
+
+    layout = replace(_layout(2.0, 1.0), cpu_cores=1.0)
+    asynchronous = sim.simulate(layout, steps=10, max_staleness=1)
+    assert asynchronous.loop_s >= 30.0 - 1e-6
+    assert asynchronous.stretch["engines"] > 1.0 and asynchronous.stretch["trainer"] > 1.0
+    # with two free cores nothing is stretched and the pipeline of the own-core case comes back
+    roomy = sim.simulate(replace(layout, cpu_cores=2.0), steps=10, max_staleness=1)
+    assert roomy.loop_s == pytest.approx(21.0, abs=1e-4)
+    assert roomy.stretch == pytest.approx({"engines": 1.0, "trainer": 1.0})
