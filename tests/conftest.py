@@ -98,7 +98,9 @@ class RedisServer:
 
 
 @pytest.fixture
-def redis_server(tmp_path):
+def redis_server_at(tmp_path):
+    """Starts real redis-servers: ``redis_server_at(host)`` listens on ``host``; all are killed at the end. Skips
+    without redis-server installed (fails in CI, whose .ci/run installs it)."""
     import shutil
 
     if shutil.which("redis-server") is None:
@@ -106,10 +108,24 @@ def redis_server(tmp_path):
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.kill()
+    servers = []
+
+    def start(host: str = "127.0.0.1") -> RedisServer:
+        server = RedisServer(tmp_path / f"redis-{len(servers)}", host=host)
+        server.workdir.mkdir()
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.kill()
+
+
+@pytest.fixture
+def redis_server(redis_server_at):
+    """One real redis-server on loopback."""
+    return redis_server_at()
 
 
 class RayCluster:

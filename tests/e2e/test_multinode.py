@@ -7,13 +7,10 @@ start` with its own temp dir and resources and a run directory root the trainer 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from conftest import (  # tests/ is on sys.path (rootdir conftest, no package)
     RayCluster,
-    RedisServer,
     machine_ip,
 )
 from test_jobs import _driver, _records, _status, _wait_until, _write_cfg, check_ledger
@@ -78,24 +75,3 @@ def test_explorer_on_a_second_node_without_the_run_directory(tmp_path, tiny_mode
     assert {r["trainer/version"] for r in _records(trainer_cfg, "trainer")} == {1, 2, 3, 4}
     assert max(r["sync/version"] for r in relayed) >= 1  # weights reached the second node by the collective
 
-
-@pytest.fixture
-def redis_server_at(tmp_path):
-    import shutil
-
-    if shutil.which("redis-server") is None:
-        reason = "redis-server is not installed (apt-get install redis-server); .ci/run installs it"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    servers = []
-
-    def start(host: str) -> RedisServer:
-        server = RedisServer(Path(tmp_path), host=host)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.kill()

@@ -57,10 +57,10 @@ from trinity_like.buffer.segments import (
     QUARANTINE,
     SegmentError,
     SegmentInfo,
+    add_other_schemas,
     list_segments,
     read_segment,
     refuse_other_schemas,
-    schema_version,
 )
 from trinity_like.common.experience import SCHEMA_VERSION
 from trinity_like.common.fs import atomic_write_with
@@ -576,11 +576,5 @@ def check_schema_versions(buffer_dir: str | os.PathLike) -> None:
     for _, entry in cat.listed():
         if entry.schema_version != str(SCHEMA_VERSION):
             other.setdefault(entry.schema_version, []).append(entry.segment)
-    for info in cat.unreadable:
-        try:
-            version = schema_version(info)
-        except SegmentError:
-            continue
-        if version != str(SCHEMA_VERSION):
-            other.setdefault(version, []).append(info.name)
+    add_other_schemas(cat.unreadable, other)
     refuse_other_schemas(buffer_dir, other)

@@ -22,7 +22,7 @@ import re
 import shutil
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,14 +173,20 @@ def check_schema_versions(buffer_dir: str | os.PathLike) -> None:
     would silently train on part of its data). Unreadable segments are left to ``buffer verify``. Reads every
     segment's footer; ``catalog.check_schema_versions`` does the same from the catalog."""
     other: dict[str | None, list[str]] = {}
-    for info in list_segments(buffer_dir):
+    add_other_schemas(list_segments(buffer_dir), other)
+    refuse_other_schemas(buffer_dir, other)
+
+
+def add_other_schemas(infos: Iterable[SegmentInfo], other: dict[str | None, list[str]]) -> None:
+    """Add to ``other`` (schema version -> segment names) each readable segment of ``infos`` whose footer names
+    a schema version other than this build's."""
+    for info in infos:
         try:
             version = schema_version(info)
         except SegmentError:
             continue
         if version != str(SCHEMA_VERSION):
             other.setdefault(version, []).append(info.name)
-    refuse_other_schemas(buffer_dir, other)
 
 
 def refuse_other_schemas(buffer_dir: str | os.PathLike, other: dict[str | None, list[str]]) -> None:
