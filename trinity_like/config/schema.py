@@ -175,6 +175,9 @@ class ExplorerConfig:
     retried on another engine. Below `task_timeout_s`; empty = 90% of it."""
     max_turns: int = _at_least(4, 1)
     """Most model turns of a multi-turn workflow episode."""
+    tool_config_path: str = ""
+    """Tools the `tool_agent` workflow offers the model: a YAML or JSON file of OpenAI function schemas, each
+    naming its built-in implementation (verl's `multi_turn.tool_config_path`); empty = no tools."""
     max_empty_steps: int = _at_least(100, 0)
     """Explorer steps in a row that write no experience (every group filtered by `dynamic_sampling`, every task
     failed) before the explorer stops with an error; 0 = never. Steps that write fewer rows than planned are
