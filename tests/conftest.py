@@ -320,3 +320,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("ray_cluster"))
         if item.get_closest_marker("gpu") and not cuda:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)"))
+
+
+def write_verl_data(path, n=6, split="train"):
+    """A data file in verl's format (as verl's examples/data_preprocess/gsm8k.py writes it) of ``n`` arithmetic
+    tasks: chat-message prompts, ``data_source``, ``reward_model.ground_truth``, ``extra_info``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "arithmetic",
+             "prompt": [{"role": "system", "content": "Answer with a number."},
+                        {"role": "user", "content": f"{i}+{i + 1}="}],
+             "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(2 * i + 1)},
+             "extra_info": {"split": split, "index": i, "question": f"{i}+{i + 1}"}} for i in range(n)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path

@@ -27,14 +27,51 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from trinity_like.config import load_config, to_yaml
 
     config, overrides = _split_config_and_overrides(args.items)
-    cfg = load_config(config, overrides)
+    cfg = load_config(config, overrides, allow_unmapped=args.allow_unmapped)
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    if args.role != "explorer":  # the trainer's node holds the run directory
+        _keep_verl_translation(config, cfg, args.allow_unmapped)
     from trinity_like.launcher import run
 
     summary = run(cfg, role=args.role, resume=args.resume, address=args.address)
     return 0 if summary["exit_reason"] in ("completed", "stopped") else 1
+
+
+def _keep_verl_translation(config: str, cfg, allow_unmapped: bool) -> None:
+    """A verl-shaped config leaves its translation in the run directory: what each key set, what had no effect
+    and which keys were ignored (``verl_translation.yaml``)."""
+    from trinity_like.config.loading import translate_verl_file
+
+    translation = translate_verl_file(config, allow_unmapped)
+    if translation is None:
+        return
+    import yaml
+
+    from trinity_like.common.fs import atomic_write_text
+    from trinity_like.runtime.paths import RunPaths
+
+    run_dir = RunPaths.of(cfg).run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "verl_translation.yaml", yaml.safe_dump(translation.report(), sort_keys=False))
+    if translation.unmapped:
+        print(f"verl config: ignored {len(translation.unmapped)} key(s) with no counterpart here: "
+              f"{', '.join(k for k, _, _ in translation.unmapped)} (listed in {run_dir / 'verl_translation.yaml'})")
+
+
+def _cmd_config_convert(args: argparse.Namespace) -> int:
+    from trinity_like.config.loading import translate_verl_file
+    from trinity_like.config.verl import native_yaml
+
+    translation = translate_verl_file(args.file, args.allow_unmapped)
+    if translation is None:
+        raise ConfigError(f"'{args.file}' is not a verl-shaped config (no data, actor_rollout_ref, critic, "
+                          "reward_model or custom_reward_function section): it is already one of ours")
+    print(native_yaml(translation), end="")
+    for key, value, why in translation.unmapped:
+        print(f"# ignored: {key} = {value!r} ({why})")
+    return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -124,7 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "buffer re-delivers what was consumed after it")
     p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, set by `ray job submit`; "
                                      "none = start a local Ray instance)")
+    p.add_argument("--allow-unmapped", action="store_true",
+                   help="a verl-shaped config: run without its keys that have no counterpart here (listed in the "
+                        "run directory) instead of refusing it")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("config-convert", help="print the config of ours that a verl-shaped config translates to")
+    p.add_argument("file", metavar="FILE", help="a verl config (sections data, actor_rollout_ref, trainer, ...)")
+    p.add_argument("--allow-unmapped", action="store_true",
+                   help="convert without the keys that have no counterpart here (listed as comments)")
+    p.set_defaults(func=_cmd_config_convert)
 
     p = sub.add_parser("status", help="roles alive, their versions, the buffer's unconsumed rows and staleness")
     p.add_argument("items", nargs="*", metavar="CONFIG | key=value",

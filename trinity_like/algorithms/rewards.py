@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import logging
 import math
 import operator
@@ -203,7 +204,48 @@ def load_reward_function(path: str | Path, name: str = "compute_score") -> Rewar
     fn = getattr(module, name, None)
     if not callable(fn):
         raise AttributeError(f"reward function file '{path}' has no function {name!r}")
-    return fn
+    return as_batched_reward_fn(fn)
+
+
+PER_SAMPLE_PARAMS = ("data_source", "solution_str", "ground_truth")
+"""verl's per-sample reward signature: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``."""
+
+
+def as_batched_reward_fn(fn: Callable[..., Any]) -> RewardFn:
+    """A reward function in the batched form ``fn(responses, ground_truths, **kwargs) -> list[float]``.
+
+    Two signatures are accepted: the batched one (the seeds'), which gets of the keyword arguments
+    ``data_sources`` and ``extra_infos`` those it names (all of them when it takes ``**kwargs``); and verl's
+    per-sample ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, called once per
+    sample, whose result may be a number or a dict with a ``score`` (verl's convention for extra outputs)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C function: take it as batched
+        return fn
+    names = list(params)
+    if "solution_str" in names or names[:1] == ["data_source"]:
+        takes_extra = "extra_info" in names or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+        def per_sample(responses, ground_truths, data_sources=None, extra_infos=None, **_: Any) -> list[Any]:
+            n = len(responses)
+            sources = data_sources if data_sources is not None else [""] * n
+            extras = extra_infos if extra_infos is not None else [{}] * n
+            out = []
+            for response, truth, source, extra in zip(responses, ground_truths, sources, extras, strict=True):
+                kwargs = {"extra_info": extra} if takes_extra else {}
+                score = fn(data_source=source, solution_str=response, ground_truth=truth, **kwargs)
+                out.append(score.get("score") if isinstance(score, dict) else score)
+            return out
+
+        return per_sample
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn
+    accepted = {k for k in ("data_sources", "extra_infos") if k in params}
+
+    def batched(responses, ground_truths, **kwargs: Any) -> list[Any]:
+        return fn(responses, ground_truths, **{k: v for k, v in kwargs.items() if k in accepted})
+
+    return batched
 
 
 def _valid_score(value: Any) -> bool:
@@ -259,10 +301,14 @@ class NaiveRewardManager:
         self._examined: dict[str, int] = {}
 
     def score(self, responses: Sequence[str], ground_truths: Sequence[Any], data_sources: Sequence[str],
-              response_lengths: Sequence[int] | None = None) -> tuple[list[float], dict[str, list]]:
-        """Scores per response and extra per-sample info (``reward_failed``)."""
-        scores, failures = score_batch(self.compute_score, responses, ground_truths, self.failure_value,
-                                       data_sources=list(data_sources))
+              response_lengths: Sequence[int] | None = None,
+              extra_infos: Sequence[dict] | None = None) -> tuple[list[float], dict[str, list]]:
+        """Scores per response and extra per-sample info (``reward_failed``). ``extra_infos``: per-sample
+        extras for the reward function (verl's ``extra_info``)."""
+        kwargs: dict[str, Any] = {"data_sources": list(data_sources)}
+        if extra_infos is not None:
+            kwargs["extra_infos"] = list(extra_infos)
+        scores, failures = score_batch(self.compute_score, responses, ground_truths, self.failure_value, **kwargs)
         self._print_examples(responses, ground_truths, data_sources, scores)
         failed = set(failures)
         return scores, {"reward_failed": [i in failed for i in range(len(scores))]}
@@ -310,8 +356,8 @@ class DAPORewardManager(NaiveRewardManager):
                 raise ValueError(f"overlong buffer len must be in (0, max_resp_len={max_resp_len}], "
                                  f"got {self.overlong.len}")
 
-    def score(self, responses, ground_truths, data_sources, response_lengths=None):
-        scores, extra = super().score(responses, ground_truths, data_sources, response_lengths)
+    def score(self, responses, ground_truths, data_sources, response_lengths=None, extra_infos=None):
+        scores, extra = super().score(responses, ground_truths, data_sources, response_lengths, extra_infos)
         if self.overlong.enable:
             if response_lengths is None:
                 raise ValueError("the overlong penalty needs response_lengths")

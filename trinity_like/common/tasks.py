@@ -2,6 +2,12 @@
 which picks the reward scorer); a generator for one, and demonstrations (the correct answers as chat
 records) for a supervised warm-up.
 
+verl's data files are task sets too (``load_taskset`` tells them apart by their columns): a ``prompt`` column
+of chat messages (``[{"role": "user", "content": ...}]``), ``data_source``, ``reward_model`` (a struct whose
+``ground_truth`` is the answer: a string, or any JSON value for scorers such as countdown) and ``extra_info``
+(a struct handed to the reward function; its ``index`` and ``split`` name the task). Their prompts are
+rendered by the tokenizer's chat template (``prompt_ids``).
+
 The built-in ``arithmetic`` set asks for the sum of two small numbers ("7+12=") and has an exact answer, so
 the reward is checkable and a tiny model can improve on it.
 """
@@ -9,21 +15,42 @@ the reward is checkable and a tiny model can improve on it.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trinity_like.common.fs import atomic_write_with
 
 TASK_COLUMNS = ("task_id", "prompt", "answer")
 
 
+VERL_COLUMNS = ("prompt", "reward_model")
+"""Columns that make a Parquet file a verl data file (``data_source`` and ``extra_info`` are read when present)."""
+
+
 @dataclass(frozen=True)
 class Task:
     task_id: str
     prompt: str
-    answer: str
+    """The prompt text; for a task given as chat messages, the last user message (for display)."""
+    answer: Any
+    """The ground truth the reward function receives (a string for ours; any JSON value in verl's files)."""
     data_source: str = ""
     """Which scorer judges the answer (e.g. ``arithmetic``, ``math``); empty = the reward config decides."""
+    messages: tuple[dict[str, Any], ...] | None = None
+    """Chat messages that form the prompt (verl's data files); None = ``prompt`` is the raw text."""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    """Per-task extras handed to the reward function (verl's ``extra_info``)."""
+
+
+def prompt_ids(task: Task, tokenizer) -> list[int]:
+    """The prompt's token ids: the chat messages rendered with a generation prompt by the tokenizer's chat template
+    (``trinity_like.common.chat.render_ids``), or the raw prompt text encoded."""
+    if task.messages:
+        from trinity_like.common.chat import render_ids
+
+        return list(render_ids(list(task.messages), tokenizer, add_generation_prompt=True))
+    return list(tokenizer.encode(task.prompt))
 
 
 def generate_arithmetic(size: int, max_operand: int, seed: int) -> list[Task]:
@@ -73,12 +100,42 @@ def load_taskset(path: str | Path) -> list[Task]:
         raise ValueError(f"task file '{path}' cannot be read as Parquet; write the tasks as a Parquet file with "
                          f"columns {', '.join(TASK_COLUMNS)}") from None
     missing = [c for c in TASK_COLUMNS if c not in table.column_names]
-    if missing:
+    if missing and not all(c in table.column_names for c in VERL_COLUMNS):
         raise ValueError(f"task file '{path}' lacks column(s) {', '.join(missing)} (it has "
                          f"{', '.join(table.column_names) or 'none'}); a task file needs columns "
-                         f"{', '.join(TASK_COLUMNS)} (and optionally data_source)")
+                         f"{', '.join(TASK_COLUMNS)} (and optionally data_source), or verl's columns prompt (chat "
+                         "messages), reward_model (with ground_truth), data_source and extra_info")
     if table.num_rows == 0:
         raise ValueError(f"task file '{path}' has no rows")
     rows = table.to_pylist()
+    if all(c in table.column_names for c in VERL_COLUMNS):
+        return [_verl_task(path, i, r) for i, r in enumerate(rows)]
     return [Task(str(r["task_id"]), str(r["prompt"]), str(r["answer"]), str(r.get("data_source") or ""))
             for r in rows]
+
+
+def _verl_task(path: Path, i: int, row: dict[str, Any]) -> Task:
+    """One row of a verl data file as a Task; a clear error naming the row when it is not in verl's format."""
+    from trinity_like.common.chat import ChatFormatError, normalize_messages
+
+    where = f"task file '{path}' row {i}"
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    try:
+        messages = normalize_messages(prompt)
+    except ChatFormatError as e:
+        raise ValueError(f"{where}: its prompt is not a list of chat messages ({e})") from None
+    reward_model = row.get("reward_model")
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        raise ValueError(f"{where}: reward_model has no ground_truth (verl's format: reward_model = "
+                         "{style: rule, ground_truth: ...})")
+    extra = row.get("extra_info") or {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"{where}: extra_info must be a struct (a dict), got {type(extra).__name__}")
+    index = extra.get("index", i)
+    task_id = f"{extra['split']}-{index}" if extra.get("split") else f"row-{index}"
+    users = [m for m in messages if m["role"] == "user"]
+    text = users[-1]["content"] if users else messages[-1]["content"]
+    return Task(task_id=task_id, prompt=str(text or ""), answer=reward_model["ground_truth"],
+                data_source=str(row.get("data_source") or ""), messages=tuple(messages), extra_info=dict(extra))

@@ -13,10 +13,12 @@ from trinity_like.config.schema import RENAMED_KEYS, Config
 from trinity_like.config.validation import validate
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load ``path`` (YAML; None = defaults), apply ``key=value`` overrides, validate, return a Config."""
+def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = (),
+                allow_unmapped: bool = False) -> Config:
+    """Load ``path`` (YAML; None = defaults), apply ``key=value`` overrides, validate, return a Config. A
+    verl-shaped file (``trinity_like.config.verl``) is translated first; ``allow_unmapped`` lets its keys with no
+    counterpart here be ignored instead of refused."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     schema = OmegaConf.structured(Config)
     layers = []
@@ -25,14 +27,31 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
         if not p.is_file():
             raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML file such as "
                               "configs/quickstart.yaml")
-        try:
-            layers.append(OmegaConf.load(p))
-        except Exception as e:  # yaml.YAMLError and OmegaConf's own errors share no base class
-            raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
+        verl = translate_verl_file(p, allow_unmapped)
+        if verl is not None:
+            layers.append(OmegaConf.create(verl.nested()))
+        else:
+            try:
+                layers.append(OmegaConf.load(p))
+            except Exception as e:  # yaml.YAMLError and OmegaConf's own errors share no base class
+                raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (for example trainer.total_steps=5)")
     layers = [_auto_staleness(layer) for layer in layers]
+    cfg = _merge(schema, layers, overrides)
+    if cfg.algorithm.adv_estimator == "dapo":  # DAPO's parts, under the values the file and overrides give
+        cfg = _merge(schema, [OmegaConf.create(dapo_preset(cfg)), *layers], overrides)
+    validate(cfg)
+    return cfg
+
+
+def _merge(schema: Any, layers: list[Any], overrides: list[str] | tuple[str, ...]) -> Config:
+    """The schema, the file's layers and the overrides merged into a Config (errors explained in one line)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    layers = list(layers)
     try:
         merged = OmegaConf.merge(schema, *layers)
         for whole, items in _override_runs(overrides):
@@ -51,8 +70,31 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
     except (TypeError, AttributeError) as e:  # e.g. a list index in a dotted override (OmegaConf's own error)
         raise ConfigError(f"cannot apply the overrides {' '.join(overrides) or '(none)'}: {str(e).splitlines()[0]}; "
                           "set a list as a whole (key=[...]) rather than one element") from None
-    validate(cfg)
     return cfg
+
+
+def dapo_preset(cfg: Config) -> dict[str, Any]:
+    """What ``algorithm.adv_estimator: dapo`` turns on (Yu et al. 2025, arXiv:2503.14476), each part a setting of
+    its own that the file or an override may still change: clip-higher (``clip_ratio_high`` 0.28), token-level
+    loss aggregation, dynamic sampling (groups with one reward for all samples dropped) and the soft overlong
+    penalty (reward manager ``dapo`` with an overlong buffer of the last fifth of ``max_new_tokens``, as the
+    paper's 4,096 of 20,480); no KL term. The advantage is GRPO's."""
+    buffer_len = max(1, (cfg.reward.max_resp_len or cfg.explorer.sampling.max_new_tokens) // 5)
+    return {"algorithm": {"clip_ratio_high": 0.28, "loss_agg_mode": "token-mean", "use_kl_loss": False,
+                          "use_kl_in_reward": False},
+            "explorer": {"dynamic_sampling": True},
+            "reward": {"manager": "dapo", "overlong_buffer": {"enable": True, "len": buffer_len,
+                                                              "penalty_factor": 1.0}}}
+
+
+def translate_verl_file(path: str | os.PathLike, allow_unmapped: bool = False):
+    """The ``Translation`` of a verl-shaped config file, or None when the file is a config of ours."""
+    from trinity_like.config.verl import is_verl_config, load_verl_file, translate
+
+    tree = load_verl_file(path)
+    if not is_verl_config(tree):
+        return None
+    return translate(tree, path, allow_unmapped)
 
 
 def _auto_staleness(layer: Any) -> Any:

@@ -418,7 +418,9 @@ class KLControlConfig:
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = _registered("grpo", "trinity_like.algorithms:ADV_ESTIMATORS")
-    """Advantage estimator, from the registry in `trinity_like.algorithms`."""
+    """Advantage estimator, from the registry in `trinity_like.algorithms`. `dapo` (GRPO's advantage) also turns
+    on DAPO's other parts unless set otherwise: `clip_ratio_high` 0.28, token-mean loss, `explorer.dynamic_sampling`,
+    `reward.manager` dapo with an overlong buffer of the last fifth of the response length, no KL term."""
     policy_loss: str = _registered("vanilla", "trinity_like.algorithms:POLICY_LOSSES")
     """Policy loss, from the registry in `trinity_like.algorithms`."""
     clip_ratio_low: float = _at_least(0.2, 0.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trinity_like.common.tasks import TASKSET_GENERATORS, Task, load_taskset, write_taskset
+from trinity_like.common.tasks import TASKSET_GENERATORS, Task, load_taskset, prompt_ids, write_taskset
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
 from trinity_like.runtime.paths import RunPaths
 from trinity_like.synchronizer.messages import WeightsInfo
@@ -35,13 +35,14 @@ def prepare_eval_tasksets(cfg: Config) -> dict[str, list[Task]]:
 async def evaluate(fleet, tokenizer, reward_manager, name: str, tasks: list[Task], ev: EvalTasksetConfig,
                    max_new_tokens: int, seed: int = 0) -> dict[str, float]:
     sampling = SamplingConfig(temperature=ev.temperature, max_new_tokens=max_new_tokens)
-    prompts = [tokenizer.encode(t.prompt) for t in tasks for _ in range(ev.k)]
+    prompts = [prompt_ids(t, tokenizer) for t in tasks for _ in range(ev.k)]
     seeds = [seed * 1_000_003 + i for i in range(len(prompts))]
     samples = await fleet.generate_spread(prompts, sampling, seeds)
     texts = [tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True) for s in samples]
     truths = [t.answer for t in tasks for _ in range(ev.k)]
     sources = [t.data_source or "math" for t in tasks for _ in range(ev.k)]
-    rewards, _ = reward_manager.score(texts, truths, sources, [len(s.response_ids) for s in samples])
+    extras = [t.extra_info for t in tasks for _ in range(ev.k)]
+    rewards, _ = reward_manager.score(texts, truths, sources, [len(s.response_ids) for s in samples], extras)
     correct = [r >= 1.0 for r in rewards]
     per_task = [correct[i * ev.k:(i + 1) * ev.k] for i in range(len(tasks))]
     k = ev.k

@@ -1,0 +1,364 @@
+"""verl-shaped configs (trinity_like/config/verl.py), verl's data files as task sets, and verl's reward function
+signatures: the schema of seed 003 in full, its GRPO config, the backends it lists, and the refusals."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import write_verl_data as verl_data  # tests/ is on sys.path
+
+from trinity_like.algorithms.rewards import NaiveRewardManager, as_batched_reward_fn, load_reward_function
+from trinity_like.cli import main
+from trinity_like.common.errors import ConfigError
+from trinity_like.common.tasks import load_taskset, prompt_ids
+from trinity_like.config import load_config
+from trinity_like.config.verl import DOCS_PATH, VERL_DEFAULTS, render_docs, translate
+
+
+def write(tmp_path, text, name="verl.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+# The PPO configuration of seed 003 (verl/trainer/config/ppo_trainer.yaml as the seed gives it), files made real.
+SEED_PPO = """\
+data:
+  train_files: {train}
+  val_files: {val}
+  train_batch_size: 256
+  max_prompt_length: 512
+  max_response_length: 2048
+algorithm:
+  adv_estimator: gae
+  gamma: 0.99
+  lam: 0.95
+  use_kl_in_reward: false
+actor_rollout_ref:
+  model:
+    path: {model}
+    backend: fsdp
+  actor:
+    ppo_mini_batch_size: 64
+    ppo_epochs: 1
+    clip_ratio: 0.2
+    use_kl_loss: true
+    kl_loss_coef: 0.001
+    kl_loss_type: low_var
+    loss_agg_mode: token-mean
+    gradient_checkpointing: true
+    max_grad_norm: 1.0
+    lr: 1e-6
+  rollout:
+    name: vllm
+    n: 8
+    temperature: 0.7
+    top_p: 0.95
+    log_prob_micro_batch_size: 8
+critic:
+  model:
+    path: {model}
+  ppo_mini_batch_size: 64
+  ppo_epochs: 1
+trainer:
+  total_epochs: 3
+  n_gpus_per_node: 8
+  nnodes: 1
+  save_freq: 100
+  experiment_name: my_experiment
+  async_weight_update: false
+"""
+
+
+@pytest.fixture
+def data_files(tmp_path):
+    return verl_data(tmp_path / "train.parquet", n=600), verl_data(tmp_path / "val.parquet", n=8, split="test")
+
+
+def test_seed_ppo_config_translates_key_by_key(tmp_path, data_files, tiny_model_path):
+    train, val = data_files
+    path = write(tmp_path, SEED_PPO.format(train=train, val=val, model=tiny_model_path))
+    cfg = load_config(path)
+    assert cfg.explorer.taskset.path == str(train)
+    assert [(e.name, e.path, e.k, e.temperature) for e in cfg.explorer.eval_tasksets] == [("val", str(val), 1, 0.0)]
+    assert cfg.explorer.batch_size == 256 and cfg.explorer.repeat_times == 8
+    assert cfg.explorer.sampling.max_new_tokens == 2048 and cfg.reward.max_resp_len == 2048
+    assert (cfg.algorithm.adv_estimator, cfg.algorithm.gamma, cfg.algorithm.lam) == ("gae", 0.99, 0.95)
+    assert cfg.model.path == str(tiny_model_path)
+    assert cfg.trainer.strategy == "fsdp2"
+    assert cfg.trainer.mini_batch_size == 64 * 8  # verl counts prompts, we count experiences
+    assert cfg.algorithm.clip_ratio_low == cfg.algorithm.clip_ratio_high == 0.2
+    assert cfg.algorithm.use_kl_loss and cfg.algorithm.kl_loss_type == "low_var_kl"
+    assert cfg.trainer.gradient_checkpointing and cfg.trainer.optimizer.max_grad_norm == 1.0
+    assert cfg.trainer.optimizer.lr == pytest.approx(1e-6)
+    assert cfg.explorer.engine == "vllm"
+    assert (cfg.explorer.sampling.temperature, cfg.explorer.sampling.top_p) == (0.7, 0.95)
+    # 3 epochs x (600 rows // 256 prompts per step); verl drops the last partial batch
+    assert cfg.trainer.total_steps == 3 * 2
+    # 8 GPUs, time-shared by verl; here training and generation run at once: 4 workers and 4 engines, a GPU each
+    assert (cfg.trainer.num_workers, cfg.explorer.num_engines) == (4, 4)
+    assert cfg.trainer.gpus_per_worker == cfg.explorer.gpus_per_engine == 1.0
+    assert cfg.trainer.save_interval == 100 and cfg.name == "my_experiment"
+    assert cfg.project == VERL_DEFAULTS["trainer.project_name"]
+    # what verl lacks keeps our defaults
+    assert cfg.mode == "async" and cfg.synchronizer.max_staleness == 1
+
+
+def test_translation_records_what_each_key_did(tmp_path, data_files, tiny_model_path):
+    train, val = data_files
+    tree = yaml.safe_load(SEED_PPO.format(train=train, val=val, model=tiny_model_path))
+    tr = translate(tree, tmp_path / "verl.yaml")
+    applied = {k: how for k, _, how in tr.applied}
+    assert applied["actor_rollout_ref.actor.ppo_mini_batch_size"] == "trainer.mini_batch_size=512"
+    assert "(verl's default)" in applied["actor_rollout_ref.actor.entropy_coeff"]
+    no_effect = {k for k, _, _ in tr.no_effect}
+    assert {"data.max_prompt_length", "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+            "trainer.async_weight_update"} <= no_effect
+    assert not tr.unmapped
+
+
+GRPO = """\
+data:
+  train_files: {train}
+  train_batch_size: 2
+  max_response_length: 8
+algorithm:
+  adv_estimator: grpo
+  gamma: 1.0
+  lam: 1.0
+actor_rollout_ref:
+  model:
+    path: {model}
+  rollout:
+    name: hf
+    n: 4
+  actor:
+    use_kl_loss: true
+    kl_loss_coef: 0.001
+    kl_loss_type: low_var
+    loss_agg_mode: token-mean
+    ppo_mini_batch_size: 2
+    ppo_micro_batch_size_per_gpu: 4
+    optim:
+      lr: 0.01
+trainer:
+  total_training_steps: 2
+  n_gpus_per_node: 1
+  device: cpu
+  logger: [console]
+  project_name: verl_grpo
+  experiment_name: {name}
+  default_local_dir: {root}/${{trainer.project_name}}/${{trainer.experiment_name}}
+"""
+
+
+def test_grpo_config(tmp_path, tiny_model_path):
+    train = verl_data(tmp_path / "train.parquet")
+    cfg = load_config(write(tmp_path, GRPO.format(train=train, model=tiny_model_path, name="g", root=tmp_path / "ck")))
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.explorer.repeat_times == 4
+    assert cfg.trainer.total_steps == 2 and cfg.trainer.mini_batch_size == 8 and cfg.trainer.micro_batch_size == 4
+    assert cfg.checkpoint_root_dir == str(tmp_path / "ck") and (cfg.project, cfg.name) == ("verl_grpo", "g")
+    assert (cfg.trainer.num_workers, cfg.trainer.gpus_per_worker) == (1, 0.0)  # device cpu: no GPU asked for
+    assert cfg.monitor.backends == []
+    assert cfg.trainer.optimizer.lr == pytest.approx(0.01)
+
+
+def test_a_short_verl_config_means_what_it_means_to_verl(tmp_path, tiny_model_path):
+    train = verl_data(tmp_path / "train.parquet", n=2048)
+    cfg = load_config(write(tmp_path, f"""\
+        data:
+          train_files: {train}
+        actor_rollout_ref:
+          model:
+            path: {tiny_model_path}
+        trainer:
+          device: cpu
+          n_gpus_per_node: 1
+        """))
+    # verl's defaults, not ours: lr 1e-6, one sample per prompt, 1024 prompts per step, gae, 30 epochs of 2 steps
+    assert cfg.trainer.optimizer.lr == pytest.approx(1e-6) and cfg.explorer.repeat_times == 1
+    assert cfg.explorer.batch_size == 1024 and cfg.algorithm.adv_estimator == "gae"
+    assert cfg.trainer.total_steps == 30 * 2 and cfg.explorer.sampling.max_new_tokens == 512
+
+
+@pytest.mark.parametrize("snippet,refused", [
+    ("actor_rollout_ref: {model: {backend: megatron}, actor: {strategy: megatron, tensor_model_parallel_size: 8, "
+     "pipeline_model_parallel_size: 2, megatron: {use_mbridge: true}}}",
+     {"actor_rollout_ref.model.backend", "actor_rollout_ref.actor.strategy",
+      "actor_rollout_ref.actor.tensor_model_parallel_size", "actor_rollout_ref.actor.pipeline_model_parallel_size",
+      "actor_rollout_ref.actor.megatron.use_mbridge"}),
+    ("actor_rollout_ref: {rollout: {name: sglang, tp_size: 2, mem_fraction_static: 0.8, context_length: 8192}}",
+     {"actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.tp_size",
+      "actor_rollout_ref.rollout.mem_fraction_static", "actor_rollout_ref.rollout.context_length"}),
+    ("actor_rollout_ref: {rollout: {name: vllm, enable_vision: true, max_model_len: 32768}}",
+     {"actor_rollout_ref.rollout.enable_vision"}),
+    ("reward_model: {enable: true, model: {path: some/rm}}", {"reward_model.enable"}),
+    ("trainer: {default_hdfs_dir: hdfs://x/y}", {"trainer.default_hdfs_dir"}),
+])
+def test_keys_without_counterpart_are_named_in_one_message(tmp_path, tiny_model_path, snippet, refused):
+    train = verl_data(tmp_path / "train.parquet")
+    base = {"data": {"train_files": str(train)}, "actor_rollout_ref": {"model": {"path": str(tiny_model_path)}},
+            "trainer": {"device": "cpu", "n_gpus_per_node": 1}}
+    extra = yaml.safe_load(snippet)
+    for section, value in extra.items():
+        base[section] = _deep_merge(base.get(section, {}), value)
+    path = tmp_path / "verl.yaml"
+    path.write_text(yaml.safe_dump(base))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    message = str(e.value)
+    assert f"{len(refused)} key(s) have no counterpart" in message and "--allow-unmapped" in message
+    assert all(k in message for k in refused), message
+    # with --allow-unmapped the run goes on without them, and they are listed
+    tr = translate(base, path, allow_unmapped=True)
+    assert {k for k, _, _ in tr.unmapped} == refused
+    assert {d["verl"] for d in tr.report()["ignored_unmapped"]} == refused
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def test_fsdp2_lora_and_multi_turn(tmp_path, tiny_model_path):
+    train = verl_data(tmp_path / "train.parquet")
+    cfg = load_config(write(tmp_path, f"""\
+        data: {{train_files: {train}}}
+        actor_rollout_ref:
+          model: {{path: {tiny_model_path}}}
+          actor:
+            strategy: fsdp2
+            fsdp_config: {{offload_policy: true, reshard_after_forward: true}}
+        trainer: {{device: cpu, n_gpus_per_node: 1}}
+        """, "fsdp2.yaml"))
+    assert cfg.trainer.strategy == "fsdp2"
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools: []\n")
+    cfg = load_config(write(tmp_path, f"""\
+        data: {{train_files: {train}}}
+        actor_rollout_ref:
+          model: {{path: {tiny_model_path}, lora_rank: 16, lora_alpha: 32, target_modules: all-linear}}
+          rollout:
+            name: vllm
+            multi_turn: {{enable: true, tool_config_path: {tools}, max_assistant_turns: 3}}
+        trainer: {{device: cpu, n_gpus_per_node: 1}}
+        """))
+    assert cfg.trainer.lora.enabled and (cfg.trainer.lora.r, cfg.trainer.lora.alpha) == (16, 32)
+    assert "gate_proj" in cfg.trainer.lora.target_modules
+    assert cfg.explorer.workflow == "tool_agent" and cfg.explorer.tool_config_path == str(tools)
+    assert cfg.explorer.max_turns == 3
+
+
+def test_two_keys_that_disagree_are_refused(tmp_path, tiny_model_path):
+    train = verl_data(tmp_path / "train.parquet")
+    with pytest.raises(ConfigError, match="both set 'trainer.optimizer.lr'"):
+        load_config(write(tmp_path, f"""\
+            data: {{train_files: {train}}}
+            actor_rollout_ref:
+              model: {{path: {tiny_model_path}}}
+              actor: {{lr: 1e-5, optim: {{lr: 1e-6}}}}
+            trainer: {{device: cpu, n_gpus_per_node: 1}}
+            """))
+
+
+def test_config_convert_prints_an_equivalent_native_config(tmp_path, tiny_model_path, capsys):
+    train = verl_data(tmp_path / "train.parquet")
+    path = write(tmp_path, GRPO.format(train=train, model=tiny_model_path, name="c", root=tmp_path / "ck"))
+    assert main(["config-convert", str(path)]) == 0
+    native = tmp_path / "native.yaml"
+    native.write_text(capsys.readouterr().out)
+    assert "actor_rollout_ref" not in native.read_text()
+    assert load_config(native) == load_config(path)
+    assert main(["config-convert", str(native)]) == 2  # already one of ours
+    assert "not a verl-shaped config" in capsys.readouterr().err
+
+
+def test_docs_verl_md_is_up_to_date():
+    assert DOCS_PATH.read_text() == render_docs(), "docs/verl.md is out of date; regenerate it with " \
+                                                   "`python -m trinity_like.config.verl`"
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_verl_data_file_reads_as_tasks_with_chat_prompts(tmp_path, tiny_model_path):
+    from trinity_like.common.chat import render_ids
+    from trinity_like.common.tokenizer import hf_tokenizer
+
+    tasks = load_taskset(verl_data(tmp_path / "train.parquet", n=3))
+    assert [t.task_id for t in tasks] == ["train-0", "train-1", "train-2"]
+    t = tasks[2]
+    assert (t.prompt, t.answer, t.data_source) == ("2+3=", "5", "arithmetic")
+    assert t.extra_info == {"split": "train", "index": 2, "question": "2+3"}
+    assert [m["role"] for m in t.messages] == ["system", "user"]
+    tok = hf_tokenizer(str(tiny_model_path))
+    ids = prompt_ids(t, tok)
+    assert ids == list(render_ids(list(t.messages), tok, add_generation_prompt=True))
+    assert len(ids) > len(tok.encode("2+3="))  # the system message and the role headers are in it
+
+
+def test_verl_data_file_with_a_bad_row_is_refused_naming_it(tmp_path):
+    rows = [{"data_source": "x", "prompt": [{"role": "user", "content": "1+1="}],
+             "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"index": 0}},
+            {"data_source": "x", "prompt": [{"role": "user", "content": "1+2="}],
+             "reward_model": {"style": "rule", "ground_truth": None}, "extra_info": {"index": 1}}]
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(ValueError, match="row 1: reward_model has no ground_truth"):
+        load_taskset(path)
+
+
+# ---------------------------------------------------------------- reward functions
+
+
+def test_verl_per_sample_reward_signature(tmp_path):
+    f = tmp_path / "reward.py"
+    f.write_text(textwrap.dedent("""\
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            bonus = extra_info.get("bonus", 0.0) if extra_info else 0.0
+            if data_source == "dict":
+                return {"score": 0.5 + bonus, "acc": True}
+            return float(solution_str.strip() == ground_truth) + bonus
+        """))
+    fn = load_reward_function(f)
+    assert fn(["3", "4", "x"], ["3", "3", "y"], data_sources=["a", "a", "dict"],
+              extra_infos=[{}, {"bonus": 0.25}, {"bonus": 0.1}]) == [1.0, 0.25, 0.6]
+    manager = NaiveRewardManager(tokenizer=None, compute_score=fn)
+    scores, info = manager.score(["3", "4"], ["3", "4"], ["a", "a"], [1, 1], [{"bonus": 1.0}, {}])
+    assert scores == [2.0, 1.0] and info["reward_failed"] == [False, False]
+
+
+def test_batched_reward_signatures_get_the_keywords_they_name():
+    def plain(responses, ground_truths):
+        return [float(r == g) for r, g in zip(responses, ground_truths, strict=True)]
+
+    def with_sources(responses, ground_truths, data_sources):
+        return [float(s == "a") for s in data_sources]
+
+    assert as_batched_reward_fn(plain)(["1", "2"], ["1", "1"], data_sources=["a", "b"], extra_infos=[{}, {}]) == [1.0, 0.0]
+    assert as_batched_reward_fn(with_sources)(["1", "2"], ["1", "1"], data_sources=["a", "b"]) == [1.0, 0.0]
+
+
+# ---------------------------------------------------------------- dapo under its name
+
+
+def test_dapo_turns_on_its_parts_and_each_stays_settable():
+    from trinity_like.config import load_config
+
+    cfg = load_config(None, ["algorithm.adv_estimator=dapo", "explorer.sampling.max_new_tokens=20"])
+    assert cfg.algorithm.clip_ratio_high == 0.28 and cfg.algorithm.clip_ratio_low == 0.2
+    assert cfg.algorithm.loss_agg_mode == "token-mean" and not cfg.algorithm.use_kl_loss
+    assert cfg.explorer.dynamic_sampling and cfg.reward.manager == "dapo"
+    ob = cfg.reward.overlong_buffer
+    assert (ob.enable, ob.len, ob.penalty_factor) == (True, 20 // 5, 1.0)
+    mine = load_config(None, ["algorithm.adv_estimator=dapo", "algorithm.clip_ratio_high=0.3",
+                              "explorer.dynamic_sampling=false", "reward.overlong_buffer.enable=false"])
+    assert mine.algorithm.clip_ratio_high == 0.3 and not mine.explorer.dynamic_sampling
+    assert not mine.reward.overlong_buffer.enable
+    assert not load_config(None, ["algorithm.adv_estimator=grpo"]).explorer.dynamic_sampling
