@@ -17,7 +17,9 @@ every reader stays on the previous version, and the partial folder is deleted on
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -71,8 +73,43 @@ def complete_version(root: Path, version: int, parts: list[dict], keep: int) -> 
     return vdir
 
 
+class SaveStrategy(enum.StrEnum):
+    """How many saves may run at once in Trinity-RFT (one thread, one process, one node, no limit). Accepted for
+    the seeds' constructor; every value is served the same way here, because saves never contend: each
+    data-parallel writer writes its own part file, and the monitor publishes a version or checkpoint only once
+    every part is in (``register_thread_count`` / ``notify_finished``)."""
+
+    SINGLE_THREAD = "single_thread"
+    SINGLE_PROCESS = "single_process"
+    SINGLE_NODE = "single_node"
+    UNRESTRICTED = "unrestricted"
+
+
 class CheckpointMonitor:
-    def __init__(self, checkpoint_dir: str, keep_state_dicts: int = 3, namespace: str | None = None) -> None:
+    """Constructed in the seeds' shape, ``CheckpointMonitor(save_strategy, default_local_dir, default_hdfs_dir)``
+    (``default_local_dir`` is the run's checkpoint folder; HDFS copies are not supported: a clear error), or with
+    the keywords ``checkpoint_dir``, ``keep_state_dicts`` (weight versions kept) and ``namespace`` (the run's
+    Ray namespace, to publish versions to its Synchronizer)."""
+
+    def __init__(self, save_strategy: SaveStrategy | str | None = None, default_local_dir: str | os.PathLike | None = None,
+                 default_hdfs_dir: str | None = None, *, checkpoint_dir: str | os.PathLike | None = None,
+                 keep_state_dicts: int = 3, namespace: str | None = None) -> None:
+        from trinity_like.common.errors import UserError
+
+        if default_hdfs_dir:
+            raise UserError(f"CheckpointMonitor: default_hdfs_dir {default_hdfs_dir!r} is not supported (no HDFS "
+                            "copies: checkpoints stay in default_local_dir, the run's checkpoint folder); pass None")
+        if checkpoint_dir is not None and default_local_dir is not None and Path(checkpoint_dir) != Path(default_local_dir):
+            raise ValueError("CheckpointMonitor: give the checkpoint folder once (default_local_dir or checkpoint_dir)")
+        folder = checkpoint_dir if checkpoint_dir is not None else default_local_dir
+        if folder is None:
+            raise ValueError("CheckpointMonitor needs the checkpoint folder: default_local_dir (or checkpoint_dir)")
+        try:
+            self.save_strategy = SaveStrategy(save_strategy) if save_strategy is not None else SaveStrategy.UNRESTRICTED
+        except ValueError:
+            raise ValueError(f"CheckpointMonitor: unknown save_strategy {save_strategy!r}; valid: "
+                             f"{', '.join(s.value for s in SaveStrategy)}") from None
+        checkpoint_dir = folder
         self.dir = Path(checkpoint_dir)
         self.state_dict_root = self.dir / STATE_DICT_DIR
         self.keep_state_dicts = max(1, keep_state_dicts)
@@ -168,14 +205,20 @@ class CheckpointMonitor:
         return {"checkpoint": self.latest_checkpoint_step, "state_dict": self.latest_state_dict_step}
 
     @classmethod
-    def get_actor(cls, namespace: str, checkpoint_dir: str | None = None, keep_state_dicts: int = 3):
-        """The run's monitor, created by the first caller (which must give ``checkpoint_dir``) on the caller's
-        node: it reads and writes ``checkpoint_dir``, which only that node (the trainer's) is sure to see."""
-        if checkpoint_dir is None:
+    def get_actor(cls, namespace: str, save_strategy: SaveStrategy | str | None = None,
+                  default_local_dir: str | None = None, default_hdfs_dir: str | None = None, *,
+                  checkpoint_dir: str | None = None, keep_state_dicts: int = 3):
+        """The run's monitor, created by the first caller (which must give the checkpoint folder,
+        ``default_local_dir`` or ``checkpoint_dir``) on the caller's node: it reads and writes that folder, which
+        only that node (the trainer's) is sure to see. The seeds' signature."""
+        folder = checkpoint_dir if checkpoint_dir is not None else default_local_dir
+        if folder is None:
             return ray.get_actor(MONITOR_NAME, namespace=namespace)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         return ray.remote(num_cpus=0)(cls).options(
             name=MONITOR_NAME, namespace=namespace, get_if_exists=True, lifetime="detached",
-            max_concurrency=64, scheduling_strategy=here).remote(checkpoint_dir, keep_state_dicts, namespace)
+            max_concurrency=64, scheduling_strategy=here).remote(
+                save_strategy, None, default_hdfs_dir, checkpoint_dir=str(folder), keep_state_dicts=keep_state_dicts,
+                namespace=namespace)

@@ -7,12 +7,15 @@ when there are several (``trinity_like.trainer.workers.DataParallelTrainer``, it
 
 Departure from the seed's API: ``save_checkpoint`` takes no ``block_until_saved`` / ``save_as_hf`` flags. Our
 checkpoints always block (they are written atomically before the ledger moves on) and always hold the model in
-Hugging Face format, so the flags could only be ignored.
+Hugging Face format, so the flags could only be ignored. The seed's ``prepare`` and ``train_step`` are coroutines;
+here they are plain methods (the trainer role calls them from its own thread) and ``as_async()`` gives the
+awaitable form (``AsyncTrainEngine``) for code written against the seed.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 from pathlib import Path
 
 from trinity_like.common.experience import Experience
@@ -60,3 +63,47 @@ class TrainEngineWrapper(abc.ABC):
 
     def shutdown(self) -> None:  # noqa: B027 (optional: most engines hold nothing to release)
         """Release what ``prepare`` started."""
+
+    def as_async(self) -> AsyncTrainEngine:
+        """This engine in the seeds' awaitable shape (``await engine.prepare()``, ``await engine.train_step(...)``)."""
+        return AsyncTrainEngine(self)
+
+
+class AsyncTrainEngine:
+    """A TrainEngineWrapper in the seeds' awaitable shape (Trinity-RFT's ``async prepare()`` and ``async
+    train_step(batch_exps)``). Each call runs the engine's method in a worker thread (``asyncio.to_thread``), so
+    the event loop that awaits it (an async Ray actor, a server) keeps serving while a step trains."""
+
+    def __init__(self, engine: TrainEngineWrapper) -> None:
+        self.engine = engine
+        self._lock = asyncio.Lock()
+        """One call at a time: two steps (or a step and a checkpoint) must not interleave on one model."""
+
+    @property
+    def train_step_num(self) -> int:
+        return self.engine.train_step_num
+
+    async def _call(self, fn, *args):
+        async with self._lock:
+            return await asyncio.to_thread(fn, *args)
+
+    async def prepare(self) -> None:
+        await self._call(self.engine.prepare)
+
+    async def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
+        return await self._call(self.engine.train_step, batch_exps)
+
+    async def save_checkpoint(self) -> Path:
+        return await self._call(self.engine.save_checkpoint)
+
+    async def save_state_dict(self) -> Path:
+        return await self._call(self.engine.save_state_dict)
+
+    async def upload_state_dict(self) -> object:
+        return await self._call(self.engine.upload_state_dict)
+
+    async def sync_weight(self) -> dict[str, float]:
+        return await self._call(self.engine.sync_weight)
+
+    async def shutdown(self) -> None:
+        await self._call(self.engine.shutdown)
