@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from trinity_like.algorithms import (
     ADV_ESTIMATORS,
+    compute_dapo_outcome_advantage,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
     compute_opmd_outcome_advantage,
@@ -20,8 +21,8 @@ from trinity_like.algorithms import (
 )
 
 F64 = torch.float64
-ALL_NAMES = ("gae", "grpo", "opmd", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo")
-GROUPED = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opmd")
+ALL_NAMES = ("dapo", "gae", "grpo", "opmd", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo")
+GROUPED = ("dapo", "grpo", "rloo", "reinforce_plus_plus_baseline", "opmd")
 
 
 def t(rows, dtype=F64):
@@ -47,7 +48,7 @@ def test_registry_names_and_lookup():
     assert ADV_ESTIMATORS.names() == tuple(sorted(ALL_NAMES))
     assert get_adv_estimator_fn("grpo") is compute_grpo_outcome_advantage
     assert get_adv_estimator_fn("gae") is compute_gae_advantage_return
-    with pytest.raises(KeyError, match=r"unknown advantage estimator 'ppo2'.*valid names: gae, grpo, opmd"):
+    with pytest.raises(KeyError, match=r"unknown advantage estimator 'ppo2'.*valid names: dapo, gae, grpo, opmd"):
         get_adv_estimator_fn("ppo2")
 
 
@@ -177,6 +178,24 @@ def test_remax_by_hand():
     adv, ret = compute_remax_outcome_advantage(rewards, t([0.5, 1.0]), mask)
     close(ret, [[3.0, 2.0], [3.0, 0.0]], 1e-12)
     close(adv, [[2.5, 1.5], [2.0, 0.0]], 1e-12)
+
+
+def test_remax_says_which_rows_lack_a_baseline():
+    rewards, mask = t([[1.0, 2.0], [3.0, 4.0]]), t([[1, 1], [1, 0]])
+    with pytest.raises(ValueError, match=r"remax needs a reward baseline for every row, 1 of 2 rows have none: "
+                                         r"the single_turn workflow stores"):
+        compute_remax_outcome_advantage(rewards, t([0.5, math.nan]), mask)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_dapo_is_grpo(norm):
+    # a: scores 2, 0, 1 on rows of different lengths; b: a group of one
+    rewards, mask = outcome([2.0, 0.0, 1.0, 5.0], [3, 1, 2, 2], 3)
+    index = ["a", "a", "a", "b"]
+    dapo = compute_dapo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    grpo = compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    assert torch.equal(dapo[0], grpo[0]) and torch.equal(dapo[1], grpo[1])
+    assert get_adv_estimator_fn("dapo") is compute_dapo_outcome_advantage
 
 
 def test_opmd_by_hand():

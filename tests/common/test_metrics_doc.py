@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
 AREAS = ("rollout", "eval", "actor", "critic", "off_policy", "buffer", "sync", "time", "train", "trainer", "replay",
-         "timeline")
+         "timeline", "response_length", "prompt_length", "perf")
 KEY = re.compile(rf"(?:{'|'.join(AREAS)})/[\w@<>/.*]+")
 HOLE = "<*>"
 

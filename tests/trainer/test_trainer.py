@@ -129,7 +129,7 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path, tiny_model_path, batch_e
     assert (t.paths.checkpoint_dir / "latest").read_text().strip() == "3"
 
 
-@pytest.mark.parametrize("estimator", ["gae", "grpo", "rloo", "opmd", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+@pytest.mark.parametrize("estimator", ["dapo", "gae", "grpo", "rloo", "opmd", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
 @pytest.mark.parametrize("loss", ["vanilla", "gspo", "cispo", "reinforce", "sft"])
 def test_every_registered_estimator_and_loss_trains(tmp_path, tiny_model_path, batch_exps, estimator, loss):
     t = _trainer(tmp_path, tiny_model_path, f"algorithm.adv_estimator={estimator}", f"algorithm.policy_loss={loss}")
@@ -138,6 +138,23 @@ def test_every_registered_estimator_and_loss_trains(tmp_path, tiny_model_path, b
     assert all(isinstance(v, float) and v == v for v in metrics.values())  # finite numbers, no NaN
     after = export_state_dict(t.module)
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_remax_trains_on_greedy_baselines_and_fails_clearly_without_one(tmp_path, tiny_model_path, batch_exps):
+    # the explorer stores each task's greedy reward as info["reward_baseline"]; here .5 for every row. The reward
+    # sits on the last token, so each valid token's return is R and its advantage R - .5
+    with_baseline = [Experience(**{**e.__dict__, "info": {"reward_baseline": 0.5}}) for e in batch_exps]
+    t = _trainer(tmp_path, tiny_model_path, "algorithm.adv_estimator=remax")
+    before = export_state_dict(t.module)
+    metrics = t.train_step(with_baseline)
+    lengths = [len(e.response_ids) for e in batch_exps]
+    expected = sum(n * (e.reward - 0.5) for n, e in zip(lengths, batch_exps, strict=True)) / sum(lengths)
+    assert metrics["critic/advantages/mean"] == pytest.approx(expected, abs=1e-6)
+    after = export_state_dict(t.module)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    # one row without a baseline (imported, or from another workflow): a clear error, not a silent baseline
+    with pytest.raises(ValueError, match=r"remax needs a reward baseline for every row, 1 of 12 rows have none"):
+        t.train_step(with_baseline[:11] + [batch_exps[11]])
 
 
 @pytest.mark.parametrize("correction", ["tis", "seq_tis", "icepop", "seq_mis", "geo_mask", "decoupled"])

@@ -1,5 +1,6 @@
 """Pure tensor maths for RL fine-tuning: advantage estimators, policy losses, KL, loss aggregation,
-off-policy corrections and rewards.
+off-policy corrections, rewards, and the batch-level steps of verl's trainer (``apply_kl_penalty``,
+``compute_advantage``, ``compute_data_metrics``, ``compute_throughout_metrics``).
 
 No Ray, no engines, no config objects of ours: every function takes tensors (and plain values, or any object
 with the documented attributes) and returns tensors. Registries map names to functions of one signature.
@@ -27,7 +28,11 @@ _EXPORTS = {
     'POLICY_LOSSES': 'losses',
     'PolicyLossConfig': 'losses',
     'agg_loss': 'losses',
+    'apply_kl_penalty': 'losses',
     'arithmetic_reward': 'rewards',
+    'compute_advantage': 'advantages',
+    'compute_dapo_outcome_advantage': 'advantages',
+    'compute_data_metrics': 'metrics',
     'compute_gae_advantage_return': 'advantages',
     'compute_grpo_outcome_advantage': 'advantages',
     'compute_opmd_outcome_advantage': 'advantages',
@@ -37,6 +42,7 @@ _EXPORTS = {
     'compute_remax_outcome_advantage': 'advantages',
     'compute_rloo_outcome_advantage': 'advantages',
     'compute_score': 'rewards',
+    'compute_throughout_metrics': 'metrics',
     'compute_value_loss': 'losses',
     'countdown_score': 'rewards',
     'format_score': 'rewards',
@@ -94,11 +100,12 @@ def get_kl_controller(kl_ctrl_type: str, kl_coef: float, target_kl: float | None
 __all__ = [
     "ADV_ESTIMATORS", "KL_PENALTIES", "LOSS_AGG_MODES", "OFF_POLICY_CORRECTIONS", "POLICY_LOSSES",
     "AdaptiveKLController", "DAPORewardManager", "FixedKLController", "NaiveRewardManager", "OffPolicyConfig",
-    "PolicyLossConfig", "agg_loss", "arithmetic_reward", "compute_gae_advantage_return",
+    "PolicyLossConfig", "agg_loss", "apply_kl_penalty", "arithmetic_reward", "compute_advantage",
+    "compute_dapo_outcome_advantage", "compute_data_metrics", "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage", "compute_opmd_outcome_advantage", "compute_policy_loss",
     "compute_reinforce_plus_plus_baseline_outcome_advantage", "compute_reinforce_plus_plus_outcome_advantage",
-    "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_score", "compute_value_loss",
-    "countdown_score", "format_score", "get_adv_estimator_fn", "get_kl_controller", "get_off_policy_correction_fn",
+    "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_score",
+    "compute_throughout_metrics", "compute_value_loss", "countdown_score", "format_score", "get_adv_estimator_fn", "get_kl_controller", "get_off_policy_correction_fn",
     "get_policy_loss_fn", "kl_penalty", "loss_needs", "LossNeeds", "load_reward_function", "load_reward_manager", "masked_mean", "masked_sum",
     "masked_var", "masked_whiten", "math_score", "pessimistic_weights",
 ]

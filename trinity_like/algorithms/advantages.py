@@ -14,6 +14,9 @@ Conventions, those of verl so numbers match: the outcome score of a row is the s
 (over every position: rewards are zero outside the mask by construction); group statistics use torch.mean
 and torch.std (unbiased); a group of one gets mean 0 and std 1; GRPO divides by (std + epsilon); whitening is
 ``masked_whiten``. Group statistics are computed in float64 (see ``_group_stats``).
+
+``compute_advantage`` is the batch-level entry (verl's ``ray_trainer.compute_advantage``): it reads those inputs
+from a batch, calls the estimator registered under a name, and writes ``advantages`` and ``returns`` back.
 """
 
 from __future__ import annotations
@@ -108,6 +111,24 @@ def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_m
     return advantages, advantages
 
 
+@ADV_ESTIMATORS.register("dapo")
+def compute_dapo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                   epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
+                                   **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """DAPO's advantage (Yu et al. 2025, arXiv:2503.14476, eq. 9): GRPO's group-normalised outcome advantage,
+    broadcast over the response tokens,
+
+        A_i = (R_i - mean_g(R)) / (std_g(R) + epsilon)
+
+    token_level_rewards, response_mask (B, L); index (B,) group ids; returns (advantages, returns), both (B, L)
+    and equal. DAPO's other parts are not advantages: clip-higher (``clip_ratio_high`` of the policy loss),
+    token-mean loss aggregation, dynamic sampling (``explorer.dynamic_sampling``) and overlong reward shaping
+    (the ``dapo`` reward manager). The name exists so a DAPO run reads as one."""
+    _check_index(index, token_level_rewards.shape[0], "dapo")
+    return compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=epsilon,
+                                          norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
+
+
 @ADV_ESTIMATORS.register("rloo")
 def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
                                    **_: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,6 +190,12 @@ def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor, reward_ba
         G_t = sum_{s >= t} m_s r_s;     A_t = G_t - b * m_t"""
     if reward_baselines is None:
         raise ValueError("remax needs `reward_baselines`, the reward of each prompt's greedy response")
+    missing = torch.isnan(reward_baselines)  # (B,): NaN marks a row without one (trinity_like.trainer.batch)
+    if bool(missing.any()):
+        raise ValueError(
+            f"remax needs a reward baseline for every row, {int(missing.sum())} of {missing.numel()} rows have none: "
+            "the single_turn workflow stores the reward of a greedy response as info['reward_baseline'] when "
+            "algorithm.adv_estimator is remax; rows from other workflows or imported rows lack it")
     mask = response_mask.to(token_level_rewards.dtype)
     returns = (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])  # (B, L)
     advantages = returns - reward_baselines.unsqueeze(-1) * mask
@@ -200,3 +227,29 @@ def compute_opmd_outcome_advantage(token_level_rewards: torch.Tensor, response_m
                 baseline[rows] = tau * (torch.logsumexp(group / tau, dim=-1) - math.log(len(rows)))
     advantages = (s64 - baseline).to(scores.dtype).unsqueeze(-1) * response_mask
     return advantages, advantages
+
+
+def compute_advantage(batch, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0,
+                      norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, opmd_baseline: str = "mean",
+                      tau: float = 1.0):
+    """Advantages and returns of a batch by the estimator registered as ``adv_estimator`` (verl's
+    ``compute_advantage``); writes ``batch["advantages"]`` and ``batch["returns"]`` (B, L) and returns the batch.
+
+    ``batch`` is our training batch (a TensorDict from ``trinity_like.trainer.batch.experiences_to_batch``) or any
+    mapping with its keys. It reads ``token_level_rewards`` and ``response_mask`` (B, L), and when present
+    ``group_index`` (B,) (the estimator's ``index``), ``values`` (B, L) and ``reward_baselines`` (B,). Every
+    estimator gets the same keywords and uses what it needs (an estimator missing an input says so).
+
+    Departures from verl: the batch is a TensorDict, not a DataProto; groups come from the ``group_index``
+    tensor, not a ``uid`` array; there is no ``num_repeat`` or ``config`` (``epsilon``, ``opmd_baseline`` and
+    ``tau`` are plain keywords)."""
+    group_index = batch.get("group_index", None)  # (B,)
+    advantages, returns = ADV_ESTIMATORS.get(adv_estimator)(
+        token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
+        index=None if group_index is None else group_index.tolist(),
+        values=batch.get("values", None), reward_baselines=batch.get("reward_baselines", None), gamma=gamma,
+        lam=lam, epsilon=epsilon, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, opmd_baseline=opmd_baseline,
+        tau=tau)
+    batch["advantages"] = advantages
+    batch["returns"] = returns
+    return batch

@@ -389,3 +389,32 @@ class AdaptiveKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+
+_kl_estimator = kl_penalty  # apply_kl_penalty's `kl_penalty` argument (verl's name) is the estimator's name
+
+
+def apply_kl_penalty(token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
+                     response_mask: torch.Tensor, kl_ctrl, kl_penalty: str = "kl") -> tuple[torch.Tensor, dict[str, float]]:
+    """In-reward KL (verl's ``apply_kl_penalty``; Ziegler et al. 2019, arXiv:1909.08593): each response token's
+    reward is its score minus beta times the KL estimate ``kl_penalty`` between the policy that generated the
+    data and the reference,
+
+        kld_t = kl(old_log_prob_t, ref_log_prob_t) * m_t;     r_t = s_t - beta * kld_t
+
+    then the controller sees this batch's KL, the mean over sequences of each sequence's masked token mean:
+    ``kl_ctrl.update(current_kl, n_steps=B)``. Beta is the controller's value before that update.
+
+    token_level_scores, old_log_prob, ref_log_prob, response_mask (B, L); ``kl_ctrl`` anything with ``value``
+    and ``update(current_kl, n_steps)`` (``FixedKLController``, ``AdaptiveKLController``). Masked positions keep
+    their score. Returns the token-level rewards (B, L) and ``actor/reward_kl_penalty`` (the current KL) and
+    ``actor/reward_kl_penalty_coeff`` (beta).
+
+    Departure from verl: tensors in and out rather than a DataProto it updates."""
+    mask = response_mask.to(token_level_scores.dtype)  # (B, L)
+    kld = _kl_estimator(old_log_prob, ref_log_prob, kl_penalty) * mask  # (B, L)
+    beta = kl_ctrl.value
+    token_level_rewards = token_level_scores - beta * kld
+    current_kl = float(masked_mean(kld, mask, dim=-1).mean())  # per-sequence means, then the batch mean
+    kl_ctrl.update(current_kl, n_steps=token_level_scores.shape[0])
+    return token_level_rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}

@@ -39,6 +39,7 @@ from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config
 from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
 from trinity_like.explorer.fleet import WeightsLoadFailed
+from trinity_like.explorer.tools import tool_metrics
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
 from trinity_like.runtime.run_dir import explorer_needs_run_dir
@@ -198,7 +199,9 @@ class ExplorerRole:
         return WorkflowContext(sampling=self.cfg.explorer.sampling, repeat_times=repeat,
                                seeds=[base + j for j in range(repeat)], tokenizer=self.tokenizer,
                                reward_manager=self.reward_manager, max_turns=self.cfg.explorer.max_turns,
-                               explore_step=step)
+                               explore_step=step,
+                               greedy_baseline=self.cfg.algorithm.adv_estimator == "remax",  # ReMax's baseline
+                               info={"tool_config_path": self.cfg.explorer.tool_config_path})  # tool_agent's tools
 
     async def _run_task(self, task: Task, ctx: WorkflowContext) -> list[Experience] | None:
         """The workflow on one task, with timeout and retries; None when it failed for good."""
@@ -338,6 +341,7 @@ class ExplorerRole:
             "rollout/experiences": float(len(exps)),
             "rollout/tokens_per_s": float(lengths.sum()) / max(elapsed, 1e-9),
             "time/explore_step_s": elapsed,
+            **tool_metrics(e.info for e in exps),  # rollout/tool_calls/<name>, rollout/tool_failures/<name>
         }
 
     async def run(self, num_steps: int | None = None) -> int:

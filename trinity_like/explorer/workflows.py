@@ -13,7 +13,9 @@ Workflows are registered by name (``@WORKFLOWS.register("name")``) or loaded fro
 Built in:
 - ``single_turn``: one generate call with ``repeat_times`` samples of the task's prompt; scored by the reward
   manager (arithmetic, math, countdown, ... by the task's data source). It also offers ``run_batch`` so the
-  explorer can generate a whole step in one fixed batch per engine (same samples whatever the timing).
+  explorer can generate a whole step in one fixed batch per engine (same samples whatever the timing). With
+  ``ctx.greedy_baseline`` (remax) one more generate call gives each task's greedy response, whose reward becomes
+  the experiences' ``info["reward_baseline"]``.
 - ``guess_number``: a multi-turn text environment shipped with the project. The model guesses a number; after
   every guess the environment answers "higher", "lower" or "correct". Each episode is ONE experience whose
   ``action_mask`` is true exactly on the model's tokens (the environment's tokens are false, with log-prob 0).
@@ -21,18 +23,19 @@ Built in:
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from trinity_like.common.experience import Experience
 from trinity_like.common.registry import Registry
-from trinity_like.common.tasks import Task
+from trinity_like.common.tasks import Task, prompt_ids
 from trinity_like.config import SamplingConfig
 
 WORKFLOWS: Registry = Registry("workflow")
@@ -51,6 +54,10 @@ class WorkflowContext:
     max_turns: int = 4
     explore_step: int = 0
     """The explorer step this task belongs to."""
+    greedy_baseline: bool = False
+    """Also generate one greedy (temperature 0) response per task, score it, and store its reward as
+    ``info["reward_baseline"]`` in every experience of the task: ReMax's baseline (on when
+    ``algorithm.adv_estimator`` is remax). The greedy response is not an experience."""
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -62,8 +69,9 @@ class Workflow:
 
 
 def _score(ctx: WorkflowContext, texts: list[str], task: Task, lengths: list[int]) -> tuple[list[float], list[bool]]:
-    rewards, info = ctx.reward_manager.score(texts, [task.answer] * len(texts),
-                                             [task.data_source or "math"] * len(texts), lengths)
+    n = len(texts)
+    rewards, info = ctx.reward_manager.score(texts, [task.answer] * n, [task.data_source or "math"] * n, lengths,
+                                             [task.extra_info] * n)
     return rewards, info["reward_failed"]
 
 
@@ -72,31 +80,58 @@ class SingleTurnWorkflow(Workflow):
     """``repeat_times`` independent answers to the task's prompt."""
 
     async def run(self, task: Task, engine, ctx: WorkflowContext) -> list[Experience]:
-        prompt = ctx.tokenizer.encode(task.prompt)
-        samples = await engine.generate([prompt] * ctx.repeat_times, ctx.sampling, ctx.seeds)
-        return self.to_experiences(task, prompt, samples, ctx)
+        prompt = prompt_ids(task, ctx.tokenizer)
+        samples, baselines = await asyncio.gather(
+            engine.generate([prompt] * ctx.repeat_times, ctx.sampling, ctx.seeds),
+            self.greedy_rewards(engine.generate, [task], [prompt], [ctx]))
+        return self.to_experiences(task, prompt, samples, ctx, baselines[0])
 
     async def run_batch(self, tasks: list[Task], engine, ctxs: list[WorkflowContext]) -> list[list[Experience]]:
-        """All tasks of a step in one call spread over the engines with a fixed assignment."""
-        prompts = [ctx.tokenizer.encode(t.prompt) for t, ctx in zip(tasks, ctxs, strict=True)]
+        """All tasks of a step in one call spread over the engines with a fixed assignment (and, for remax, the
+        greedy responses in a second such call)."""
+        prompts = [prompt_ids(t, ctx.tokenizer) for t, ctx in zip(tasks, ctxs, strict=True)]
         flat = [p for p, ctx in zip(prompts, ctxs, strict=True) for _ in range(ctx.repeat_times)]
         seeds = [s for ctx in ctxs for s in ctx.seeds]
-        samples = await engine.generate_spread(flat, ctxs[0].sampling, seeds)
+        samples, baselines = await asyncio.gather(
+            engine.generate_spread(flat, ctxs[0].sampling, seeds),
+            self.greedy_rewards(engine.generate_spread, tasks, prompts, ctxs))
         out, k = [], 0
-        for task, prompt, ctx in zip(tasks, prompts, ctxs, strict=True):
-            out.append(self.to_experiences(task, prompt, samples[k:k + ctx.repeat_times], ctx))
+        for task, prompt, ctx, baseline in zip(tasks, prompts, ctxs, baselines, strict=True):
+            out.append(self.to_experiences(task, prompt, samples[k:k + ctx.repeat_times], ctx, baseline))
             k += ctx.repeat_times
         return out
 
     @staticmethod
-    def to_experiences(task: Task, prompt: list[int], samples, ctx: WorkflowContext) -> list[Experience]:
+    async def greedy_rewards(generate, tasks: list[Task], prompts: list[list[int]],
+                             ctxs: list[WorkflowContext]) -> list[float | None]:
+        """ReMax's baseline of each task: the reward of one greedy (temperature 0) response to its prompt, scored
+        by the same reward manager; None for every task without ``greedy_baseline``. ``generate`` is the
+        engine's ``generate`` or ``generate_spread``: its own call, with its own sampling settings, so the
+        samples' batches are the same with or without it (and a greedy response does not depend on timing)."""
+        if not ctxs[0].greedy_baseline:
+            return [None] * len(tasks)
+        greedy = replace(ctxs[0].sampling, temperature=0.0)
+        # one seed per prompt is required; at temperature 0 it is not used
+        samples = await generate(prompts, greedy, [ctx.seeds[0] for ctx in ctxs])
+        baselines = []
+        for task, ctx, s in zip(tasks, ctxs, samples, strict=True):
+            text = ctx.tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True)
+            rewards, _ = _score(ctx, [text], task, [len(s.response_ids)])
+            baselines.append(rewards[0])
+        return baselines
+
+    @staticmethod
+    def to_experiences(task: Task, prompt: list[int], samples, ctx: WorkflowContext,
+                       reward_baseline: float | None = None) -> list[Experience]:
         texts = [ctx.tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True) for s in samples]
         rewards, failed = _score(ctx, texts, task, [len(s.response_ids) for s in samples])
+        baseline = {} if reward_baseline is None else {"reward_baseline": reward_baseline}
         return [Experience(
             prompt_ids=prompt, response_ids=s.response_ids, logprobs=s.logprobs, reward=r,
             model_version=s.model_version, truncated=s.finish_reason == "length", prompt_text=task.prompt,
             response_text=text, task_id=task.task_id, engine_id=s.engine_id,
-            info={"ground_truth": task.answer, "data_source": task.data_source, **({"reward_failed": True} if f else {})},
+            info={"ground_truth": task.answer, "data_source": task.data_source, **baseline,
+                  **({"reward_failed": True} if f else {})},
         ) for s, text, r, f in zip(samples, texts, rewards, failed, strict=True)]
 
 
@@ -179,3 +214,4 @@ def load_workflow(name: str) -> Workflow:
             raise ValueError(f"workflow {name!r} is not a subclass of trinity_like.explorer.workflows.Workflow")
         return cls()
     return WORKFLOWS.get(name)()
+from trinity_like.explorer import tool_workflow as _tool_workflow  # noqa: E402,F401  (registers tool_agent)

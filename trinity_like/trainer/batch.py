@@ -6,6 +6,7 @@ column P (the prompt width) and ``logits[:, P-1 : P+R-1]`` score the response to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 
 import torch
@@ -19,7 +20,14 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources:
     """Build the batch. Keys (B sequences, P prompt width, R response width):
 
     input_ids, attention_mask, position_ids (B, P+R); responses, response_mask, old_log_probs,
-    token_level_rewards (B, R); rewards, model_version, group_index, has_log_probs, sft (B,).
+    token_level_scores, token_level_rewards (B, R); rewards, reward_baselines, model_version, group_index,
+    has_log_probs, sft (B,).
+
+    ``token_level_scores`` holds each row's token rewards plus its outcome reward on the last response token;
+    ``token_level_rewards`` starts as a copy of it (the trainer subtracts the in-reward KL from it, verl's
+    two keys). ``reward_baselines`` is ``info["reward_baseline"]`` (the reward of the prompt's greedy response,
+    ReMax's baseline, which the explorer records when ``algorithm.adv_estimator`` is remax), NaN for a row
+    without one.
 
     ``sft`` is true for rows whose source is in ``sft_sources`` (trained with the SFT loss instead of the policy
     loss, ``algorithm.sft_sources``); a per-row key, so data-parallel sharding and mini-batch shuffles carry it."""
@@ -32,7 +40,7 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources:
     attention_mask = torch.zeros((batch, width_p + width_r), dtype=torch.long)
     response_mask = torch.zeros((batch, width_r), dtype=torch.float32)
     old_log_probs = torch.zeros((batch, width_r), dtype=torch.float32)
-    token_level_rewards = torch.zeros((batch, width_r), dtype=torch.float32)
+    token_level_scores = torch.zeros((batch, width_r), dtype=torch.float32)
     has_log_probs = torch.zeros(batch, dtype=torch.bool)
     group_of: dict[str, int] = {}
     for i, e in enumerate(exps):
@@ -45,9 +53,9 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources:
             old_log_probs[i, :r] = torch.from_numpy(e.logprobs)
             has_log_probs[i] = True
         if e.token_rewards is not None:
-            token_level_rewards[i, :r] = torch.from_numpy(e.token_rewards)
+            token_level_scores[i, :r] = torch.from_numpy(e.token_rewards)
         if e.reward is not None and r > 0:
-            token_level_rewards[i, r - 1] += float(e.reward)
+            token_level_scores[i, r - 1] += float(e.reward)
         group_of.setdefault(e.group_id or e.eid, len(group_of))
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return TensorDict(
@@ -58,8 +66,10 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources:
             "responses": input_ids[:, width_p:].clone(),
             "response_mask": response_mask,
             "old_log_probs": old_log_probs,
-            "token_level_rewards": token_level_rewards,
+            "token_level_scores": token_level_scores,
+            "token_level_rewards": token_level_scores.clone(),
             "rewards": torch.tensor([float(e.reward or 0.0) for e in exps]),
+            "reward_baselines": torch.tensor([_reward_baseline(e) for e in exps]),
             "model_version": torch.tensor([e.model_version for e in exps], dtype=torch.long),
             "group_index": torch.tensor([group_of[e.group_id or e.eid] for e in exps], dtype=torch.long),
             "has_log_probs": has_log_probs,
@@ -67,6 +77,12 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources:
         },
         batch_size=[batch],
     )
+
+
+def _reward_baseline(e: Experience) -> float:
+    """The row's ReMax baseline, ``info["reward_baseline"]``; NaN when it has none."""
+    value = e.info.get("reward_baseline")
+    return math.nan if value is None else float(value)
 
 
 class ResponseScorer(torch.nn.Module):

@@ -24,8 +24,11 @@ import torch
 
 from trinity_like.algorithms import (
     agg_loss,
+    apply_kl_penalty,
+    compute_advantage,
+    compute_data_metrics,
+    compute_throughout_metrics,
     compute_value_loss,
-    get_adv_estimator_fn,
     get_kl_controller,
     get_off_policy_correction_fn,
     get_policy_loss_fn,
@@ -92,8 +95,8 @@ class PPOTrainer(TrainEngineWrapper):
             from trinity_like.runtime.paths import namespace_of
             from trinity_like.synchronizer import CheckpointMonitor
 
-            self.monitor = CheckpointMonitor.get_actor(namespace_of(self.cfg), str(self.paths.checkpoint_dir),
-                                                       keep_versions(self.cfg))
+            self.monitor = CheckpointMonitor.get_actor(namespace_of(self.cfg), checkpoint_dir=str(self.paths.checkpoint_dir),
+                                                       keep_state_dicts=keep_versions(self.cfg))
             ctx = ray.get_runtime_context()
             self.monitor.notify_started.remote(f"{ctx.get_node_id()}/pid{os.getpid()}", ctx.get_job_id())
         tr = self.cfg.trainer
@@ -139,7 +142,6 @@ class PPOTrainer(TrainEngineWrapper):
         self._build_optimizers()
         ctrl = algo.kl_ctrl
         self.kl_ctrl = get_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
-        self.adv_fn = get_adv_estimator_fn(self.cfg.algorithm.adv_estimator)
         self.policy_loss_fn = get_policy_loss_fn(self.cfg.algorithm.policy_loss)
         self.correction_fn = get_off_policy_correction_fn(self.cfg.algorithm.off_policy.correction)
 
@@ -210,19 +212,17 @@ class PPOTrainer(TrainEngineWrapper):
             if self.needs.reference_as_old:
                 batch["old_log_probs"] = batch["ref_log_probs"]
         if algo.use_kl_in_reward:
-            metrics.update(self._apply_kl_penalty(batch))
-        values = None
+            batch["token_level_rewards"], kl_metrics = apply_kl_penalty(
+                batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_probs"], mask, self.kl_ctrl,
+                algo.kl_penalty)
+            metrics.update(kl_metrics)
         if self.critic is not None:
             with torch.no_grad(), self._autocast():
-                values = compute_values(self.critic_module, batch) * mask  # (B, R)
-            batch["values"] = values
-        advantages, returns = self.adv_fn(
-            token_level_rewards=batch["token_level_rewards"], response_mask=mask,
-            index=batch["group_index"].tolist(), values=values, reward_baselines=None, gamma=algo.gamma,
-            lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-            opmd_baseline=algo.opmd_baseline, tau=algo.tau)
-        batch["advantages"] = advantages
-        batch["returns"] = returns
+                batch["values"] = compute_values(self.critic_module, batch) * mask  # (B, R)
+        compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                          norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, opmd_baseline=algo.opmd_baseline,
+                          tau=algo.tau)  # writes advantages and returns
+        advantages = batch["advantages"]  # (B, R)
         negative_cap = algo.off_policy.negative_cap
         if negative_cap > 0 and "rollout_is_weights" in batch:
             batch["rollout_is_weights"], raised = pessimistic_weights(
@@ -238,11 +238,18 @@ class PPOTrainer(TrainEngineWrapper):
         response_tokens = float(mask.sum())
         if algo.sft_sources:
             metrics["actor/sft_rows"] = float(batch["sft"].sum())
+        data = compute_data_metrics(batch, use_critic=self.critic is not None,
+                                    max_response_length=self.cfg.explorer.sampling.max_new_tokens)
+        if self.critic is not None:  # the names logged before verl's, kept
+            metrics.update({"critic/values_mean": data["critic/values/mean"],
+                            "critic/returns_mean": data["critic/returns/mean"]})
         return {
             **metrics,
+            **data,
+            **compute_throughout_metrics(batch, {"step": elapsed}, n_gpus=self.dp_world),
             # a group of one (an agent row, a demonstration without siblings) has zero GRPO advantage: say how many
             "train/singleton_groups": float((torch.bincount(batch["group_index"]) == 1).sum()),
-            "actor/advantages_mean": float(masked_mean(advantages, mask)),
+            "actor/advantages_mean": data["critic/advantages/mean"],
             "train/reward_mean": float(batch["rewards"].mean()),
             "train/staleness_mean": float(staleness.mean()),
             "train/staleness_max": float(staleness.max()),
@@ -299,17 +306,6 @@ class PPOTrainer(TrainEngineWrapper):
         optimizer.step()
         return parallel.scalar(norm)
 
-    def _apply_kl_penalty(self, batch) -> dict[str, float]:
-        """token_level_rewards -= beta * KL(old || ref) per token (verl's in-reward KL); beta from the
-        controller, which then sees this batch's KL."""
-        mask = batch["response_mask"]
-        kld = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], self.cfg.algorithm.kl_penalty) * mask
-        beta = self.kl_ctrl.value
-        batch["token_level_rewards"] = batch["token_level_rewards"] - beta * kld
-        current_kl = float(masked_mean(kld, mask, dim=-1).mean())
-        self.kl_ctrl.update(current_kl, n_steps=batch.batch_size[0])
-        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
-
     def _update_policy(self, batch, temperature: float) -> dict[str, float]:
         """``ppo_epochs`` passes over the batch in shuffled mini-batches, one optimizer update each; metrics are
         averaged over the updates that report them (``actor/sft_loss`` only comes from mini-batches with sft
@@ -359,11 +355,7 @@ class PPOTrainer(TrainEngineWrapper):
             updates += 1
             for k, v in step_metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
-        mask = batch["response_mask"]
-        out = {k: v / updates for k, v in sums.items()}
-        out["critic/values_mean"] = float(masked_mean(batch["values"], mask))
-        out["critic/returns_mean"] = float(masked_mean(batch["returns"], mask))
-        return out
+        return {k: v / updates for k, v in sums.items()}
 
     def _mini_batches_of(self, batch, salt: int):
         """The mini-batches of ``ppo_epochs`` passes over ``batch``: in order for a single pass over a single

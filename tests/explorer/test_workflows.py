@@ -1,0 +1,82 @@
+"""SingleTurnWorkflow's greedy baseline (ReMax) with the real tiny model in an in-process HFEngine (no Ray)."""
+
+import asyncio
+
+import pytest
+
+from trinity_like.common.tasks import Task
+from trinity_like.common.tokenizer import hf_tokenizer
+from trinity_like.config import SamplingConfig
+from trinity_like.explorer.engines.hf_engine import HFEngine
+from trinity_like.explorer.workflows import SingleTurnWorkflow, WorkflowContext
+
+SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=6)
+TASKS = [Task("t0", "1+2=", "3"), Task("t1", "4+4=", "8")]
+
+
+class LocalEngine:
+    """The fleet's ``generate`` and ``generate_spread`` over one in-process engine; records each call's
+    (prompts, temperature)."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine = engine
+        self.calls: list[tuple[int, float]] = []
+
+    async def generate(self, prompts, sampling, seeds):
+        self.calls.append((len(prompts), sampling.temperature))
+        return self.engine.generate(prompts, sampling, seeds)
+
+    generate_spread = generate
+
+
+def _checksum(text: str) -> float:
+    return float(sum(map(ord, text)) % 997)
+
+
+class ChecksumReward:
+    """A reward manager that scores a response by a checksum of its characters (different responses, different
+    rewards: the tiny model's greedy answers to the two prompts differ)."""
+
+    def score(self, responses, ground_truths, data_sources, response_lengths=None, *rest):
+        return [_checksum(r) for r in responses], {"reward_failed": [False] * len(responses)}
+
+
+@pytest.fixture(scope="module")
+def engine_and_tokenizer(tiny_model_path):
+    return HFEngine(tiny_model_path), hf_tokenizer(tiny_model_path)
+
+
+def _ctxs(tokenizer, greedy_baseline: bool) -> list[WorkflowContext]:
+    return [WorkflowContext(sampling=SAMPLING, repeat_times=3, seeds=[10 * i + j for j in range(3)], tokenizer=tokenizer,
+                            reward_manager=ChecksumReward(), greedy_baseline=greedy_baseline) for i in range(len(TASKS))]
+
+
+def _greedy_reward(engine, tokenizer, task) -> float:
+    """The reward of the greedy response to the task's prompt, computed apart from the workflow."""
+    sample = engine.generate([tokenizer.encode(task.prompt)], SamplingConfig(temperature=0.0, max_new_tokens=6), [0])[0]
+    return _checksum(tokenizer.decode(sample.response_ids.tolist(), skip_special_tokens=True))
+
+
+def test_the_baseline_is_the_reward_of_the_greedy_response_for_every_sample_of_a_task(engine_and_tokenizer):
+    engine, tokenizer = engine_and_tokenizer
+    expected = [_greedy_reward(engine, tokenizer, task) for task in TASKS]
+    assert expected[0] != expected[1]  # so a baseline given to the wrong task would show
+    workflow = SingleTurnWorkflow()
+
+    one_by_one, local = [], LocalEngine(engine)
+    for task, ctx in zip(TASKS, _ctxs(tokenizer, True), strict=True):
+        one_by_one.append(asyncio.run(workflow.run(task, local, ctx)))
+    assert sorted(local.calls) == sorted([(3, 1.0), (1, 0.0)] * 2)  # per task: the samples, one greedy prompt
+    batched_engine = LocalEngine(engine)
+    batched = asyncio.run(workflow.run_batch(TASKS, batched_engine, _ctxs(tokenizer, True)))
+    assert sorted(batched_engine.calls) == [(2, 0.0), (6, 1.0)]  # the step's samples, the step's greedy prompts
+
+    for groups in (one_by_one, batched):
+        for group, baseline in zip(groups, expected, strict=True):
+            assert len(group) == 3  # the greedy response is not an experience
+            assert [e.info["reward_baseline"] for e in group] == [baseline] * 3
+    # the greedy call leaves the samples as they are without it
+    plain = asyncio.run(workflow.run_batch(TASKS, LocalEngine(engine), _ctxs(tokenizer, False)))
+    for with_baseline, without in zip(batched, plain, strict=True):
+        assert [e.response_ids.tolist() for e in with_baseline] == [e.response_ids.tolist() for e in without]
+        assert all("reward_baseline" not in e.info for e in without)

@@ -1,0 +1,574 @@
+"""Tools for the ``tool_agent`` workflow: the tool config file, the built-in tools, and tool calls in model text.
+
+The tool config file (``explorer.tool_config_path``, YAML or JSON) has verl's shape
+(``actor_rollout_ref.rollout.multi_turn.tool_config_path``)::
+
+    tools:
+      - class_name: calculator          # a built-in tool of ours (see below)
+        config: {max_exponent: 64}      # that tool's settings (optional)
+        tool_schema:                    # an OpenAI function schema: what the model is told
+          type: function
+          function:
+            name: calculator
+            description: Evaluate an arithmetic expression.
+            parameters: {type: object, properties: {expression: {type: string}}, required: [expression]}
+
+``class_name`` names a built-in implementation (``TOOLS``: ``calculator``, ``python``). verl names a Python
+class there; a dotted path whose last part is a built-in's name, with or without a ``Tool`` suffix and in any
+case (``verl.tools.calculator_tool.CalculatorTool``), maps to that built-in. Nothing named there is ever
+imported: a class that maps to no built-in is refused, with the built-in to use instead when there is one
+(verl's code sandbox -> ``python``). verl's ``config.type: native`` is accepted and ignored; ``mcp`` is refused.
+Each built-in reads ONE string argument (calculator ``expression``, python ``code``), which the schema must
+declare.
+
+Tool calls are parsed from the model's text in the Hermes / Qwen format that chat templates use:
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, several per turn. Every ``<tool_call>`` opening
+tag is one call: malformed JSON, a missing closing tag, an unknown tool or a missing argument is a failed call
+whose error text goes back to the model like any result.
+
+The ``python`` sandbox is best effort, not a security boundary: see :class:`PythonTool`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+import operator
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trinity_like.common.errors import UserError
+from trinity_like.common.registry import Registry
+
+ERROR_KINDS = ("bad_call", "error", "timeout")
+"""``ToolResult.error``: ``bad_call`` the call could not be made (malformed JSON, unknown tool, missing
+argument); ``error`` the tool ran and failed (a refused expression, an exception, a non-zero exit); ``timeout``
+it ran past its time limit."""
+
+INVALID = "_invalid"
+"""The name under which calls to no configured tool (malformed, unknown name) are counted; no tool may take it."""
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""OpenAI's rule for function names."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one tool call gives back: ``text`` goes to the model either way."""
+
+    ok: bool
+    text: str
+    error: str | None = None
+    """None when ``ok``; else one of ``ERROR_KINDS``."""
+
+
+class Tool:
+    """A built-in tool: built once from its settings (``Config``, a dataclass), then called with the model's
+    arguments. Each reads one string argument, ``argument``."""
+
+    argument: str = ""
+    """The argument the tool reads; the tool's schema must declare it."""
+    description: str = ""
+    """Used when the schema gives no description."""
+
+    @dataclass
+    class Config:
+        pass
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def __call__(self, arguments: dict[str, Any]) -> ToolResult:
+        value = arguments.get(self.argument)
+        if not isinstance(value, str):
+            return ToolResult(False, f"missing argument {self.argument!r} (a string)", "bad_call")
+        return self.run(value)
+
+    def run(self, value: str) -> ToolResult:
+        raise NotImplementedError
+
+
+TOOLS: Registry = Registry("tool")
+"""Built-in tool name -> ``Tool`` subclass; every entry is built as ``cls(cls.Config(**settings))`` and called
+as ``tool(arguments) -> ToolResult``."""
+
+
+# ---------------------------------------------------------------- calculator
+
+
+class _Refused(Exception):
+    """An expression the calculator will not evaluate; the message says why."""
+
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+@TOOLS.register("calculator")
+class CalculatorTool(Tool):
+    """Evaluates an arithmetic expression: numbers, ``+ - * / // % **``, unary minus and plus, parentheses.
+    Nothing else is accepted (no names, no calls, no attributes): the expression is parsed with ``ast`` and
+    walked, never ``eval``-ed. Exponents and every intermediate value are bounded, and a power whose result
+    would pass the bound is refused before it is computed, so ``9**9**9`` returns at once."""
+
+    argument = "expression"
+    description = "Evaluate an arithmetic expression."
+
+    @dataclass
+    class Config:
+        max_exponent: int = 100
+        """Largest absolute exponent of ``**``."""
+        max_magnitude: float = 1e18
+        """Largest absolute value of any intermediate result."""
+        max_length: int = 500
+        """Longest expression, in characters."""
+
+    def run(self, value: str) -> ToolResult:
+        if len(value) > self.config.max_length:
+            return ToolResult(False, f"error: expression longer than {self.config.max_length} characters", "error")
+        try:
+            tree = ast.parse(value.strip(), mode="eval")
+            result = self._eval(tree.body)
+        except SyntaxError:
+            return ToolResult(False, "error: not an arithmetic expression", "error")
+        except ZeroDivisionError:
+            return ToolResult(False, "error: division by zero", "error")
+        except (_Refused, OverflowError, RecursionError) as e:
+            return ToolResult(False, f"error: {e}" if str(e) else "error: result too large", "error")
+        return ToolResult(True, _number_text(result))
+
+    def _eval(self, node: ast.AST) -> int | float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return self._bounded(node.value)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            return _UNARY[type(node.op)](self._eval(node.operand))
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = self._eval(node.left), self._eval(node.right)
+            if isinstance(node.op, ast.Pow):
+                self._check_power(left, right)
+            return self._bounded(_BINARY[type(node.op)](left, right))
+        if isinstance(node, ast.Constant):
+            raise _Refused(f"only numbers are allowed, not {node.value!r}")
+        if isinstance(node, ast.Name):
+            raise _Refused(f"names are not allowed ({node.id!r}); use numbers only")
+        if isinstance(node, ast.Call):
+            raise _Refused("function calls are not allowed; use + - * / // % ** and parentheses")
+        raise _Refused(f"{type(node).__name__} is not allowed; use numbers, + - * / // % ** and parentheses")
+
+    def _check_power(self, base: float, exponent: float) -> None:
+        if abs(exponent) > self.config.max_exponent:
+            raise _Refused(f"exponent {exponent} is larger than {self.config.max_exponent}")
+        if abs(base) > 1 and exponent > 0 and exponent * math.log10(abs(base)) > math.log10(self.config.max_magnitude):
+            raise _Refused(f"result larger than {self.config.max_magnitude:g}")
+
+    def _bounded(self, value: Any) -> int | float:
+        if isinstance(value, complex):
+            raise _Refused("the result is not a real number")
+        if isinstance(value, float) and not math.isfinite(value) or abs(value) > self.config.max_magnitude:
+            raise _Refused(f"result larger than {self.config.max_magnitude:g}")
+        return value
+
+
+def _number_text(value: int | float) -> str:
+    """Integers exactly; floats with 12 significant digits, without a trailing ``.0`` (``6/3`` -> ``2``)."""
+    return str(value) if isinstance(value, int) else format(value, ".12g")
+
+
+# ---------------------------------------------------------------- python
+
+_BOOTSTRAP = r"""
+import builtins, io, os, resource, signal, socket, sys
+memory_b, cpu_s, fsize_b = (int(x) for x in sys.argv[1:4])
+for limit, value in ((resource.RLIMIT_AS, memory_b), (resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_FSIZE, fsize_b)):
+    resource.setrlimit(limit, (value, value))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE raises OSError instead of killing
+try:  # a network namespace of our own has no interface but a down loopback: nothing is reachable
+    import ctypes
+    _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.unshare(0x40000000) != 0 and _libc.unshare(0x10000000 | 0x40000000) == 0:  # NEWNET; NEWUSER|NEWNET
+        _uid, _gid = os.geteuid(), os.getegid()  # map ourselves, else creating files fails (EOVERFLOW)
+        for _name, _text in (("setgroups", "deny"), ("uid_map", f"{_uid} {_uid} 1"), ("gid_map", f"{_gid} {_gid} 1")):
+            with open(f"/proc/self/{_name}", "w") as _f:
+                _f.write(_text)
+    del ctypes, _libc
+except (OSError, AttributeError):
+    pass
+def _no_network(*args, **kwargs):
+    raise PermissionError("network access is disabled in this sandbox")
+class _NoSocket(socket.socket):
+    def __init__(self, *args, **kwargs):
+        _no_network()
+socket.socket = _NoSocket
+socket.create_connection = socket.create_server = socket.socketpair = socket.fromfd = _no_network
+_root = os.path.realpath(os.getcwd())
+_open, _os_open = io.open, os.open
+def _inside(path):
+    if isinstance(path, int):
+        return True
+    real = os.path.realpath(os.fspath(path))
+    return real == _root or real.startswith(_root + os.sep)
+def _guarded_open(file, mode="r", *args, **kwargs):
+    if any(c in mode for c in "wax+") and not _inside(file):
+        raise PermissionError(f"writing outside the sandbox directory is not allowed: {file!r}")
+    return _open(file, mode, *args, **kwargs)
+def _guarded_os_open(path, flags, *args, **kwargs):
+    if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC) and not _inside(path):
+        raise PermissionError(f"writing outside the sandbox directory is not allowed: {path!r}")
+    return _os_open(path, flags, *args, **kwargs)
+builtins.open = io.open = _guarded_open
+os.open = _guarded_os_open
+del builtins, io, resource, signal, socket
+with _open("main.py", encoding="utf-8") as _f:
+    _source = _f.read()
+try:
+    exec(compile(_source, "main.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+except SystemExit:
+    raise
+except BaseException as _e:  # the traceback from the user's code on, without this bootstrap's frame
+    import traceback
+    traceback.print_exception(type(_e), _e, _e.__traceback__.tb_next)
+    sys.exit(1)
+"""
+"""Runs in the child before the user's code: resource limits, the network namespace (when the kernel allows
+it) and the in-process network and write guards; then the code of ``main.py`` in the working directory."""
+
+
+@TOOLS.register("python")
+class PythonTool(Tool):
+    """Runs a code string in a fresh Python process and returns what it printed.
+
+    Limits, all set in the child before the code runs:
+    - a new temporary working directory, deleted afterwards (with anything written there);
+    - ``python -I`` (no user site, no PYTHON* variables, no script directory on sys.path) with an environment
+      of PATH, HOME (the working directory) and LANG only, so the parent's variables (keys) are not passed on;
+    - wall time ``timeout_s``: the process group (the child and anything it started) is killed then, and
+      after every call;
+    - ``RLIMIT_AS`` ``memory_mb`` (address space), ``RLIMIT_CPU`` (``timeout_s`` + 1 s of CPU),
+      ``RLIMIT_FSIZE`` ``file_size_mb`` (largest file, stdout and stderr included);
+    - network: a network namespace of its own (``unshare(CLONE_NEWNET)``, or with a user namespace) when the
+      kernel allows it, silently skipped otherwise; and in every case ``socket.socket``,
+      ``socket.create_connection`` and friends replaced by functions that raise;
+    - writes: ``open`` / ``io.open`` / ``os.open`` refuse to write outside the working directory.
+
+    What this is NOT: a kernel sandbox. The network and write guards live inside the child's interpreter,
+    so code that reaches below them (``_socket``, ``_io``, ``ctypes``, ``os.system``, a subprocess) gets
+    around them; the rlimits are set as hard limits, but a child running as root can raise them again. The
+    child runs as the explorer's user (nothing drops privileges) and may read any file that user can. Run
+    model-written code you do not trust under a real sandbox (a container without network, gVisor,
+    nsjail); this tool is for arithmetic and small scripts from a model being trained.
+
+    Limits are set in the child's own first lines rather than a ``preexec_fn``: the workflow calls tools from
+    worker threads (``asyncio.to_thread``), and ``preexec_fn`` is not safe in a process with threads."""
+
+    argument = "code"
+    description = "Run Python code and return what it prints."
+
+    @dataclass
+    class Config:
+        timeout_s: float = 5.0
+        """Wall-clock limit of one run; the process group is killed then."""
+        memory_mb: int = 256
+        """Address-space limit (RLIMIT_AS) of the process."""
+        file_size_mb: int = 16
+        """Largest file the process may write (RLIMIT_FSIZE), its stdout and stderr included."""
+        max_output_chars: int = 2000
+        """Output returned to the model: stdout cut to this, and on failure the end of stderr too."""
+
+    def run(self, value: str) -> ToolResult:
+        c = self.config
+        with tempfile.TemporaryDirectory(prefix="tl-python-") as box:
+            work = Path(box) / "work"
+            work.mkdir()
+            (work / "main.py").write_text(value, encoding="utf-8")
+            out, err = Path(box) / "stdout", Path(box) / "stderr"
+            limits = [str(c.memory_mb * 2**20), str(math.ceil(c.timeout_s) + 1), str(c.file_size_mb * 2**20)]
+            env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(work), "LANG": "C.UTF-8"}
+            with open(out, "wb") as stdout, open(err, "wb") as stderr:
+                proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOTSTRAP, *limits], cwd=work, env=env,
+                                        stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                        start_new_session=True)  # its own process group, killed as one
+                try:
+                    code = proc.wait(timeout=c.timeout_s)
+                    timed_out = False
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                finally:
+                    _kill_group(proc)
+            printed = _head(out.read_text(errors="replace").rstrip("\n"), c.max_output_chars)
+            errors = _tail(err.read_text(errors="replace"), c.max_output_chars)
+        if timed_out:
+            return ToolResult(False, f"{printed}\nerror: timed out after {c.timeout_s:g} s".lstrip(), "timeout")
+        if code != 0:
+            reason = errors.strip() or f"exited with status {code}" + (
+                f" (signal {signal.Signals(-code).name})" if code < 0 else "")
+            return ToolResult(False, f"{printed}\n{reason}".lstrip(), "error")
+        return ToolResult(True, printed if printed else "(no output)")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (whatever it started too) and reap the child."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _head(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n] + f"\n... [{len(text) - n} more characters cut]"
+
+
+def _tail(text: str, n: int) -> str:
+    return text if len(text) <= n else f"[{len(text) - n} characters cut] ...\n" + text[-n:]
+
+
+# ---------------------------------------------------------------- tool calls in model text
+
+_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One ``<tool_call>`` block of the model's text."""
+
+    name: str | None
+    """The tool it names; None when the block could not be read."""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None
+    """Why the block could not be read (then the call fails with this text)."""
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Every ``<tool_call>...</tool_call>`` block of ``text``, in order. A block must hold a JSON object with
+    ``name`` (a string) and ``arguments`` (an object, or a string holding one as OpenAI sends it; absent = {})."""
+    calls = []
+    for m in _CALL.finditer(text):
+        body, closed = m.group(1).strip(), bool(m.group(2))
+        if not closed:
+            calls.append(ToolCall(None, problem="the <tool_call> has no closing </tool_call>"))
+            continue
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as e:
+            calls.append(ToolCall(None, problem=f"the tool call is not valid JSON ({e.msg} at character {e.pos})"))
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            calls.append(ToolCall(None, problem='a tool call is a JSON object {"name": ..., "arguments": {...}}'))
+            continue
+        args = data.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(args, dict):
+            calls.append(ToolCall(data["name"], problem="the tool call's arguments must be a JSON object"))
+            continue
+        calls.append(ToolCall(data["name"], args))
+    return calls
+
+
+# ---------------------------------------------------------------- the tool config file
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One configured tool: what the model is told, and which built-in runs it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    builtin: str
+    """The ``TOOLS`` entry that runs it."""
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema (what chat templates take as ``tools``)."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+class Toolbox:
+    """The configured tools, by name, each built once."""
+
+    def __init__(self, tools: Iterable[tuple[ToolSpec, Tool]] = ()) -> None:
+        self.specs: dict[str, ToolSpec] = {}
+        self._tools: dict[str, Tool] = {}
+        for spec, tool in tools:
+            self.specs[spec.name], self._tools[spec.name] = spec, tool
+
+    def __contains__(self, name: str | None) -> bool:
+        return name in self._tools
+
+    def call(self, call: ToolCall) -> ToolResult:
+        """Run one parsed call; a call that cannot be made is a failed result, never an exception."""
+        if call.problem is not None:
+            return ToolResult(False, f"error: {call.problem}", "bad_call")
+        if call.name not in self._tools:
+            known = ", ".join(sorted(self._tools)) or "none are configured"
+            return ToolResult(False, f"error: unknown tool {call.name!r}; available tools: {known}", "bad_call")
+        return self._tools[call.name](call.arguments)
+
+    def preamble(self) -> str:
+        """The tool descriptions and the call format, for the top of the prompt; empty without tools. Each
+        tool is one line ``- name(arg: type, ...): description`` (short: small models have short contexts)."""
+        if not self.specs:
+            return ""
+        lines = ["Tools:"]
+        for spec in self.specs.values():
+            props = spec.parameters.get("properties", {})
+            args = ", ".join(f"{k}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}" for k, v in props.items())
+            lines.append(f"- {spec.name}({args}): {spec.description}")
+        lines.append('Call a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
+        return "\n".join(lines)
+
+
+def builtin_for(class_name: str) -> str | None:
+    """The built-in a ``class_name`` names: itself, or the last part of a dotted path with any ``Tool`` suffix
+    dropped, case-insensitively (``verl.tools.calculator_tool.CalculatorTool`` -> ``calculator``)."""
+    last = class_name.rsplit(".", 1)[-1].lower()
+    for candidate in (last, last.removesuffix("tool").rstrip("_")):
+        if candidate in TOOLS:
+            return candidate
+    return None
+
+
+_HINTS = {"sandboxfusion": "python", "sandbox": "python", "code": "python", "codeinterpreter": "python",
+          "gsm8k": "calculator"}
+"""verl tools with no built-in of their own, and the built-in that does their job here."""
+
+
+def load_tools(path: str | Path) -> Toolbox:
+    """The tools of a tool config file; UserError naming the file, what is wrong and how to fix it."""
+    path = Path(path).expanduser()
+    where = f"tool config '{path}'"
+    if not path.is_file():
+        raise UserError(f"{where} does not exist; set explorer.tool_config_path to a YAML or JSON file of tools "
+                        "(examples/tool_calculator/tools.yaml shows the format), or to '' for none")
+    data = _read(path, where)
+    entries = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f"{where} must be a mapping with a non-empty list 'tools' (entries with class_name, "
+                        "config, tool_schema); see examples/tool_calculator/tools.yaml")
+    specs: list[tuple[ToolSpec, Tool]] = []
+    for i, entry in enumerate(entries):
+        spec, tool = _entry(entry, f"{where}: tools[{i}]")
+        if spec.name in (s.name for s, _ in specs):
+            raise UserError(f"{where}: tools[{i}] is named {spec.name!r} like an earlier tool; give every tool "
+                            "its own function.name")
+        specs.append((spec, tool))
+    return Toolbox(specs)
+
+
+def _read(path: Path, where: str) -> Any:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise UserError(f"{where} is not valid YAML: {getattr(e, 'problem', None) or e}{at}") from None
+
+
+def _entry(entry: Any, where: str) -> tuple[ToolSpec, Tool]:
+    if not isinstance(entry, dict):
+        raise UserError(f"{where} must be a mapping with class_name, config and tool_schema")
+    unknown = sorted(set(entry) - {"class_name", "config", "tool_schema"})
+    if unknown:
+        raise UserError(f"{where} has unknown key(s) {', '.join(unknown)}; an entry has class_name, config and "
+                        "tool_schema")
+    class_name = entry.get("class_name")
+    if not isinstance(class_name, str) or not class_name:
+        raise UserError(f"{where} needs class_name: one of the built-in tools {', '.join(TOOLS.names())}")
+    builtin = builtin_for(class_name)
+    if builtin is None:
+        key = class_name.rsplit(".", 1)[-1].lower().removesuffix("tool").replace("_", "")
+        hint = f" (for what {class_name} does, use {_HINTS[key]})" if key in _HINTS else ""
+        raise UserError(f"{where}: class_name {class_name!r} names no built-in tool; only built-in tools run "
+                        f"here and nothing named in class_name is imported: use one of "
+                        f"{', '.join(TOOLS.names())}{hint}")
+    cls = TOOLS.get(builtin)
+    fn = _function(entry.get("tool_schema"), where)
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name == INVALID:
+        raise UserError(f"{where}: tool_schema.function.name must be the tool's name, 1-64 letters, digits, _ or - "
+                        f"(and not {INVALID!r}), got {name!r}")
+    description = fn.get("description", cls.description)
+    parameters = fn.get("parameters", {"type": "object", "properties": {cls.argument: {"type": "string"}},
+                                       "required": [cls.argument]})
+    if not isinstance(description, str) or not isinstance(parameters, dict):
+        raise UserError(f"{where}: tool_schema.function.description must be text and parameters a JSON schema "
+                        "object")
+    if cls.argument not in (parameters.get("properties") or {}):
+        raise UserError(f"{where} ({name!r}): tool_schema.function.parameters.properties must declare "
+                        f"{cls.argument!r}, the argument the built-in {builtin} tool reads")
+    return ToolSpec(name, description, parameters, builtin), cls(_settings(cls, entry.get("config"), where))
+
+
+def _function(schema: Any, where: str) -> dict[str, Any]:
+    fn = schema.get("function") if isinstance(schema, dict) else None
+    if not isinstance(fn, dict) or schema.get("type", "function") != "function":
+        raise UserError(f"{where} needs tool_schema: {{type: function, function: {{name, description, "
+                        "parameters}}}} (an OpenAI function schema)")
+    return fn
+
+
+def _settings(cls: type[Tool], config: Any, where: str) -> Any:
+    """``cls.Config`` from an entry's ``config`` mapping, each value checked against its field's type."""
+    config = dict(config or {}) if isinstance(config, dict) or config is None else None
+    if config is None:
+        raise UserError(f"{where}: config must be a mapping of the tool's settings")
+    kind = config.pop("type", "native")
+    if kind != "native":
+        raise UserError(f"{where}: config.type {kind!r} is not supported; only built-in (verl: native) tools run "
+                        "here; drop config.type")
+    fields = {f.name: f for f in dataclasses.fields(cls.Config)}
+    unknown = sorted(set(config) - set(fields))
+    if unknown:
+        raise UserError(f"{where}: unknown config key(s) {', '.join(unknown)}; the {cls.__name__} settings are "
+                        f"{', '.join(fields) or 'none'}")
+    for key, value in config.items():
+        want = (int, float) if fields[key].type == "float" else (int,)
+        if float in want and isinstance(value, str):  # YAML 1.1 reads 1.0e18 (no exponent sign) as text
+            try:
+                config[key] = value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, want) or value <= 0:
+            raise UserError(f"{where}: config.{key} must be a positive {fields[key].type}, got {value!r}")
+    return cls.Config(**config)
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def tool_metrics(infos: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """``rollout/tool_calls/<name>`` and ``rollout/tool_failures/<name>``: sums over experiences' ``info``
+    counts, for every tool called at least once (calls to no configured tool count under ``_invalid``)."""
+    calls: Counter[str] = Counter()
+    failures: Counter[str] = Counter()
+    for info in infos:
+        calls.update(info.get("tool_calls") or {})
+        failures.update(info.get("tool_failures") or {})
+    out = {f"rollout/tool_calls/{name}": float(n) for name, n in sorted(calls.items())}
+    out.update({f"rollout/tool_failures/{name}": float(failures[name]) for name in sorted(calls)})
+    return out
+
