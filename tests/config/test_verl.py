@@ -4,6 +4,7 @@ signatures: the schema of seed 003 in full, its GRPO config, the backends it lis
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -239,7 +240,7 @@ def test_fsdp2_lora_and_multi_turn(tmp_path, tiny_model_path):
         """, "fsdp2.yaml"))
     assert cfg.trainer.strategy == "fsdp2"
     tools = tmp_path / "tools.yaml"
-    tools.write_text("tools: []\n")
+    tools.write_text((Path(__file__).resolve().parents[2] / "examples" / "tool_calculator" / "tools.yaml").read_text())
     cfg = load_config(write(tmp_path, f"""\
         data: {{train_files: {train}}}
         actor_rollout_ref:

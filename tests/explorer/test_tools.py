@@ -428,3 +428,12 @@ def test_real_tiny_model_episode_without_tool_calls(tmp_path, tiny_model_path):
         assert e.info["turns"] == 1 and e.info["tool_calls"] == {} and bool(e.action_mask.all())
         assert e.reward in (0.0, 0.1, 1.0) and e.model_version == 0
         assert e.prompt_text.startswith("Tools:\n- calculator(expression: string)") and e.prompt_text.endswith("\n3+4=")
+
+
+def test_a_bad_tool_config_is_refused_at_config_load(tmp_path):
+    from trinity_like.config import ConfigError, load_config
+
+    bad = tmp_path / "tools.yaml"
+    bad.write_text("tools: []\n")
+    with pytest.raises(ConfigError, match="explorer.tool_config_path: tool config .* non-empty list 'tools'"):
+        load_config(None, [f"explorer.tool_config_path={bad}", "explorer.workflow=tool_agent"])

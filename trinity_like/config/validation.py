@@ -49,6 +49,13 @@ def validate(cfg: Config) -> None:
     if cfg.warmup.sft_steps and not cfg.explorer.eval_tasksets:
         raise ConfigError("warmup.sft_steps > 0 measures the warm-up and the RL run on explorer.eval_tasksets, "
                           "which is empty; add one (e.g. explorer.eval_tasksets=[{name: heldout, size: 64}])")
+    if cfg.explorer.tool_config_path:  # a bad tool file stops the run here, not every task later
+        from trinity_like.explorer.tools import load_tools
+
+        try:
+            load_tools(cfg.explorer.tool_config_path)
+        except Exception as e:
+            raise ConfigError(f"explorer.tool_config_path: {e}") from None
     demos = cfg.warmup.demonstrations
     if demos and not (Path(demos).is_file() and Path(demos).suffix in (".jsonl", ".parquet")):
         raise ConfigError(f"warmup.demonstrations '{demos}' is not an existing .jsonl or .parquet file; give a file "

@@ -33,7 +33,8 @@ import numpy as np
 from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task
 from trinity_like.explorer.tools import INVALID, Toolbox, ToolResult, load_tools, parse_tool_calls
-from trinity_like.explorer.workflows import WORKFLOWS, Workflow, WorkflowContext, _score
+from trinity_like.explorer.workflow_base import WORKFLOWS, Workflow, WorkflowContext
+from trinity_like.explorer.workflow_base import score_texts as _score
 
 
 def episode_prompt(task_prompt: str, tools: Toolbox) -> str:

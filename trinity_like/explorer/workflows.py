@@ -28,51 +28,14 @@ import importlib
 import importlib.util
 import random
 import re
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
 from trinity_like.common.experience import Experience
-from trinity_like.common.registry import Registry
 from trinity_like.common.tasks import Task, prompt_ids
-from trinity_like.config import SamplingConfig
-
-WORKFLOWS: Registry = Registry("workflow")
-
-
-@dataclass
-class WorkflowContext:
-    """What a workflow needs besides the task and the engine."""
-
-    sampling: SamplingConfig
-    repeat_times: int
-    seeds: list[int]
-    """One seed per sample of this task (``repeat_times`` of them)."""
-    tokenizer: Any
-    reward_manager: Any
-    max_turns: int = 4
-    explore_step: int = 0
-    """The explorer step this task belongs to."""
-    greedy_baseline: bool = False
-    """Also generate one greedy (temperature 0) response per task, score it, and store its reward as
-    ``info["reward_baseline"]`` in every experience of the task: ReMax's baseline (on when
-    ``algorithm.adv_estimator`` is remax). The greedy response is not an experience."""
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-class Workflow:
-    """Base class: subclasses implement ``run``."""
-
-    async def run(self, task: Task, engine, ctx: WorkflowContext) -> list[Experience]:
-        raise NotImplementedError
-
-
-def _score(ctx: WorkflowContext, texts: list[str], task: Task, lengths: list[int]) -> tuple[list[float], list[bool]]:
-    n = len(texts)
-    rewards, info = ctx.reward_manager.score(texts, [task.answer] * n, [task.data_source or "math"] * n, lengths,
-                                             [task.extra_info] * n)
-    return rewards, info["reward_failed"]
+from trinity_like.explorer.workflow_base import WORKFLOWS, Workflow, WorkflowContext
+from trinity_like.explorer.workflow_base import score_texts as _score
 
 
 @WORKFLOWS.register("single_turn")
