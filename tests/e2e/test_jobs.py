@@ -192,7 +192,7 @@ def test_two_ray_jobs_meet_in_either_order(tmp_path, tiny_model_path, ray_cluste
 def test_several_explorer_jobs_join_one_trainer_and_status_shows_them(tmp_path, tiny_model_path, ray_cluster):
     cfg_path = _write_cfg(tmp_path, tiny_model_path, "fleet", trainer__total_steps=6,
                           synchronizer__max_staleness=2)
-    explorers = [_driver(ray_cluster, cfg_path, "explorer") for _ in range(3)]
+    explorers = [_driver(ray_cluster, cfg_path, "explorer") for _ in range(2)]
 
     # steps 0-2 need version 0; then both wait for a trainer, and say so (no `status` process per poll)
     _wait_until(lambda: all("explorer: waiting for new weights" in e.output for e in explorers), 240,
