@@ -9,9 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from trinity_like.common.errors import UserError
 from trinity_like.config import ConfigError
+
+if TYPE_CHECKING:
+    from trinity_like.config import Config
+    from trinity_like.config.verl import Translation
 
 
 def _split_config_and_overrides(items: list[str]) -> tuple[str, list[str]]:
@@ -24,29 +29,25 @@ def _split_config_and_overrides(items: list[str]) -> tuple[str, list[str]]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from trinity_like.config import load_config, to_yaml
+    from trinity_like.config import to_yaml
+    from trinity_like.config.loading import load_config_with_translation
 
     config, overrides = _split_config_and_overrides(args.items)
-    cfg = load_config(config, overrides, allow_unmapped=args.allow_unmapped)
+    cfg, translation = load_config_with_translation(config, overrides, allow_unmapped=args.allow_unmapped)
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
-    if args.role != "explorer":  # the trainer's node holds the run directory
-        _keep_verl_translation(config, cfg, args.allow_unmapped)
+    if translation is not None and args.role != "explorer":  # the trainer's node holds the run directory
+        _keep_verl_translation(translation, cfg)
     from trinity_like.launcher import run
 
     summary = run(cfg, role=args.role, resume=args.resume, address=args.address)
     return 0 if summary["exit_reason"] in ("completed", "stopped") else 1
 
 
-def _keep_verl_translation(config: str, cfg, allow_unmapped: bool) -> None:
+def _keep_verl_translation(translation: Translation, cfg: Config) -> None:
     """A verl-shaped config leaves its translation in the run directory: what each key set, what had no effect
     and which keys were ignored (``verl_translation.yaml``)."""
-    from trinity_like.config.loading import translate_verl_file
-
-    translation = translate_verl_file(config, allow_unmapped)
-    if translation is None:
-        return
     import yaml
 
     from trinity_like.common.fs import atomic_write_text
@@ -133,8 +134,9 @@ def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from trinity_like.common.tiny_model import make_tiny_model
 
     set_offline_env()
-    path = make_tiny_model(args.out_dir, seed=args.seed, layers=args.layers, hidden=args.hidden)
-    print(f"tiny model written to {path}")
+    path = make_tiny_model(args.out_dir, seed=args.seed, layers=args.layers, hidden=args.hidden,
+                           reward_head=args.reward_head)
+    print(f"tiny {'reward model' if args.reward_head else 'model'} written to {path}")
     return 0
 
 
@@ -211,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--reward-head", action="store_true",
+                   help="a sequence-classification model with one label (a reward model, reward.model.path)")
     p.set_defaults(func=_cmd_make_tiny_model)
 
     p = sub.add_parser("config-docs", help="regenerate docs/config.md, the configuration reference, from the "

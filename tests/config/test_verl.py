@@ -116,9 +116,9 @@ def test_translation_records_what_each_key_did(tmp_path, data_files, tiny_model_
     applied = {k: how for k, _, how in tr.applied}
     assert applied["actor_rollout_ref.actor.ppo_mini_batch_size"] == "trainer.mini_batch_size=512"
     assert "(verl's default)" in applied["actor_rollout_ref.actor.entropy_coeff"]
+    assert applied["data.max_prompt_length"] == "explorer.max_prompt_tokens=512"
     no_effect = {k for k, _, _ in tr.no_effect}
-    assert {"data.max_prompt_length", "actor_rollout_ref.rollout.log_prob_micro_batch_size",
-            "trainer.async_weight_update"} <= no_effect
+    assert {"actor_rollout_ref.rollout.log_prob_micro_batch_size", "trainer.async_weight_update"} <= no_effect
     assert not tr.unmapped
 
 
@@ -197,7 +197,8 @@ def test_a_short_verl_config_means_what_it_means_to_verl(tmp_path, tiny_model_pa
       "actor_rollout_ref.rollout.mem_fraction_static", "actor_rollout_ref.rollout.context_length"}),
     ("actor_rollout_ref: {rollout: {name: vllm, enable_vision: true, max_model_len: 32768}}",
      {"actor_rollout_ref.rollout.enable_vision"}),
-    ("reward_model: {enable: true, model: {path: some/rm}}", {"reward_model.enable"}),
+    ("reward_model: {enable: true, model: {trust_remote_code: true}}",
+     {"reward_model.enable", "reward_model.model.trust_remote_code"}),
     ("trainer: {default_hdfs_dir: hdfs://x/y}", {"trainer.default_hdfs_dir"}),
 ])
 def test_keys_without_counterpart_are_named_in_one_message(tmp_path, tiny_model_path, snippet, refused):
@@ -218,6 +219,49 @@ def test_keys_without_counterpart_are_named_in_one_message(tmp_path, tiny_model_
     tr = translate(base, path, allow_unmapped=True)
     assert {k for k, _, _ in tr.unmapped} == refused
     assert {d["verl"] for d in tr.report()["ignored_unmapped"]} == refused
+
+
+@pytest.mark.parametrize("gpus,split", [
+    # G: (trainer workers, GPUs each, engines, GPUs each, reward model's GPUs)
+    (1, (1, 0.5, 1, 0.25, 0.25)),
+    (2, (1, 1.0, 1, 0.5, 0.5)),
+    (4, (1, 1.0, 2, 1.0, 1.0)),
+    (8, (3, 1.0, 4, 1.0, 1.0)),
+])
+def test_a_reward_model_is_served_and_given_its_share_of_the_gpus(tmp_path, tiny_model_path, gpus, split):
+    train = verl_data(tmp_path / "train.parquet")
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    tree = {"data": {"train_files": str(train)}, "actor_rollout_ref": {"model": {"path": str(tiny_model_path)}},
+            "reward_model": {"enable": True, "model": {"path": "rm", "input_tokenizer": str(tiny_model_path)},
+                             "micro_batch_size_per_gpu": 4, "max_length": 300},
+            "trainer": {"n_gpus_per_node": gpus}}
+    native = translate(tree, tmp_path / "verl.yaml").native
+    assert native["reward.model.path"] == str(rm)  # relative to the config file, as verl's other paths
+    assert native["reward.model.combine"] == "replace"  # verl: the model's score replaces the function's
+    assert (native["reward.model.micro_batch_size"], native["reward.model.max_length"]) == (4, 300)
+    got = (native["trainer.num_workers"], native["trainer.gpus_per_worker"], native["explorer.num_engines"],
+           native["explorer.gpus_per_engine"], native["reward.model.num_gpus"])
+    assert got == split
+    assert got[0] * got[1] + got[2] * got[3] + got[4] == gpus  # every GPU used, none twice
+    # without the reward model the split is the plain one, and nothing of the reward model is set
+    plain = translate({**tree, "reward_model": {"enable": False, "model": {"path": "rm"}}}, tmp_path / "v.yaml").native
+    assert "reward.model.path" not in plain and "reward.model.num_gpus" not in plain
+
+
+def test_prompt_length_truncation_and_filtering_carry_over(tmp_path, tiny_model_path):
+    train = verl_data(tmp_path / "train.parquet")
+    base = {"actor_rollout_ref": {"model": {"path": str(tiny_model_path)}}, "trainer": {"device": "cpu"}}
+    cfg = load_config(write(tmp_path, yaml.safe_dump({**base, "data": {
+        "train_files": str(train), "max_prompt_length": 64, "truncation": "middle", "filter_overlong_prompts": True}})))
+    assert (cfg.explorer.max_prompt_tokens, cfg.explorer.prompt_truncation) == (64, "middle")
+    assert cfg.explorer.filter_overlong_prompts
+    cfg = load_config(write(tmp_path, yaml.safe_dump({**base, "data": {"train_files": str(train)}}), "short.yaml"))
+    assert (cfg.explorer.max_prompt_tokens, cfg.explorer.prompt_truncation) == (512, "error")  # verl's defaults
+    assert not cfg.explorer.filter_overlong_prompts
+    with pytest.raises(ConfigError, match="allowed values: error, left, right, middle"):
+        load_config(write(tmp_path, yaml.safe_dump({**base, "data": {"train_files": str(train), "truncation": "top"}}),
+                          "bad.yaml"))
 
 
 def _deep_merge(a: dict, b: dict) -> dict:
@@ -278,6 +322,27 @@ def test_config_convert_prints_an_equivalent_native_config(tmp_path, tiny_model_
     assert load_config(native) == load_config(path)
     assert main(["config-convert", str(native)]) == 2  # already one of ours
     assert "not a verl-shaped config" in capsys.readouterr().err
+
+
+def test_run_translates_a_verl_file_once_and_keeps_that_translation(tmp_path, tiny_model_path, monkeypatch,
+                                                                    capsys):
+    import trinity_like.config.verl as verl
+    import trinity_like.launcher
+
+    train = verl_data(tmp_path / "train.parquet")
+    tree = yaml.safe_load(GRPO.format(train=train, model=tiny_model_path, name="once", root=tmp_path / "ck"))
+    tree["trainer"]["a_key_verl_does_not_have"] = 1
+    path = tmp_path / "verl.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    translate_once = verl.translate
+    calls = []
+    monkeypatch.setattr(verl, "translate", lambda *a, **k: calls.append(a) or translate_once(*a, **k))
+    monkeypatch.setattr(trinity_like.launcher, "run", lambda cfg, **_: {"exit_reason": "completed"})
+    assert main(["run", str(path), "--allow-unmapped"]) == 0
+    assert len(calls) == 1  # load_config's translation is the one kept: no second YAML parse or Parquet count
+    kept = yaml.safe_load((tmp_path / "ck" / "verl_grpo" / "once" / "verl_translation.yaml").read_text())
+    assert kept == translate_once(yaml.safe_load(path.read_text()), path, allow_unmapped=True).report()
+    assert "ignored 1 key(s) with no counterpart here: trainer.a_key_verl_does_not_have" in capsys.readouterr().out
 
 
 def test_docs_verl_md_is_up_to_date():

@@ -320,7 +320,7 @@ def _ctx(tok, tools_path, max_turns=4, repeat=2, max_new_tokens=8):
     return WorkflowContext(sampling=SamplingConfig(temperature=1.0, max_new_tokens=max_new_tokens),
                            repeat_times=repeat, seeds=list(range(7, 7 + repeat)), tokenizer=tok,
                            reward_manager=load_reward_manager(RewardConfig(), tok), max_turns=max_turns,
-                           info={"tool_config_path": str(tools_path)})
+                           tool_config_path=str(tools_path) if tools_path else "")
 
 
 _RESPONSES = re.compile(r"(\n<tool_response>.*?</tool_response>)+\n", re.DOTALL)
@@ -406,7 +406,6 @@ def test_scripted_episode_out_of_turns_has_no_final_answer(tmp_path, tiny_model_
 def test_no_tools_configured_every_call_is_invalid(tiny_model_path):
     tok = hf_tokenizer(tiny_model_path)
     ctx = _ctx(tok, "", max_turns=2, repeat=1)
-    ctx.info["tool_config_path"] = ""
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
     (e,) = asyncio.run(ToolAgentWorkflow().run(Task("t3", "1+1=", "2", data_source="arithmetic"),
                                                ScriptedEngine(tok, [call, "2"]), ctx))

@@ -288,30 +288,53 @@ OverlongBufferConfig = OverlongBufferParams
 """DAPO's overlong penalty (defaults in ``trinity_like.common.algorithm_params``)."""
 
 
+MODEL_COMBINE = ("replace", "add")
+"""How a reward model's scores meet the reward function's (``reward.model.combine``)."""
+
+
 class NaiveRewardManager:
-    """Scores decoded responses with a reward function; the score sits on the last response token."""
+    """Scores decoded responses with a reward function; the score sits on the last response token.
+
+    With a reward model's scores (``score(..., model_scores=...)``, computed by the explorer's reward-model actor),
+    ``model_combine`` says what they do: ``replace`` (the reward is the model's score, the function is not called:
+    verl's behaviour) or ``add`` (model score + function score)."""
 
     def __init__(self, tokenizer, num_examine: int = 0, compute_score: RewardFn | None = None,
-                 reward_fn_key: str = "data_source", failure_value: float = 0.0) -> None:
+                 reward_fn_key: str = "data_source", failure_value: float = 0.0,
+                 model_combine: str = "replace") -> None:
+        if model_combine not in MODEL_COMBINE:
+            raise ValueError(f"model_combine must be one of {', '.join(MODEL_COMBINE)}, got {model_combine!r}")
         self.tokenizer = tokenizer
         self.num_examine = num_examine
         self.compute_score = compute_score or DEFAULT_REWARD_FN
         self.reward_fn_key = reward_fn_key
         self.failure_value = failure_value
+        self.model_combine = model_combine
         self._examined: dict[str, int] = {}
 
     def score(self, responses: Sequence[str], ground_truths: Sequence[Any], data_sources: Sequence[str],
-              response_lengths: Sequence[int] | None = None,
-              extra_infos: Sequence[dict] | None = None) -> tuple[list[float], dict[str, list]]:
-        """Scores per response and extra per-sample info (``reward_failed``). ``extra_infos``: per-sample
-        extras for the reward function (verl's ``extra_info``)."""
-        kwargs: dict[str, Any] = {"data_sources": list(data_sources)}
-        if extra_infos is not None:
-            kwargs["extra_infos"] = list(extra_infos)
-        scores, failures = score_batch(self.compute_score, responses, ground_truths, self.failure_value, **kwargs)
+              response_lengths: Sequence[int] | None = None, extra_infos: Sequence[dict] | None = None,
+              model_scores: Sequence[float] | None = None) -> tuple[list[float], dict[str, list]]:
+        """Scores per response and extra per-sample info (``reward_failed``; with ``model_scores`` also
+        ``model_score``). ``extra_infos``: per-sample extras for the reward function (verl's ``extra_info``)."""
+        n = len(responses)
+        if model_scores is not None and len(model_scores) != n:
+            raise ValueError(f"{len(model_scores)} reward-model scores for {n} responses")
+        if model_scores is not None and self.model_combine == "replace":
+            scores, failures = [float(s) for s in model_scores], []
+        else:
+            kwargs: dict[str, Any] = {"data_sources": list(data_sources)}
+            if extra_infos is not None:
+                kwargs["extra_infos"] = list(extra_infos)
+            scores, failures = score_batch(self.compute_score, responses, ground_truths, self.failure_value, **kwargs)
+            if model_scores is not None:
+                scores = [s + float(m) for s, m in zip(scores, model_scores, strict=True)]
         self._print_examples(responses, ground_truths, data_sources, scores)
         failed = set(failures)
-        return scores, {"reward_failed": [i in failed for i in range(len(scores))]}
+        extra: dict[str, list] = {"reward_failed": [i in failed for i in range(n)]}
+        if model_scores is not None:
+            extra["model_score"] = [float(m) for m in model_scores]
+        return scores, extra
 
     def _print_examples(self, responses, ground_truths, data_sources, scores) -> None:
         for response, truth, source, s in zip(responses, ground_truths, data_sources, scores, strict=True):
@@ -345,8 +368,9 @@ class DAPORewardManager(NaiveRewardManager):
 
     def __init__(self, tokenizer, num_examine: int = 0, compute_score: RewardFn | None = None,
                  reward_fn_key: str = "data_source", max_resp_len: int | None = None,
-                 overlong_buffer_cfg: OverlongBufferConfig | Any = None, failure_value: float = 0.0) -> None:
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, failure_value)
+                 overlong_buffer_cfg: OverlongBufferConfig | Any = None, failure_value: float = 0.0,
+                 model_combine: str = "replace") -> None:
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, failure_value, model_combine)
         self.overlong = overlong_buffer_cfg or OverlongBufferConfig()
         self.max_resp_len = max_resp_len
         if self.overlong.enable:
@@ -356,8 +380,11 @@ class DAPORewardManager(NaiveRewardManager):
                 raise ValueError(f"overlong buffer len must be in (0, max_resp_len={max_resp_len}], "
                                  f"got {self.overlong.len}")
 
-    def score(self, responses, ground_truths, data_sources, response_lengths=None, extra_infos=None):
-        scores, extra = super().score(responses, ground_truths, data_sources, response_lengths, extra_infos)
+    def score(self, responses, ground_truths, data_sources, response_lengths=None, extra_infos=None,
+              model_scores=None):
+        """The naive scores (a reward model's included) plus the overlong penalty."""
+        scores, extra = super().score(responses, ground_truths, data_sources, response_lengths, extra_infos,
+                                      model_scores)
         if self.overlong.enable:
             if response_lengths is None:
                 raise ValueError("the overlong penalty needs response_lengths")
@@ -375,16 +402,31 @@ REWARD_MANAGERS = {"naive": NaiveRewardManager, "dapo": DAPORewardManager}
 def load_reward_manager(config, tokenizer, num_examine: int = 0, **kwargs: Any):
     """Build the reward manager that ``config.reward`` (or ``config`` itself, a RewardConfig) describes:
     ``manager`` (naive | dapo), ``function_path`` / ``function_name`` (a custom reward function; empty = the
-    built-in ``compute_score``), ``reward_fn_key``, ``failure_value``, and for dapo ``max_resp_len`` and
-    ``overlong_buffer``. ``kwargs`` go to the manager's constructor."""
+    built-in ``compute_score``), ``reward_fn_key``, ``failure_value``, ``model.combine``, and for dapo
+    ``max_resp_len`` and ``overlong_buffer``. ``kwargs`` go to the manager's constructor."""
     rc = getattr(config, "reward", config)
     if rc.manager not in REWARD_MANAGERS:
         raise KeyError(f"unknown reward manager {rc.manager!r}; valid names: {', '.join(REWARD_MANAGERS)}")
     fn = load_reward_function(rc.function_path, rc.function_name) if rc.function_path else None
-    common = dict(compute_score=fn, reward_fn_key=rc.reward_fn_key, failure_value=rc.failure_value)
+    common = dict(compute_score=fn, reward_fn_key=rc.reward_fn_key, failure_value=rc.failure_value,
+                  model_combine=rc.model.combine)
     if rc.manager == "dapo":
         max_resp_len = rc.max_resp_len
         if max_resp_len is None and hasattr(config, "explorer"):
             max_resp_len = config.explorer.sampling.max_new_tokens
         common.update(max_resp_len=max_resp_len, overlong_buffer_cfg=rc.overlong_buffer)
     return REWARD_MANAGERS[rc.manager](tokenizer, num_examine, **{**common, **kwargs})
+
+
+def compute_reward(data, reward_fn) -> tuple[Any, dict[str, list]]:
+    """verl's ``compute_reward(data, reward_fn)``: the token-level reward tensor (B, R) of ``data`` (a list of
+    Experiences) and the reward manager's extra per-sample info. ``reward_fn`` is a reward manager (anything
+    called as ``reward_fn(data, return_dict=True)`` returning ``{"reward_tensor", "reward_extra_info"}``), or a
+    callable that takes only ``data`` and returns the tensor (then the extra info is empty)."""
+    try:
+        result = reward_fn(data, return_dict=True)
+    except TypeError as e:  # a callable without return_dict
+        if "return_dict" not in str(e):
+            raise
+        return reward_fn(data), {}
+    return result["reward_tensor"], dict(result.get("reward_extra_info", {}))

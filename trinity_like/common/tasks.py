@@ -10,16 +10,29 @@ rendered by the tokenizer's chat template (``prompt_ids``).
 
 The built-in ``arithmetic`` set asks for the sum of two small numbers ("7+12=") and has an exact answer, so
 the reward is checkable and a tiny model can improve on it.
+
+A prompt token limit (``limit_prompts``: ``explorer.max_prompt_tokens``, verl's ``data.max_prompt_length`` with
+``data.truncation`` and ``data.filter_overlong_prompts``) is applied once, when the explorer loads its task sets,
+to the prompt as ``prompt_ids`` gives it (after the chat template). A task it cuts carries the kept ids
+(``Task.prompt_token_ids``, what ``prompt_ids`` then returns) and the text of those ids as its ``prompt``, so the
+workflows that build their prompt from the text (``guess_number``, ``tool_agent``) start from the same cut
+prompt; what they add around it (an instruction, the tool descriptions) is not counted, as verl counts the data
+file's prompt only. For a chat-message task that text is the whole rendered conversation (role headers
+included), since the cut applies to it.
 """
 
 from __future__ import annotations
 
+import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trinity_like.common.errors import RunError
 from trinity_like.common.fs import atomic_write_with
+
+logger = logging.getLogger(__name__)
 
 TASK_COLUMNS = ("task_id", "prompt", "answer")
 
@@ -41,16 +54,84 @@ class Task:
     """Chat messages that form the prompt (verl's data files); None = ``prompt`` is the raw text."""
     extra_info: dict[str, Any] = field(default_factory=dict)
     """Per-task extras handed to the reward function (verl's ``extra_info``)."""
+    prompt_token_ids: tuple[int, ...] | None = None
+    """The prompt's token ids as the prompt limit cut them (``limit_prompts``); None = not cut, ``prompt_ids``
+    renders them from ``messages`` or ``prompt``."""
 
 
 def prompt_ids(task: Task, tokenizer) -> list[int]:
-    """The prompt's token ids: the chat messages rendered with a generation prompt by the tokenizer's chat template
+    """The prompt's token ids: those the prompt limit kept (``Task.prompt_token_ids``) for a task it cut, else the
+    chat messages rendered with a generation prompt by the tokenizer's chat template
     (``trinity_like.common.chat.render_ids``), or the raw prompt text encoded."""
+    if task.prompt_token_ids is not None:
+        return list(task.prompt_token_ids)
     if task.messages:
         from trinity_like.common.chat import render_ids
 
         return list(render_ids(list(task.messages), tokenizer, add_generation_prompt=True))
     return list(tokenizer.encode(task.prompt))
+
+
+TRUNCATIONS = ("error", "left", "right", "middle")
+"""What becomes of a prompt over the token limit (verl's ``data.truncation``): ``error`` refuses the task set,
+``left`` keeps the last tokens, ``right`` the first, ``middle`` the first and the last halves."""
+
+
+def truncate_ids(ids: list[int], max_tokens: int, truncation: str) -> list[int]:
+    """``ids`` cut to ``max_tokens`` as verl cuts a prompt: ``left`` keeps the last ``max_tokens``, ``right`` the
+    first ``max_tokens``, ``middle`` the first ``max_tokens // 2`` and the last ``max_tokens - max_tokens // 2``.
+    ``ids`` no longer than the limit (or a limit of 0) come back whole; ``error`` never cuts (ValueError)."""
+    if max_tokens <= 0 or len(ids) <= max_tokens:
+        return list(ids)
+    if truncation == "left":
+        return list(ids[-max_tokens:])
+    if truncation == "right":
+        return list(ids[:max_tokens])
+    if truncation == "middle":
+        head = max_tokens // 2
+        return list(ids[:head]) + list(ids[len(ids) - (max_tokens - head):])
+    raise ValueError(f"a prompt of {len(ids)} tokens is over the limit of {max_tokens} and truncation is "
+                     f"{truncation!r}; truncation is one of {', '.join(TRUNCATIONS[1:])} to cut it")
+
+
+def limit_prompts(tasks: list[Task], tokenizer, max_tokens: int, truncation: str = "error",
+                  filter_overlong: bool = False, source: str = "the task set") -> list[Task]:
+    """The task set under a prompt token limit, as verl applies ``data.max_prompt_length``: with
+    ``filter_overlong`` the tasks whose prompt (``prompt_ids``) is over ``max_tokens`` are dropped (logged with
+    their count); else they are cut by ``truncation`` (``truncate_ids``; the cut tasks carry the kept ids and
+    their text, module docstring), and with ``error`` the first of them stops the load (RunError naming the
+    task, its length, the limit and the fixes). ``max_tokens`` 0 returns ``tasks`` as they are. ``source`` names
+    the set in messages. RunError too when the filter drops every task."""
+    if max_tokens <= 0:
+        return tasks
+    lengths = [len(prompt_ids(t, tokenizer)) for t in tasks]
+    over = [i for i, n in enumerate(lengths) if n > max_tokens]
+    if not over:
+        return tasks
+    if filter_overlong:
+        kept = [t for t, n in zip(tasks, lengths, strict=True) if n <= max_tokens]
+        if not kept:
+            raise RunError(f"explorer.filter_overlong_prompts dropped all {len(tasks)} tasks of {source}: every "
+                           f"prompt is over explorer.max_prompt_tokens={max_tokens} (the shortest has "
+                           f"{min(lengths)} tokens); raise max_prompt_tokens")
+        logger.warning("%s: dropped %d of %d tasks whose prompt is over %d tokens (explorer.filter_overlong_prompts)",
+                       source, len(over), len(tasks), max_tokens)
+        return kept
+    if truncation == "error":
+        first = tasks[over[0]]
+        more = f" (and {len(over) - 1} more task(s) over it)" if len(over) > 1 else ""
+        raise RunError(f"task '{first.task_id}' of {source} has a prompt of {lengths[over[0]]} tokens, over "
+                       f"explorer.max_prompt_tokens={max_tokens}{more}; raise max_prompt_tokens, set "
+                       "explorer.prompt_truncation to left, right or middle to cut such prompts, or "
+                       "explorer.filter_overlong_prompts=true to drop such tasks")
+    out = list(tasks)
+    for i in over:
+        kept_ids = truncate_ids(prompt_ids(tasks[i], tokenizer), max_tokens, truncation)
+        out[i] = replace(tasks[i], prompt_token_ids=tuple(kept_ids),
+                         prompt=tokenizer.decode(kept_ids, skip_special_tokens=True))
+    logger.warning("%s: cut %d of %d prompts to %d tokens (explorer.prompt_truncation=%s)",
+                   source, len(over), len(tasks), max_tokens, truncation)
+    return out
 
 
 def generate_arithmetic(size: int, max_operand: int, seed: int) -> list[Task]:

@@ -64,10 +64,19 @@ def make_tiny_model(
     kv_heads: int = 2,
     vocab_size: int = 512,
     max_positions: int = 512,
+    reward_head: bool = False,
 ) -> Path:
-    """Build the tokenizer and model into ``out_dir`` (published atomically) and return the path."""
+    """Build the tokenizer and model into ``out_dir`` (published atomically) and return the path.
+
+    ``reward_head``: a ``Qwen2ForSequenceClassification`` with one label (a reward model's scalar head on the
+    same backbone shape) instead of the causal LM."""
     import torch
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen2ForSequenceClassification,
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -90,11 +99,12 @@ def make_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
+        **({"num_labels": 1} if reward_head else {}),
     )
     devices_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = Qwen2ForCausalLM(config)
+        model = (Qwen2ForSequenceClassification if reward_head else Qwen2ForCausalLM)(config)
     finally:
         torch.random.set_rng_state(devices_state)
 

@@ -36,6 +36,7 @@ from trinity_like.config.schema import (
     OptimizerConfig,
     OverlongBufferConfig,
     RewardConfig,
+    RewardModelConfig,
     SamplingConfig,
     ServeConfig,
     SynchronizerConfig,
@@ -47,4 +48,4 @@ from trinity_like.config.schema import (
 )
 from trinity_like.config.validation import validate
 
-__all__ = ['AlgorithmConfig', 'BufferConfig', 'Config', 'ConfigError', 'CriticConfig', 'ENGINES', 'EvalTasksetConfig', 'ExplorerConfig', 'KLControlConfig', 'LoraConfig', 'MODES', 'ModelConfig', 'MonitorConfig', 'NodeConfig', 'OffPolicyConfig', 'OptimizerConfig', 'OverlongBufferConfig', 'RENAMED_KEYS', 'RewardConfig', 'SamplingConfig', 'ServeConfig', 'SynchronizerConfig', 'TasksetConfig', 'TrainerConfig', 'VLLMConfig', 'WANDB_MODES', 'WarmupConfig', 'allowed_values', 'flatten', 'load_config', 'to_yaml', 'validate']
+__all__ = ['AlgorithmConfig', 'BufferConfig', 'Config', 'ConfigError', 'CriticConfig', 'ENGINES', 'EvalTasksetConfig', 'ExplorerConfig', 'KLControlConfig', 'LoraConfig', 'MODES', 'ModelConfig', 'MonitorConfig', 'NodeConfig', 'OffPolicyConfig', 'OptimizerConfig', 'OverlongBufferConfig', 'RENAMED_KEYS', 'RewardConfig', 'RewardModelConfig', 'SamplingConfig', 'ServeConfig', 'SynchronizerConfig', 'TasksetConfig', 'TrainerConfig', 'VLLMConfig', 'WANDB_MODES', 'WarmupConfig', 'allowed_values', 'flatten', 'load_config', 'to_yaml', 'validate']

@@ -6,11 +6,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trinity_like.common.errors import ConfigError
 from trinity_like.config.schema import RENAMED_KEYS, Config
 from trinity_like.config.validation import validate
+
+if TYPE_CHECKING:
+    from trinity_like.config.verl import Translation
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = (),
@@ -18,10 +21,18 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
     """Load ``path`` (YAML; None = defaults), apply ``key=value`` overrides, validate, return a Config. A
     verl-shaped file (``trinity_like.config.verl``) is translated first; ``allow_unmapped`` lets its keys with no
     counterpart here be ignored instead of refused."""
+    return load_config_with_translation(path, overrides, allow_unmapped)[0]
+
+
+def load_config_with_translation(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = (),
+                                 allow_unmapped: bool = False) -> tuple[Config, Translation | None]:
+    """``load_config``, and the ``Translation`` of a verl-shaped file (None for a config of ours), so that a caller
+    that keeps the translation report (``trinity-like run``) does not translate the file a second time."""
     from omegaconf import OmegaConf
 
     schema = OmegaConf.structured(Config)
     layers = []
+    verl = None
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -43,7 +54,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
     if cfg.algorithm.adv_estimator == "dapo":  # DAPO's parts, under the values the file and overrides give
         cfg = _merge(schema, [OmegaConf.create(dapo_preset(cfg)), *layers], overrides)
     validate(cfg)
-    return cfg
+    return cfg, verl
 
 
 def _merge(schema: Any, layers: list[Any], overrides: list[str] | tuple[str, ...]) -> Config:
@@ -87,7 +98,7 @@ def dapo_preset(cfg: Config) -> dict[str, Any]:
                                                               "penalty_factor": 1.0}}}
 
 
-def translate_verl_file(path: str | os.PathLike, allow_unmapped: bool = False):
+def translate_verl_file(path: str | os.PathLike, allow_unmapped: bool = False) -> Translation | None:
     """The ``Translation`` of a verl-shaped config file, or None when the file is a config of ours."""
     from trinity_like.config.verl import is_verl_config, load_verl_file, translate
 

@@ -147,6 +147,17 @@ class ExplorerConfig:
     """Sampling settings for rollouts."""
     taskset: TasksetConfig = field(default_factory=TasksetConfig)
     """Where the training tasks come from."""
+    max_prompt_tokens: int = _at_least(0, 0)
+    """Longest task prompt in tokens, counted after the chat template, for the training and eval task sets
+    alike (verl's `data.max_prompt_length`); a prompt over it is cut (`prompt_truncation`) or its task dropped
+    (`filter_overlong_prompts`) when the explorer loads the task sets. What a workflow adds around the prompt
+    (`tool_agent`'s tool descriptions) is not counted. 0 = no limit."""
+    prompt_truncation: str = _registered("error", "trinity_like.common.tasks:TRUNCATIONS")
+    """A prompt over `max_prompt_tokens` (verl's `data.truncation`): `error` stops the explorer at start naming
+    the task, `left` keeps its last tokens, `right` its first, `middle` its first and last halves."""
+    filter_overlong_prompts: bool = False
+    """Drop the tasks whose prompt is over `max_prompt_tokens` when the task sets are loaded (logged with their
+    count; an error if none is left), rather than cutting them (verl's `data.filter_overlong_prompts`)."""
     num_threads: int = _at_least(1, 1)
     """torch threads per engine, so that engines and trainer share the cores sensibly."""
     gpus_per_engine: float = _at_least(0.0, 0.0)
@@ -481,6 +492,24 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    path: str = ""
+    """A sequence-classification reward model (Hugging Face folder, one label) scoring each prompt + response in
+    its own Ray actor; empty = no reward model. verl's `reward_model.model.path`."""
+    combine: str = _choices("replace", ("replace", "add"))
+    """How its score meets the reward function's: `replace` (the model's score is the reward, verl's behaviour)
+    or `add` (model score + function score, e.g. a format rule on top of a learned reward)."""
+    micro_batch_size: int = _at_least(16, 1)
+    """Sequences per forward pass of the reward model."""
+    max_length: int = _at_least(1024, 8)
+    """Longest input in tokens; longer inputs keep their last `max_length` tokens (the response's end)."""
+    num_gpus: float = _at_least(0.0, 0.0)
+    """GPUs of the reward model's actor (0: the CPU); it shares GPUs with engines through Ray's fractions."""
+    dtype: str = _choices("auto", ("auto", "float32", "bfloat16", "float16"))
+    """Weights' dtype: `auto` is bfloat16 on a GPU, float32 on the CPU."""
+
+
+@dataclass
 class RewardConfig:
     manager: str = _registered("naive", "trinity_like.algorithms.rewards:REWARD_MANAGERS")
     """Reward manager: `naive` (score only) or `dapo` (score plus overlong penalty)."""
@@ -497,6 +526,8 @@ class RewardConfig:
     """Longest response for the overlong penalty; empty = `explorer.sampling.max_new_tokens`."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO's soft overlong punishment."""
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """A reward model served beside the explorer (`model.path` empty: none)."""
 
 
 @dataclass

@@ -187,6 +187,12 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
         if ev.k > 1 and ev.temperature == 0:
             raise ConfigError(f"explorer.eval_tasksets[{i}] ('{ev.name}') asks for k={ev.k} samples at temperature 0; "
                               "greedy samples are all the same: set temperature > 0 or k=1")
+    ex = cfg.explorer
+    if not ex.max_prompt_tokens and (ex.filter_overlong_prompts or ex.prompt_truncation != "error"):
+        what = ("filter_overlong_prompts=true" if ex.filter_overlong_prompts
+                else f"prompt_truncation={ex.prompt_truncation}")
+        raise ConfigError(f"explorer.{what} acts on prompts over explorer.max_prompt_tokens, which is 0 (no limit); "
+                          "set max_prompt_tokens (e.g. 512, verl's default), or leave it out")
     names = [ev.name for ev in cfg.explorer.eval_tasksets]
     if len(names) != len(set(names)):
         raise ConfigError(f"explorer.eval_tasksets names must be unique, got {names}")

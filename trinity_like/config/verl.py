@@ -6,9 +6,13 @@ project's config, key by key, through ``RULES``: each rule names a verl key (or 
 the keys of ours it sets and how. A verl key no rule names is *unmapped*: the translation names every one of them
 in one message and refuses the file unless ``allow_unmapped`` (then they are listed as ignored). Rules of kind
 ``no_effect`` accept a key whose job is done differently here (memory layouts of verl's workers, its log-prob
-micro-batches, ...) and say why. Keys verl's file omits take verl's defaults (``VERL_DEFAULTS``) where the table
-maps them, so a short verl config means what it means to verl; the async knobs verl lacks
-(``mode``, ``synchronizer.*``) keep this project's defaults.
+micro-batches, ...) and say why; rules of kind ``derived`` name a key that means nothing alone and is read where
+it counts (by another key's converter, or by ``_derive`` for the keys of ours set from several verl keys at once).
+
+The translation is two layers: verl's defaults (``VERL_DEFAULTS``) for the keys the file omits, then the file's
+keys over them, so a short verl config means what it means to verl, and two keys of the file that set one of ours
+to different values are refused. The async knobs verl lacks (``mode``, ``synchronizer.*``) keep this project's
+defaults.
 
 Units differ in three places, converted here: verl's ``data.train_batch_size`` and ``ppo_mini_batch_size`` count
 prompts (ours count experiences: x ``rollout.n``); ``save_freq`` / ``test_freq`` of -1 mean never (ours 0);
@@ -76,6 +80,22 @@ class Rule:
     """value, view -> {our dotted key: value}; None = copy the value to ``native[0]``."""
     no_effect: bool = False
     """Accepted, sets nothing: ``how`` says why."""
+    derived: bool = False
+    """Not converted alone: read by another key's converter or by ``_derive``; ``native`` and ``how`` say what it
+    feeds."""
+
+    def __post_init__(self) -> None:
+        if self.derived and (self.no_effect or self.convert is not None):
+            raise RuntimeError(f"trinity_like.config.verl: the derived rule {self.verl} has a converter or no_effect")
+
+    @property
+    def kind(self) -> str:
+        """The kind docs/verl.md shows: mapped, checked (accepted at some values only), derived or no effect."""
+        if self.no_effect:
+            return "no effect"
+        if self.derived:
+            return "derived"
+        return "mapped" if self.native else "checked"
 
 
 def _copy(key: str) -> Convert:
@@ -123,13 +143,10 @@ def _kl_type(key: str) -> Convert:
 
 
 def _dynamic_bsz(v: Any, view: View) -> dict[str, Any]:
+    """On: micro-batches by the token budget ``ppo_max_token_len_per_gpu`` (a derived key, read only here)."""
     if not v:
         return {}
     return {"trainer.max_token_len_per_micro_batch": int(view.get("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"))}
-
-
-def _token_budget(v: Any, view: View) -> dict[str, Any]:
-    return {}  # read by _dynamic_bsz when use_dynamic_bsz is on; alone it does nothing in verl either
 
 
 def _lora_rank(v: Any, view: View) -> dict[str, Any]:
@@ -219,17 +236,26 @@ def _logger(v: Any, _: View) -> dict[str, Any]:
 def _gpus(v: Any, view: View) -> dict[str, Any]:
     """verl time-shares every GPU between actor and rollout (its hybrid engine, one phase at a time). Here the
     two run at once, so G GPUs are split: G // 2 trainer workers and G - G // 2 engines, a GPU each; one GPU
-    is shared by one worker and one engine (half each). On the CPU (``trainer.device: cpu``) one worker and
-    one engine, no GPU asked for."""
+    is shared by one worker and one engine (half each). With a reward model (``reward_model.enable``), which
+    verl also time-shares, it takes one GPU out of the split (G >= 3), or shares the engine's GPU (half of the
+    engine's share, G <= 2). On the CPU (``trainer.device: cpu``) one worker and one engine, no GPU asked
+    for."""
     total = int(view.get("trainer.n_gpus_per_node")) * int(view.get("trainer.nnodes"))
     if str(view.get("trainer.device")) == "cpu" or total <= 0:
         return {"trainer.num_workers": 1, "explorer.num_engines": 1}
-    if total == 1:
-        return {"trainer.num_workers": 1, "explorer.num_engines": 1, "trainer.gpus_per_worker": 0.5,
-                "explorer.gpus_per_engine": 0.5}
-    workers = total // 2
-    return {"trainer.num_workers": workers, "explorer.num_engines": total - workers, "trainer.gpus_per_worker": 1.0,
-            "explorer.gpus_per_engine": 1.0}
+    reward_model = bool(view.get("reward_model.enable"))
+    if total <= 2:
+        worker_share = 0.5 if total == 1 else 1.0
+        engine_share = 1.0 - worker_share if total == 1 else 1.0
+        out = {"trainer.num_workers": 1, "explorer.num_engines": 1, "trainer.gpus_per_worker": worker_share}
+        if reward_model:
+            return {**out, "explorer.gpus_per_engine": engine_share / 2, "reward.model.num_gpus": engine_share / 2}
+        return {**out, "explorer.gpus_per_engine": engine_share}
+    shared = total - 1 if reward_model else total
+    workers = shared // 2
+    out = {"trainer.num_workers": workers, "explorer.num_engines": shared - workers, "trainer.gpus_per_worker": 1.0,
+           "explorer.gpus_per_engine": 1.0}
+    return {**out, "reward.model.num_gpus": 1.0} if reward_model else out
 
 
 def _device(v: Any, _: View) -> dict[str, Any]:
@@ -259,9 +285,22 @@ def _hdfs(v: Any, _: View) -> dict[str, Any]:
 
 
 def _reward_model_enable(v: Any, view: View) -> dict[str, Any]:
-    if v:
-        raise Unmapped("a reward model: not served here yet; score with custom_reward_function")
-    return {}
+    """verl scores with the reward model instead of the reward function when it is enabled (its score replaces
+    the function's); here the model is served in its own actor beside the explorer (``reward.model``)."""
+    if not v:
+        return {}
+    path = view.get("reward_model.model.path")
+    if not path:
+        raise Unmapped("reward_model.enable without reward_model.model.path: give the reward model's folder")
+    return {"reward.model.path": view.path(str(path)), "reward.model.combine": "replace"}
+
+
+def _rm_micro_batch(v: Any, _: View) -> dict[str, Any]:
+    return {} if v is None else {"reward.model.micro_batch_size": int(v)}
+
+
+def _rm_max_length(v: Any, _: View) -> dict[str, Any]:
+    return {} if v is None else {"reward.model.max_length": int(v)}
 
 
 def _reward_manager(v: Any, _: View) -> dict[str, Any]:
@@ -318,18 +357,18 @@ RULES: tuple[Rule, ...] = (
     Rule("data.train_batch_size", ("explorer.batch_size",), "prompts per step (each sampled `rollout.n` times)"),
     Rule("data.max_response_length", ("explorer.sampling.max_new_tokens", "reward.max_resp_len"),
          "longest response in tokens", _response_length),
-    Rule("data.max_prompt_length", NOTHING, "prompts are not cut here: a prompt longer than the model's context "
-         "fails its task (recorded in failed_tasks.jsonl)", no_effect=True),
+    Rule("data.max_prompt_length", ("explorer.max_prompt_tokens",), "longest prompt in tokens after the chat "
+         "template, training and validation sets alike, checked when the explorer loads them"),
     Rule("data.reward_fn_key", ("reward.reward_fn_key",), "the task column that picks the reward scorer"),
     Rule("data.prompt_key", NOTHING, "must be `prompt`", _only(("prompt",), "a prompt column other than `prompt`")),
     Rule("data.tokenizer", NOTHING, "the model's own tokenizer is used",
          _only((None,), "a tokenizer other than the model's")),
     Rule("data.shuffle", NOTHING, "tasks are always drawn in a seeded shuffled order", no_effect=True),
     Rule("data.seed", ("seed",), "the run's seed"),
-    Rule("data.filter_overlong_prompts", NOTHING, "see max_prompt_length", no_effect=True),
-    Rule("data.filter_overlong_prompts_workers", NOTHING, "see max_prompt_length", no_effect=True),
-    Rule("data.truncation", NOTHING, "prompts are never truncated (verl's `error`)",
-         _only(("error",), "prompt truncation (`left`/`right`): prompts are never cut here")),
+    Rule("data.filter_overlong_prompts", ("explorer.filter_overlong_prompts",), "same: tasks over the limit are "
+         "dropped when the explorer loads the task sets (logged)"),
+    Rule("data.filter_overlong_prompts_workers", NOTHING, "the filter runs once, in the explorer", no_effect=True),
+    Rule("data.truncation", ("explorer.prompt_truncation",), "same names: error, left, right, middle"),
     Rule("data.return_raw_chat", NOTHING, "the workflow always has the messages", no_effect=True),
     Rule("data.return_raw_input_ids", NOTHING, "no separate reward-model tokenizer", no_effect=True),
     Rule("data.return_full_prompt", NOTHING, "no effect on training", no_effect=True),
@@ -387,7 +426,8 @@ RULES: tuple[Rule, ...] = (
          "form; read as per worker", _copy("trainer.micro_batch_size")),
     Rule("actor_rollout_ref.actor.use_dynamic_bsz", ("trainer.max_token_len_per_micro_batch",), "on: micro-batches "
          "by the token budget `ppo_max_token_len_per_gpu`", _dynamic_bsz),
-    Rule("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", NOTHING, "read with use_dynamic_bsz", _token_budget),
+    Rule("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", ("trainer.max_token_len_per_micro_batch",), "read by "
+         "use_dynamic_bsz: its micro-batch token budget", derived=True),
     Rule("actor_rollout_ref.actor.ppo_epochs", ("trainer.ppo_epochs",), "same"),
     Rule("actor_rollout_ref.actor.shuffle", NOTHING, "mini-batches are always drawn in a seeded shuffled order",
          no_effect=True),
@@ -418,7 +458,7 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_rollout_ref.actor.optim.lr_warmup_steps", ("trainer.optimizer.warmup_steps",), "same (-1: from "
          "lr_warmup_steps_ratio)", _warmup_steps),
     Rule("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", ("trainer.optimizer.warmup_steps",), "x the "
-         "run's optimizer updates (when lr_warmup_steps is -1)", lambda v, _: {}),
+         "run's total steps, when lr_warmup_steps is -1", derived=True),
     Rule("actor_rollout_ref.actor.optim.warmup_style", ("trainer.optimizer.lr_schedule",), "constant or cosine",
          _warmup_style),
     Rule("actor_rollout_ref.actor.optim.lr_scheduler_type", ("trainer.optimizer.lr_schedule",), "constant or "
@@ -452,7 +492,8 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_rollout_ref.rollout.top_k", ("explorer.sampling.top_k",), "same (-1 = off = 0)", _top_k),
     Rule("actor_rollout_ref.rollout.do_sample", NOTHING, "rollouts always sample (temperature 0 is greedy)",
          _only((True,), "greedy rollouts for training: set rollout.temperature 0 instead")),
-    Rule("actor_rollout_ref.rollout.prompt_length", NOTHING, "see data.max_prompt_length", no_effect=True),
+    Rule("actor_rollout_ref.rollout.prompt_length", NOTHING, "verl fills it from data.max_prompt_length, which "
+         "sets explorer.max_prompt_tokens", no_effect=True),
     Rule("actor_rollout_ref.rollout.response_length", ("explorer.sampling.max_new_tokens",), "see "
          "data.max_response_length", _response_length),
     Rule("actor_rollout_ref.rollout.tensor_model_parallel_size", ("explorer.gpus_per_engine",), "GPUs per vLLM "
@@ -514,9 +555,19 @@ RULES: tuple[Rule, ...] = (
          _same_as_actor("actor_rollout_ref.actor.ppo_mini_batch_size", "ppo_mini_batch_size")),
     Rule("critic.*", NOTHING, "micro-batches, memory layout and checkpoints follow the actor's", no_effect=True),
     # ---- reward
-    Rule("reward_model.enable", NOTHING, "off: rewards come from the reward function (reward models are not "
-         "served yet)", _reward_model_enable),
-    Rule("reward_model.model.path", NOTHING, "read with reward_model.enable", no_effect=True),
+    Rule("reward_model.enable", ("reward.model.path", "reward.model.combine"), "on: the model at "
+         "reward_model.model.path scores every response in its own actor, its score replacing the reward "
+         "function's (as in verl; `reward.model.combine: add` sums them); its GPU: see trainer.n_gpus_per_node",
+         _reward_model_enable),
+    Rule("reward_model.model.path", ("reward.model.path",), "read with reward_model.enable", derived=True),
+    Rule("reward_model.model.input_tokenizer", NOTHING, "the reward model always reads the conversation rendered "
+         "by its own tokenizer (verl re-renders only when this is set)", no_effect=True),
+    Rule("reward_model.model.trust_remote_code", NOTHING, "reward models load without remote code",
+         _only((False,), "trust_remote_code for the reward model: only models transformers ships are loaded")),
+    Rule("reward_model.micro_batch_size_per_gpu", ("reward.model.micro_batch_size",), "sequences per forward "
+         "pass (null: ours, 16)", _rm_micro_batch),
+    Rule("reward_model.max_length", ("reward.model.max_length",), "longest input; longer keep their last tokens "
+         "(null: ours, 1024)", _rm_max_length),
     Rule("reward_model.reward_manager", ("reward.manager",), "naive or dapo (batch = naive)", _reward_manager),
     Rule("reward_model.overlong_buffer.enable", ("reward.overlong_buffer.enable",), "DAPO's overlong shaping"),
     Rule("reward_model.overlong_buffer.len", ("reward.overlong_buffer.len",), "same"),
@@ -532,9 +583,10 @@ RULES: tuple[Rule, ...] = (
     Rule("custom_reward_function.reward_kwargs.*", NOTHING, "extra arguments of the reward function",
          _only(({},), "reward_kwargs: give the function its defaults")),
     # ---- trainer
-    Rule("trainer.total_epochs", ("trainer.total_steps",), "x steps per epoch (the training file's rows / "
-         "train_batch_size), unless total_training_steps is given", lambda v, _: {}),
-    Rule("trainer.total_training_steps", ("trainer.total_steps",), "same", lambda v, _: {}),
+    Rule("trainer.total_epochs", ("trainer.total_steps",), "x steps per epoch (the training file's rows // "
+         "train_batch_size), unless total_training_steps is given", derived=True),
+    Rule("trainer.total_training_steps", ("trainer.total_steps",), "the run's length (wins over total_epochs)",
+         derived=True),
     Rule("trainer.project_name", ("project",), "same"),
     Rule("trainer.experiment_name", ("name",), "same"),
     Rule("trainer.logger", ("monitor.backends",), "wandb, tensorboard, mlflow (console is always on)", _logger),
@@ -543,10 +595,11 @@ RULES: tuple[Rule, ...] = (
     Rule("trainer.validation_data_dir", NOTHING, "evaluations are logged as metrics", no_effect=True),
     Rule("trainer.nnodes", ("trainer.num_workers", "explorer.num_engines"), "with n_gpus_per_node", _gpus),
     Rule("trainer.n_gpus_per_node", ("trainer.num_workers", "explorer.num_engines", "trainer.gpus_per_worker",
-                                     "explorer.gpus_per_engine"),
+                                     "explorer.gpus_per_engine", "reward.model.num_gpus"),
          "G = nnodes x n_gpus_per_node GPUs: verl time-shares each between actor and rollout, here both run at "
          "once on G // 2 trainer workers and G - G // 2 engines, a GPU each (one GPU: half each; "
-         "bench/simulate.py helps pick another split); trainer.device cpu: one of each, no GPU", _gpus),
+         "bench/simulate.py helps pick another split); a reward model takes one GPU out of the split (G >= 3) "
+         "or half the engine's share (G <= 2); trainer.device cpu: one of each, no GPU", _gpus),
     Rule("trainer.device", ("trainer.device",), "cuda or cpu", _device),
     Rule("trainer.save_freq", ("trainer.save_interval",), "-1 = only at the end (0)",
          _never_is_zero("trainer.save_interval")),
@@ -584,6 +637,7 @@ RULES: tuple[Rule, ...] = (
 VERL_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024,
     "data.max_response_length": 512,
+    "data.max_prompt_length": 512,
     "algorithm.adv_estimator": "gae",
     "algorithm.gamma": 1.0,
     "algorithm.lam": 1.0,
@@ -698,43 +752,30 @@ if len(_EXACT) + len(_SECTIONS) != len(RULES):
 
 def translate(tree: dict[str, Any], source: str | Path | None = None, allow_unmapped: bool = False) -> Translation:
     """Translate a verl config (its parsed YAML) into our dotted keys. Raises ConfigError naming every unmapped key
-    (unless ``allow_unmapped``) and any two verl keys that set one of ours to different values."""
+    (unless ``allow_unmapped``) and any two verl keys of the file that set one of ours to different values.
+
+    Two layers: the keys the file leaves out (or null) at verl's defaults first, then the keys the file gives over
+    them; so a key of the file wins over a default by order, and only two keys of the file can conflict."""
     src = Path(source) if source is not None else None
     leaves = {k: v for k, v in _leaves(tree) if k}
     view = View(leaves, src)
-    keys = list(leaves)
-    keys += [k for k in VERL_DEFAULTS if leaves.get(k) is None and k not in keys]
     out = Translation()
-    origin: dict[str, str] = {}
-    for key in keys:
-        given = leaves.get(key) is not None
-        value = view.get(key)
-        if value is None or (isinstance(value, dict) and not value):
-            continue  # null (or {}) in verl means unset: it sets nothing
-        rule = find_rule(key)
-        if rule is None:
-            out.unmapped.append((key, value, "no counterpart here"))
+    defaults: dict[str, Any] = {}
+    """Layer 1: what the keys the file leaves out (or null) set at verl's defaults."""
+    given: dict[str, Any] = {}
+    """Layer 2: what the keys the file gives set."""
+    set_by: dict[str, str] = {}
+    """Our key in ``given`` -> the file's key that set it (named when another one disagrees)."""
+    for key in [*leaves, *(k for k in VERL_DEFAULTS if k not in leaves)]:  # the report keeps the file's order
+        if not view.given(key):
+            defaults.update(_convert(key, view.get(key), view, out, given=False))
             continue
-        if rule.no_effect:
-            out.no_effect.append((key, value, rule.how))
-            continue
-        try:
-            values = rule.convert(value, view) if rule.convert else {rule.native[0]: value}
-        except Unmapped as e:
-            out.unmapped.append((key, value, str(e)))
-            continue
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"verl config: bad value for '{key}': {value!r} ({e})") from None
-        for nk, nv in values.items():
-            if nk in out.native and out.native[nk] != nv and given:
-                if leaves.get(origin[nk]) is not None:  # two keys the file gives: a contradiction
-                    raise ConfigError(f"verl config: '{key}' ({value!r}) and '{origin[nk]}' "
-                                      f"({leaves[origin[nk]]!r}) both set '{nk}' to different values; keep one")
-            if nk not in out.native or given:
-                out.native[nk], origin[nk] = nv, key
-        if values:
-            label = ", ".join(f"{k}={v!r}" for k, v in values.items())
-            out.applied.append((key, value, label if given else f"{label} (verl's default)"))
+        for nk, nv in _convert(key, leaves[key], view, out, given=True).items():
+            if nk in given and given[nk] != nv:
+                raise ConfigError(f"verl config: '{key}' ({leaves[key]!r}) and '{set_by[nk]}' "
+                                  f"({leaves[set_by[nk]]!r}) both set '{nk}' to different values; keep one")
+            given[nk], set_by[nk] = nv, key
+    out.native = {**defaults, **given}
     _derive(out, view)
     if out.unmapped and not allow_unmapped:
         lines = "; ".join(f"{k} = {v!r} ({why})" for k, v, why in out.unmapped)
@@ -742,6 +783,33 @@ def translate(tree: dict[str, Any], source: str | Path | None = None, allow_unma
                           f"here: {lines}. Remove them, or pass --allow-unmapped to run without them (they are "
                           "listed as ignored in the run directory); docs/verl.md lists every key")
     return out
+
+
+def _convert(key: str, value: Any, view: View, out: Translation, given: bool) -> dict[str, Any]:
+    """What verl key ``key`` at ``value`` sets alone (our dotted keys -> values), recorded in ``out``'s report:
+    applied, no effect or unmapped. Derived keys and null (or {}) values set nothing here."""
+    if value is None or (isinstance(value, dict) and not value):
+        return {}  # null (or {}) in verl means unset
+    rule = find_rule(key)
+    if rule is None:
+        out.unmapped.append((key, value, "no counterpart here"))
+        return {}
+    if rule.derived:
+        return {}  # read where it counts: by another key's converter or by _derive
+    if rule.no_effect:
+        out.no_effect.append((key, value, rule.how))
+        return {}
+    try:
+        values = rule.convert(value, view) if rule.convert else {rule.native[0]: value}
+    except Unmapped as e:
+        out.unmapped.append((key, value, str(e)))
+        return {}
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"verl config: bad value for '{key}': {value!r} ({e})") from None
+    if values:
+        label = ", ".join(f"{k}={v!r}" for k, v in values.items())
+        out.applied.append((key, value, label if given else f"{label} (verl's default)"))
+    return values
 
 
 def _derive(out: Translation, view: View) -> None:
@@ -807,9 +875,8 @@ def render_docs() -> str:
     rows = []
     for r in RULES:
         ours = ", ".join(f"`{k}`" for k in r.native) or "-"
-        kind = "no effect" if r.no_effect else ("checked" if not r.native else "mapped")
         default = VERL_DEFAULTS.get(r.verl, VERL_READ_DEFAULTS.get(r.verl))
-        rows.append(f"| `{r.verl}` | {ours} | {kind} | {r.how}{f' (verl default {default!r})' if default is not None else ''} |")
+        rows.append(f"| `{r.verl}` | {ours} | {r.kind} | {r.how}{f' (verl default {default!r})' if default is not None else ''} |")
     return "\n".join([
         "# Coming from verl",
         "",
@@ -831,10 +898,13 @@ def render_docs() -> str:
         "`data_source`, `reward_model.ground_truth`, `extra_info`) are read as task sets, the prompt rendered by the",
         "tokenizer's chat template. Rewards: `custom_reward_function.path` / `name` takes both signatures, verl's",
         "per-sample `compute_score(data_source, solution_str, ground_truth, extra_info)` and the batched",
-        "`compute_score(responses, ground_truths, **kwargs) -> list[float]`.",
+        "`compute_score(responses, ground_truths, **kwargs) -> list[float]`. `reward_model.enable` with",
+        "`reward_model.model.path` serves that sequence-classification model in its own actor; as in verl its score",
+        "replaces the function's (`reward.model.combine: add` sums them instead).",
         "",
         "Kinds: *mapped* sets our keys; *checked* is accepted only at values that behave like ours (others are",
-        "refused, with the reason); *no effect* is accepted and recorded with the reason.",
+        "refused, with the reason); *derived* sets nothing alone: it is read with other keys (the how column says",
+        "which) to compute the keys of ours named; *no effect* is accepted and recorded with the reason.",
         "",
         "| verl key | ours | kind | how |",
         "|---|---|---|---|",

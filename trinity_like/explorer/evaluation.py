@@ -9,9 +9,17 @@ A sample counts as correct when its reward is at least 1.0 (full credit). Per ta
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-from trinity_like.common.tasks import TASKSET_GENERATORS, Task, load_taskset, prompt_ids, write_taskset
+from trinity_like.common.tasks import (
+    TASKSET_GENERATORS,
+    Task,
+    limit_prompts,
+    load_taskset,
+    prompt_ids,
+    write_taskset,
+)
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
 from trinity_like.runtime.paths import RunPaths
 from trinity_like.synchronizer.messages import WeightsInfo
@@ -32,8 +40,19 @@ def prepare_eval_tasksets(cfg: Config) -> dict[str, list[Task]]:
     return out
 
 
+def apply_prompt_limit(cfg: Config, tokenizer, tasks: list[Task], source: str) -> list[Task]:
+    """``tasks`` under ``explorer.max_prompt_tokens`` with ``prompt_truncation`` and ``filter_overlong_prompts``
+    (``trinity_like.common.tasks.limit_prompts``): applied to every task set (training and eval) where it is
+    loaded for rollouts, so training, evaluation and ``bench`` see the same prompts. ``source`` names the set."""
+    ex = cfg.explorer
+    return limit_prompts(tasks, tokenizer, ex.max_prompt_tokens, ex.prompt_truncation, ex.filter_overlong_prompts,
+                         source)
+
+
 async def evaluate(fleet, tokenizer, reward_manager, name: str, tasks: list[Task], ev: EvalTasksetConfig,
-                   max_new_tokens: int, seed: int = 0) -> dict[str, float]:
+                   max_new_tokens: int, seed: int = 0, reward_model=None) -> dict[str, float]:
+    """Accuracy (reward >= 1) mean@k and best@k and the mean reward of ``ev.k`` samples per task; with
+    ``reward_model`` (a ``RewardModelClient``) its scores reach the reward manager as in training."""
     sampling = SamplingConfig(temperature=ev.temperature, max_new_tokens=max_new_tokens)
     prompts = [prompt_ids(t, tokenizer) for t in tasks for _ in range(ev.k)]
     seeds = [seed * 1_000_003 + i for i in range(len(prompts))]
@@ -42,7 +61,13 @@ async def evaluate(fleet, tokenizer, reward_manager, name: str, tasks: list[Task
     truths = [t.answer for t in tasks for _ in range(ev.k)]
     sources = [t.data_source or "math" for t in tasks for _ in range(ev.k)]
     extras = [t.extra_info for t in tasks for _ in range(ev.k)]
-    rewards, _ = reward_manager.score(texts, truths, sources, [len(s.response_ids) for s in samples], extras)
+    extra = {}
+    if reward_model is not None:
+        per_task = await asyncio.gather(*(reward_model.score(t, texts[i * ev.k:(i + 1) * ev.k])
+                                          for i, t in enumerate(tasks)))
+        extra["model_scores"] = [s for scores in per_task for s in scores]
+    rewards, _ = reward_manager.score(texts, truths, sources, [len(s.response_ids) for s in samples], extras,
+                                      **extra)
     correct = [r >= 1.0 for r in rewards]
     per_task = [correct[i * ev.k:(i + 1) * ev.k] for i in range(len(tasks))]
     k = ev.k
@@ -75,12 +100,12 @@ def _resolve_checkpoint(cfg: Config, checkpoint: str | None) -> tuple[Config, st
 
 def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
     """Evaluate a checkpoint on the config's eval task sets (a greedy arithmetic set when none is given)."""
-    import asyncio
     import dataclasses
 
     from trinity_like.algorithms.rewards import load_reward_manager
     from trinity_like.common.tokenizer import hf_tokenizer
     from trinity_like.explorer.fleet import EngineFleet
+    from trinity_like.explorer.reward_model import start_reward_model
     from trinity_like.runtime.ray_cluster import init_ray
     from trinity_like.runtime.run_dir import prepare_run_dir
     cfg, weights = _resolve_checkpoint(cfg, checkpoint)
@@ -88,12 +113,14 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
         cfg = dataclasses.replace(cfg, explorer=dataclasses.replace(cfg.explorer, eval_tasksets=[EvalTasksetConfig()]))
     prepare_run_dir(cfg, allow_existing=True)
     init_ray(cfg)
-    tasksets = prepare_eval_tasksets(cfg)
     tokenizer = hf_tokenizer(cfg.model.path)
+    tasksets = {name: apply_prompt_limit(cfg, tokenizer, tasks, f"eval task set '{name}'")
+                for name, tasks in prepare_eval_tasksets(cfg).items()}
     reward_manager = load_reward_manager(cfg, tokenizer)
 
     async def main() -> list[dict]:
         fleet = EngineFleet(cfg)
+        reward_model = start_reward_model(cfg)
         try:
             await fleet.ready()
             if weights is not None:
@@ -101,7 +128,7 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
             rows = []
             for ev in cfg.explorer.eval_tasksets:
                 m = await evaluate(fleet, tokenizer, reward_manager, ev.name, tasksets[ev.name], ev,
-                                   cfg.explorer.sampling.max_new_tokens, seed=cfg.seed)
+                                   cfg.explorer.sampling.max_new_tokens, seed=cfg.seed, reward_model=reward_model)
                 prefix = f"eval/{ev.name}/"
                 rows.append({"taskset": ev.name, "tasks": len(tasksets[ev.name]), "k": ev.k,
                              "temperature": ev.temperature,
@@ -110,5 +137,7 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
             return rows
         finally:
             fleet.kill()
+            if reward_model is not None:
+                reward_model.stop()
 
     return asyncio.run(main())

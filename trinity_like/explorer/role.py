@@ -37,8 +37,9 @@ from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config
-from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
+from trinity_like.explorer.evaluation import apply_prompt_limit, evaluate, prepare_eval_tasksets
 from trinity_like.explorer.fleet import WeightsLoadFailed
+from trinity_like.explorer.reward_model import start_reward_model
 from trinity_like.explorer.tools import tool_metrics
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
@@ -107,11 +108,20 @@ class ExplorerRole:
             "version": self.fleet.version if self.fleet is not None else 0, "state": self._sync_state,
             "engines": self.fleet.engine_versions() if self.fleet is not None else None}).start()
         self.tokenizer = hf_tokenizer(self.cfg.model.path)
+        # the task sets before the engines start: a prompt over explorer.max_prompt_tokens stops the explorer
+        # here, in one line, rather than failing its task at every step
+        tasks = self.home.tasks if self.home else load_taskset(self.paths.taskset)
+        eval_tasks = self.home.eval_tasks if self.home else prepare_eval_tasksets(self.cfg)
+        self.tasks = apply_prompt_limit(self.cfg, self.tokenizer, tasks, "the training task set")
+        self.eval_tasks = {name: apply_prompt_limit(self.cfg, self.tokenizer, ts, f"eval task set '{name}'")
+                           for name, ts in eval_tasks.items()}
         self.fleet = EngineFleet(self.cfg)
         await self.fleet.ready()
         self.workflow = load_workflow(self.cfg.explorer.workflow)
-        self.tasks = self.home.tasks if self.home else load_taskset(self.paths.taskset)
         self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
+        self.reward_model = start_reward_model(self.cfg)
+        if self.reward_model is not None:
+            await self.reward_model.ready()
         self.writer = self.sender = None
         if self.cfg.buffer.transport == "redis":
             from trinity_like.buffer.redis_transport import RedisSender
@@ -121,7 +131,6 @@ class ExplorerRole:
             self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer", capacity=self.cfg.buffer.capacity)
         self.metrics = MetricsWriter.for_run(self.cfg, self.paths, role="explorer",
                                              relay=partial(self.files.relay_only, "metrics.jsonl"))
-        self.eval_tasks = self.home.eval_tasks if self.home else prepare_eval_tasksets(self.cfg)
         self._order: list[int] = []
         self._epoch = -1
         self._stragglers: list[asyncio.Task] = []
@@ -201,7 +210,7 @@ class ExplorerRole:
                                reward_manager=self.reward_manager, max_turns=self.cfg.explorer.max_turns,
                                explore_step=step,
                                greedy_baseline=self.cfg.algorithm.adv_estimator == "remax",  # ReMax's baseline
-                               info={"tool_config_path": self.cfg.explorer.tool_config_path})  # tool_agent's tools
+                               reward_model=self.reward_model, tool_config_path=self.cfg.explorer.tool_config_path)
 
     async def _run_task(self, task: Task, ctx: WorkflowContext) -> list[Experience] | None:
         """The workflow on one task, with timeout and retries; None when it failed for good."""
@@ -233,7 +242,7 @@ class ExplorerRole:
         for ev in self.cfg.explorer.eval_tasksets:
             metrics.update(await evaluate(self.fleet, self.tokenizer, self.reward_manager, ev.name,
                                           self.eval_tasks[ev.name], ev, self.cfg.explorer.sampling.max_new_tokens,
-                                          seed=self.cfg.seed))
+                                          seed=self.cfg.seed, reward_model=self.reward_model))
         return metrics
 
     async def _rollout(self, step: int, tasks: list[Task]) -> list[tuple[int, int, Task, list[Experience] | None]]:
@@ -394,6 +403,8 @@ class ExplorerRole:
             self.heartbeat.stop()
         if getattr(self, "fleet", None) is not None:
             self.fleet.kill()
+        if getattr(self, "reward_model", None) is not None:
+            self.reward_model.stop()
         if getattr(self, "sender", None) is not None:
             await self.sender.close()
         if getattr(self, "metrics", None) is not None:

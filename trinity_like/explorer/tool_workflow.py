@@ -1,12 +1,14 @@
 """The ``tool_agent`` workflow: multi-turn episodes in which the model may call tools.
 
 The tools come from ``explorer.tool_config_path`` (``trinity_like.explorer.tools``: verl's tool config format,
-built-in tools only); the explorer passes the path in ``ctx.info["tool_config_path"]``, and each workflow
+built-in tools only); the explorer passes the path in ``ctx.tool_config_path``, and each workflow
 instance loads the file once.
 
 An episode (one Experience, like ``guess_number``):
 
     prompt    the tool descriptions and the call format (``Toolbox.preamble``), a newline, the task's prompt
+              (as the prompt limit left it: ``explorer.max_prompt_tokens`` counts the task's prompt, not the
+              preamble)
     turn t    the model generates (action_mask true, its log-probs); the ``<tool_call>`` blocks of its text
               are run, each in a thread (the event loop is not blocked), and their results appended as
               ``<tool_response>...</tool_response>`` blocks (action_mask false, log-prob 0: tool output is
@@ -76,7 +78,7 @@ class ToolAgentWorkflow(Workflow):
         """The path ``_tools`` was loaded from: a context naming another one loads that one."""
 
     def toolbox(self, ctx: WorkflowContext) -> Toolbox:
-        path = ctx.info.get("tool_config_path", "")
+        path = ctx.tool_config_path
         if self._tools is None or path != self._tools_path:
             self._tools, self._tools_path = (load_tools(path) if path else Toolbox()), path
         return self._tools
@@ -86,7 +88,8 @@ class ToolAgentWorkflow(Workflow):
         prompt_text = episode_prompt(task.prompt, tools)
         prompt = ctx.tokenizer.encode(prompt_text)
         episodes = await asyncio.gather(*(self._episode(prompt, tools, engine, ctx, seed) for seed in ctx.seeds))
-        rewards, failed = _score(ctx, [e.final_text for e in episodes], task, [len(e.response) for e in episodes])
+        rewards, failed = await _score(ctx, [e.final_text for e in episodes], task,
+                                       [len(e.response) for e in episodes])
         return [Experience(
             prompt_ids=prompt, response_ids=np.asarray(e.response, np.int32), action_mask=e.mask,
             logprobs=e.logprobs, reward=r, model_version=min(e.versions), truncated=e.truncated,

@@ -32,6 +32,11 @@ class WorkflowContext:
     """Also generate one greedy (temperature 0) response per task, score it, and store its reward as
     ``info["reward_baseline"]`` in every experience of the task: ReMax's baseline (on when
     ``algorithm.adv_estimator`` is remax). The greedy response is not an experience."""
+    reward_model: Any = None
+    """The reward model's client (``trinity_like.explorer.reward_model.RewardModelClient``), None without one:
+    :func:`score_texts` asks it for every response's score and hands them to the reward manager."""
+    tool_config_path: str = ""
+    """``explorer.tool_config_path``: the tools of ``tool_agent``."""
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -42,8 +47,12 @@ class Workflow:
         raise NotImplementedError
 
 
-def score_texts(ctx: WorkflowContext, texts: list[str], task: Task, lengths: list[int]) -> tuple[list[float], list[bool]]:
+async def score_texts(ctx: WorkflowContext, texts: list[str], task: Task,
+                      lengths: list[int]) -> tuple[list[float], list[bool]]:
+    """Rewards of a task's responses and which of them the reward function failed on: the reward manager's,
+    given the reward model's scores when there is one."""
     n = len(texts)
+    extra = {} if ctx.reward_model is None else {"model_scores": await ctx.reward_model.score(task, texts)}
     rewards, info = ctx.reward_manager.score(texts, [task.answer] * n, [task.data_source or "math"] * n, lengths,
-                                             [task.extra_info] * n)
+                                             [task.extra_info] * n, **extra)
     return rewards, info["reward_failed"]

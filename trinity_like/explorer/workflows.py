@@ -6,6 +6,10 @@ task, the per-sample seeds, the tokenizer and the reward manager. The explorer g
 experience its group id, model version and engine-independent fields; a workflow that raises is retried and
 then recorded as failed, without stopping the step.
 
+Tasks arrive as the explorer loaded them, under the prompt limit (``explorer.max_prompt_tokens``, applied once at
+load by ``trinity_like.common.tasks.limit_prompts``): ``prompt_ids(task, tokenizer)`` gives the ids of the prompt
+as cut, and ``task.prompt`` its text, so a workflow that starts from either sees the same prompt as evaluation.
+
 Workflows are registered by name (``@WORKFLOWS.register("name")``) or loaded from an import path
 ``package.module:ClassName`` or a file ``path/to/file.py:ClassName`` given as ``explorer.workflow``; see
 ``examples/custom_workflow.py``.
@@ -47,7 +51,7 @@ class SingleTurnWorkflow(Workflow):
         samples, baselines = await asyncio.gather(
             engine.generate([prompt] * ctx.repeat_times, ctx.sampling, ctx.seeds),
             self.greedy_rewards(engine.generate, [task], [prompt], [ctx]))
-        return self.to_experiences(task, prompt, samples, ctx, baselines[0])
+        return await self.to_experiences(task, prompt, samples, ctx, baselines[0])
 
     async def run_batch(self, tasks: list[Task], engine, ctxs: list[WorkflowContext]) -> list[list[Experience]]:
         """All tasks of a step in one call spread over the engines with a fixed assignment (and, for remax, the
@@ -58,11 +62,11 @@ class SingleTurnWorkflow(Workflow):
         samples, baselines = await asyncio.gather(
             engine.generate_spread(flat, ctxs[0].sampling, seeds),
             self.greedy_rewards(engine.generate_spread, tasks, prompts, ctxs))
-        out, k = [], 0
+        groups, k = [], 0
         for task, prompt, ctx, baseline in zip(tasks, prompts, ctxs, baselines, strict=True):
-            out.append(self.to_experiences(task, prompt, samples[k:k + ctx.repeat_times], ctx, baseline))
+            groups.append(self.to_experiences(task, prompt, samples[k:k + ctx.repeat_times], ctx, baseline))
             k += ctx.repeat_times
-        return out
+        return list(await asyncio.gather(*groups))
 
     @staticmethod
     async def greedy_rewards(generate, tasks: list[Task], prompts: list[list[int]],
@@ -79,15 +83,15 @@ class SingleTurnWorkflow(Workflow):
         baselines = []
         for task, ctx, s in zip(tasks, ctxs, samples, strict=True):
             text = ctx.tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True)
-            rewards, _ = _score(ctx, [text], task, [len(s.response_ids)])
+            rewards, _ = await _score(ctx, [text], task, [len(s.response_ids)])
             baselines.append(rewards[0])
         return baselines
 
     @staticmethod
-    def to_experiences(task: Task, prompt: list[int], samples, ctx: WorkflowContext,
+    async def to_experiences(task: Task, prompt: list[int], samples, ctx: WorkflowContext,
                        reward_baseline: float | None = None) -> list[Experience]:
         texts = [ctx.tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True) for s in samples]
-        rewards, failed = _score(ctx, texts, task, [len(s.response_ids) for s in samples])
+        rewards, failed = await _score(ctx, texts, task, [len(s.response_ids) for s in samples])
         baseline = {} if reward_baseline is None else {"reward_baseline": reward_baseline}
         return [Experience(
             prompt_ids=prompt, response_ids=s.response_ids, logprobs=s.logprobs, reward=r,
