@@ -59,7 +59,8 @@ def test_killing_an_engine_mid_step_still_completes_the_step(tmp_path, tiny_mode
         await fleet.ready()
         victim = await fleet.slots[1].actor.pid.remote()
         call = asyncio.ensure_future(fleet.generate_spread(prompts, sampling, list(range(len(prompts)))))
-        await asyncio.sleep(0.5)  # the batch is running on both engines
+        while fleet.slots[1].in_flight == 0:  # its part of the batch is sent (a fixed sleep let a quiet machine
+            await asyncio.sleep(0.001)        # finish the whole batch before the kill)
         os.kill(victim, signal.SIGKILL)
         samples = await call
         for _ in range(100):  # wait until Ray has restarted the dead engine

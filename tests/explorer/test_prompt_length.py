@@ -132,7 +132,7 @@ def test_rollouts_and_evaluation_see_the_same_cut_prompt(tok, tiny_model_path):
     [group] = asyncio.run(load_workflow("single_turn").run_batch([cut], engine, [ctx()]))
     assert [list(e.prompt_ids) for e in group] == [kept, kept]
     engine.prompts.clear()
-    asyncio.run(evaluate(engine, tok, reward_manager, "t", [cut], EvalTasksetConfig(name="t", k=1), 2))
+    asyncio.run(evaluate(engine, ctx(), "t", [cut], EvalTasksetConfig(name="t", k=1)))
     assert engine.prompts == [kept]
     guess = asyncio.run(load_workflow("guess_number").run(cut, engine, ctx()))[0]
     assert tok.decode(list(guess.prompt_ids)).endswith(" 7890")  # its instruction, then the cut prompt

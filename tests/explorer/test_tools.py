@@ -14,9 +14,10 @@ from trinity_like.algorithms.rewards import load_reward_manager
 from trinity_like.common.errors import UserError
 from trinity_like.common.tasks import Task
 from trinity_like.common.tokenizer import hf_tokenizer
-from trinity_like.config import RewardConfig, SamplingConfig
+from trinity_like.config import EvalTasksetConfig, RewardConfig, SamplingConfig
 from trinity_like.explorer.engines.base import Sample
 from trinity_like.explorer.engines.hf_engine import HFEngine
+from trinity_like.explorer.evaluation import evaluate
 from trinity_like.explorer.tool_workflow import ToolAgentWorkflow, episode_prompt
 from trinity_like.explorer.tools import (
     CalculatorTool,
@@ -305,6 +306,8 @@ class ScriptedEngine:
                               finish_reason="stop", model_version=3, engine_id="scripted"))
         return out
 
+    generate_spread = generate  # what single_turn's batched path calls on a fleet
+
 
 class LocalEngine:
     """The real HFEngine behind the async ``generate`` the workflows call (what the fleet offers)."""
@@ -388,6 +391,22 @@ def test_scripted_episode_runs_tools_and_masks_their_output(tmp_path, tiny_model
         assert e.prompt_text == episode_prompt("12*7+1=", load_tools(tools))
         assert list(e.prompt_ids) == tok.encode(e.prompt_text)
     assert workflow.toolbox(_ctx(tok, tools)) is workflow._tools  # loaded once per workflow instance
+
+
+def test_evaluation_runs_the_tool_workflow_so_tool_use_is_measured(tmp_path, tiny_model_path):
+    tok = hf_tokenizer(tiny_model_path)
+    tools = _write(tmp_path / "tools.yaml", TOOLS_YAML)
+    script = ['<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>', "84"]
+    tasks = [Task("e1", "12*7=", "84", data_source="arithmetic"), Task("e2", "12*7=", "85", data_source="arithmetic")]
+    ev = EvalTasksetConfig(name="calc", k=2, temperature=1.0)
+    with_tools = asyncio.run(evaluate(ScriptedEngine(tok, script), _ctx(tok, tools), "calc", tasks, ev,
+                                      workflow=load_workflow("tool_agent")))
+    # the answer after the tool response is right for e1 (both samples), wrong for e2 (format reward 0.1)
+    assert with_tools == {"eval/calc/accuracy/mean@2": 0.5, "eval/calc/accuracy/best@2": 0.5,
+                          "eval/calc/reward_mean": pytest.approx((1.0 + 1.0 + 0.1 + 0.1) / 4)}
+    # single-turn evaluation reads the first turn (the tool call) as the answer: no credit
+    single = asyncio.run(evaluate(ScriptedEngine(tok, script), _ctx(tok, tools), "calc", tasks, ev))
+    assert single["eval/calc/accuracy/mean@2"] == 0.0 and single["eval/calc/reward_mean"] == 0.0
 
 
 def test_scripted_episode_out_of_turns_has_no_final_answer(tmp_path, tiny_model_path):

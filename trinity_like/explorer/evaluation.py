@@ -1,4 +1,5 @@
-"""Evaluation on held-out task sets: greedy or k samples per task, scored by the reward manager.
+"""Evaluation on held-out task sets: greedy or k samples per task, each task run by the explorer's workflow (its
+tools, turns and reward model included), so a multi-turn or tool-using policy is measured as it is trained.
 
 A sample counts as correct when its reward is at least 1.0 (full credit). Per task set:
 
@@ -10,17 +11,13 @@ A sample counts as correct when its reward is at least 1.0 (full credit). Per ta
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
-from trinity_like.common.tasks import (
-    TASKSET_GENERATORS,
-    Task,
-    limit_prompts,
-    load_taskset,
-    prompt_ids,
-    write_taskset,
-)
+from trinity_like.common.tasks import TASKSET_GENERATORS, Task, limit_prompts, load_taskset, write_taskset
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
+from trinity_like.explorer.workflow_base import Workflow, WorkflowContext
+from trinity_like.explorer.workflows import SingleTurnWorkflow, load_workflow
 from trinity_like.runtime.paths import RunPaths
 from trinity_like.synchronizer.messages import WeightsInfo
 
@@ -49,32 +46,28 @@ def apply_prompt_limit(cfg: Config, tokenizer, tasks: list[Task], source: str) -
                          source)
 
 
-async def evaluate(fleet, tokenizer, reward_manager, name: str, tasks: list[Task], ev: EvalTasksetConfig,
-                   max_new_tokens: int, seed: int = 0, reward_model=None) -> dict[str, float]:
-    """Accuracy (reward >= 1) mean@k and best@k and the mean reward of ``ev.k`` samples per task; with
-    ``reward_model`` (a ``RewardModelClient``) its scores reach the reward manager as in training."""
-    sampling = SamplingConfig(temperature=ev.temperature, max_new_tokens=max_new_tokens)
-    prompts = [prompt_ids(t, tokenizer) for t in tasks for _ in range(ev.k)]
-    seeds = [seed * 1_000_003 + i for i in range(len(prompts))]
-    samples = await fleet.generate_spread(prompts, sampling, seeds)
-    texts = [tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True) for s in samples]
-    truths = [t.answer for t in tasks for _ in range(ev.k)]
-    sources = [t.data_source or "math" for t in tasks for _ in range(ev.k)]
-    extras = [t.extra_info for t in tasks for _ in range(ev.k)]
-    extra = {}
-    if reward_model is not None:
-        per_task = await asyncio.gather(*(reward_model.score(t, texts[i * ev.k:(i + 1) * ev.k])
-                                          for i, t in enumerate(tasks)))
-        extra["model_scores"] = [s for scores in per_task for s in scores]
-    rewards, _ = reward_manager.score(texts, truths, sources, [len(s.response_ids) for s in samples], extras,
-                                      **extra)
-    correct = [r >= 1.0 for r in rewards]
-    per_task = [correct[i * ev.k:(i + 1) * ev.k] for i in range(len(tasks))]
+async def evaluate(fleet, ctx: WorkflowContext, name: str, tasks: list[Task], ev: EvalTasksetConfig,
+                   seed: int = 0, workflow: Workflow | None = None) -> dict[str, float]:
+    """Accuracy (reward >= 1) mean@k and best@k and the mean reward of ``ev.k`` samples per task, each task run
+    by ``workflow`` (the explorer's; default ``single_turn``, whose whole set is one spread call) with ``ctx``
+    (the explorer's: tokenizer, reward manager and model, tools, turns, ``max_new_tokens``) at the set's
+    temperature, seeded by ``seed`` and the task's position alone (no remax greedy baseline)."""
+    workflow = workflow or SingleTurnWorkflow()
+    sampling = SamplingConfig(temperature=ev.temperature, max_new_tokens=ctx.sampling.max_new_tokens)
     k = ev.k
+    ctxs = [replace(ctx, sampling=sampling, repeat_times=k, greedy_baseline=False,
+                    seeds=[seed * 1_000_003 + i * k + j for j in range(k)]) for i in range(len(tasks))]
+    run_batch = getattr(workflow, "run_batch", None)
+    if run_batch is not None:
+        groups = await run_batch(tasks, fleet, ctxs)
+    else:
+        groups = await asyncio.gather(*(workflow.run(t, fleet, c) for t, c in zip(tasks, ctxs, strict=True)))
+    rewards = [[e.reward for e in group] for group in groups]
+    flat = [r for group in rewards for r in group]
     return {
-        f"eval/{name}/accuracy/mean@{k}": sum(sum(c) / k for c in per_task) / len(tasks),
-        f"eval/{name}/accuracy/best@{k}": sum(any(c) for c in per_task) / len(tasks),
-        f"eval/{name}/reward_mean": sum(rewards) / len(rewards),
+        f"eval/{name}/accuracy/mean@{k}": sum(sum(r >= 1.0 for r in g) / len(g) for g in rewards) / len(tasks),
+        f"eval/{name}/accuracy/best@{k}": sum(any(r >= 1.0 for r in g) for g in rewards) / len(tasks),
+        f"eval/{name}/reward_mean": sum(flat) / len(flat),
     }
 
 
@@ -126,9 +119,12 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
             if weights is not None:
                 await fleet.update_weights(WeightsInfo(version=1, path=weights))
             rows = []
+            ctx = WorkflowContext(sampling=cfg.explorer.sampling, repeat_times=1, seeds=[0], tokenizer=tokenizer,
+                                  reward_manager=reward_manager, max_turns=cfg.explorer.max_turns,
+                                  reward_model=reward_model, tool_config_path=cfg.explorer.tool_config_path)
+            workflow = load_workflow(cfg.explorer.workflow)
             for ev in cfg.explorer.eval_tasksets:
-                m = await evaluate(fleet, tokenizer, reward_manager, ev.name, tasksets[ev.name], ev,
-                                   cfg.explorer.sampling.max_new_tokens, seed=cfg.seed, reward_model=reward_model)
+                m = await evaluate(fleet, ctx, ev.name, tasksets[ev.name], ev, seed=cfg.seed, workflow=workflow)
                 prefix = f"eval/{ev.name}/"
                 rows.append({"taskset": ev.name, "tasks": len(tasksets[ev.name]), "k": ev.k,
                              "temperature": ev.temperature,

@@ -239,10 +239,10 @@ class ExplorerRole:
     async def evaluate(self) -> dict[str, float]:
         """Every eval task set with the weights loaded now."""
         metrics: dict[str, float] = {}
+        ctx = self._context(self.explore_step_num, 0)
         for ev in self.cfg.explorer.eval_tasksets:
-            metrics.update(await evaluate(self.fleet, self.tokenizer, self.reward_manager, ev.name,
-                                          self.eval_tasks[ev.name], ev, self.cfg.explorer.sampling.max_new_tokens,
-                                          seed=self.cfg.seed, reward_model=self.reward_model))
+            metrics.update(await evaluate(self.fleet, ctx, ev.name, self.eval_tasks[ev.name], ev, seed=self.cfg.seed,
+                                          workflow=self.workflow))
         return metrics
 
     async def _rollout(self, step: int, tasks: list[Task]) -> list[tuple[int, int, Task, list[Experience] | None]]:
