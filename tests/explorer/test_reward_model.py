@@ -17,7 +17,7 @@ from trinity_like.algorithms.rewards import (
     load_reward_manager,
 )
 from trinity_like.common.chat import render_ids
-from trinity_like.common.errors import UserError
+from trinity_like.common.errors import ConfigError, UserError
 from trinity_like.common.tasks import Task
 from trinity_like.common.tiny_model import make_tiny_model
 from trinity_like.common.tokenizer import hf_tokenizer
@@ -181,9 +181,13 @@ def test_add_sums_model_and_function_scores_and_dapo_shapes_on_top():
         NaiveRewardManager(None, model_combine="mean")
 
 
-def test_a_bad_combine_is_refused_at_config_load():
-    with pytest.raises(Exception, match="reward.model.combine"):
+def test_a_bad_combine_or_model_folder_is_refused_at_config_load(tmp_path, tiny_model_path):
+    with pytest.raises(ConfigError, match="reward.model.combine"):
         load_config(None, ["reward.model.combine=mean"])
+    with pytest.raises(ConfigError, match="is not a model folder"):
+        load_config(None, [f"reward.model.path={tmp_path}"])
+    with pytest.raises(ConfigError, match="has 2 labels; a reward model has one"):  # a causal LM
+        load_config(None, [f"reward.model.path={tiny_model_path}"])
 
 
 def test_compute_reward_returns_the_managers_tensor_and_extra_info(batch_exps, tiny_model_path):

@@ -87,11 +87,32 @@ def _validate_algorithm(cfg: Config) -> None:
     if rc.function_path and not Path(rc.function_path).is_file():
         raise ConfigError(f"reward.function_path '{rc.function_path}' does not exist; give the path of a Python "
                           "file that defines the reward function")
+    if rc.model.path:
+        _check_reward_model(rc.model.path)
     if rc.manager == "dapo" and rc.overlong_buffer.enable:
         max_len = rc.max_resp_len or cfg.explorer.sampling.max_new_tokens
         if not 0 < rc.overlong_buffer.len <= max_len:
             raise ConfigError(f"reward.overlong_buffer.len={rc.overlong_buffer.len} must be in (0, {max_len}] "
                               "(the longest response)")
+
+
+def _check_reward_model(path: str) -> None:
+    """A reward model folder: a Hugging Face config with one label (read as JSON: no model is loaded here)."""
+    import json
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"reward.model.path '{path}' is not a model folder (no config.json); give a Hugging Face "
+                          "sequence-classification model with one label, or `trinity-like make-tiny-model DIR "
+                          "--reward-head` for a tiny one")
+    try:
+        tree = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"reward.model.path: cannot read {config}: {e}") from None
+    labels = len(tree.get("id2label") or {}) or tree.get("num_labels", 2)  # transformers' default: 2
+    if labels != 1:
+        raise ConfigError(f"reward.model.path '{path}' has {labels} labels; a reward model has one (a scalar score "
+                          "per sequence): a causal LM or a classifier is not a reward model")
 
 
 def _validate_monitor(cfg: Config) -> None:
