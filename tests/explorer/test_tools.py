@@ -409,6 +409,32 @@ def test_evaluation_runs_the_tool_workflow_so_tool_use_is_measured(tmp_path, tin
     assert single["eval/calc/accuracy/mean@2"] == 0.0 and single["eval/calc/reward_mean"] == 0.0
 
 
+class TemperatureScript(ScriptedEngine):
+    """ScriptedEngine whose greedy (temperature 0) episodes answer the last turn with ``greedy_answer``."""
+
+    def __init__(self, tokenizer, turns, greedy_answer):
+        super().__init__(tokenizer, turns)
+        self.greedy_turns = turns[:-1] + [greedy_answer]
+
+    async def generate(self, prompts, sampling, seeds):
+        if sampling.temperature == 0.0:
+            return await ScriptedEngine(self.tok, self.greedy_turns).generate(prompts, sampling, seeds)
+        return await super().generate(prompts, sampling, seeds)
+
+
+def test_remax_baseline_is_the_reward_of_a_greedy_tool_episode(tmp_path, tiny_model_path):
+    tok = hf_tokenizer(tiny_model_path)
+    tools = _write(tmp_path / "tools.yaml", TOOLS_YAML)
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>'
+    engine = TemperatureScript(tok, [call, "84"], greedy_answer="83")  # the greedy episode answers wrong
+    ctx = _ctx(tok, tools)
+    ctx.greedy_baseline = True
+    exps = asyncio.run(load_workflow("tool_agent").run(Task("b", "12*7=", "84", data_source="arithmetic"), engine, ctx))
+    assert len(exps) == 2 and [e.reward for e in exps] == [1.0, 1.0]  # the greedy episode is not an experience
+    assert [e.info["reward_baseline"] for e in exps] == [0.1, 0.1]  # a wrong number: the format reward
+    assert all(e.info["tool_calls"] == {"calculator": 1} for e in exps)
+
+
 def test_scripted_episode_out_of_turns_has_no_final_answer(tmp_path, tiny_model_path):
     tok = hf_tokenizer(tiny_model_path)
     tools = _write(tmp_path / "tools.yaml", TOOLS_YAML)

@@ -80,3 +80,25 @@ def test_the_baseline_is_the_reward_of_the_greedy_response_for_every_sample_of_a
     for with_baseline, without in zip(batched, plain, strict=True):
         assert [e.response_ids.tolist() for e in with_baseline] == [e.response_ids.tolist() for e in without]
         assert all("reward_baseline" not in e.info for e in without)
+
+
+def test_guess_number_baseline_is_the_reward_of_a_greedy_episode(engine_and_tokenizer):
+    from trinity_like.explorer.workflows import GuessNumberWorkflow
+
+    engine, tokenizer = engine_and_tokenizer
+    task = Task("g", "", "7")
+    ctx = WorkflowContext(sampling=SAMPLING, repeat_times=2, seeds=[3, 4], tokenizer=tokenizer,
+                          reward_manager=ChecksumReward(), max_turns=2)
+    workflow, local = GuessNumberWorkflow(), LocalEngine(engine)
+    plain = asyncio.run(workflow.run(task, local, ctx))
+    greedy_alone = asyncio.run(workflow._episode(task, 7, local, WorkflowContext(
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=6), repeat_times=1, seeds=[3], tokenizer=tokenizer,
+        reward_manager=ChecksumReward(), max_turns=2), 3))
+    local.calls.clear()
+    ctx.greedy_baseline = True
+    with_baseline = asyncio.run(workflow.run(task, local, ctx))
+    assert len(with_baseline) == 2  # the greedy episode is not an experience
+    assert [e.info["reward_baseline"] for e in with_baseline] == [greedy_alone.reward] * 2
+    assert any(t == 0.0 for _, t in local.calls)  # its turns were sampled greedily
+    assert [e.response_ids.tolist() for e in with_baseline] == [e.response_ids.tolist() for e in plain]
+    assert all("reward_baseline" not in e.info for e in plain)

@@ -68,10 +68,6 @@ def validate(cfg: Config) -> None:
 
 def _validate_algorithm(cfg: Config) -> None:
     algo, tr = cfg.algorithm, cfg.trainer
-    if algo.adv_estimator == "remax" and cfg.explorer.workflow in ("guess_number", "tool_agent"):
-        raise ConfigError(f"algorithm.adv_estimator 'remax' needs each task's greedy-response reward, which the "
-                          f"'{cfg.explorer.workflow}' workflow does not produce; use explorer.workflow=single_turn "
-                          "(or a subclass of it), or another estimator such as grpo")
     if algo.policy_loss == "dpo":
         if cfg.explorer.repeat_times != 2:
             raise ConfigError("algorithm.policy_loss 'dpo' trains on (chosen, rejected) pairs: set "

@@ -35,7 +35,7 @@ import numpy as np
 from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task
 from trinity_like.explorer.tools import INVALID, Toolbox, ToolResult, load_tools, parse_tool_calls
-from trinity_like.explorer.workflow_base import WORKFLOWS, Workflow, WorkflowContext
+from trinity_like.explorer.workflow_base import WORKFLOWS, Workflow, WorkflowContext, greedy_context
 from trinity_like.explorer.workflow_base import score_texts as _score
 
 
@@ -87,9 +87,16 @@ class ToolAgentWorkflow(Workflow):
         tools = self.toolbox(ctx)
         prompt_text = episode_prompt(task.prompt, tools)
         prompt = ctx.tokenizer.encode(prompt_text)
-        episodes = await asyncio.gather(*(self._episode(prompt, tools, engine, ctx, seed) for seed in ctx.seeds))
+        jobs = [self._episode(prompt, tools, engine, ctx, seed) for seed in ctx.seeds]
+        if ctx.greedy_baseline:  # ReMax: one greedy episode, scored with the others, not an experience
+            jobs.append(self._episode(prompt, tools, engine, greedy_context(ctx), ctx.seeds[0]))
+        episodes = await asyncio.gather(*jobs)
         rewards, failed = await _score(ctx, [e.final_text for e in episodes], task,
                                        [len(e.response) for e in episodes])
+        baseline = {}
+        if ctx.greedy_baseline:
+            baseline = {"reward_baseline": rewards[-1]}
+            episodes, rewards, failed = episodes[:-1], rewards[:-1], failed[:-1]
         return [Experience(
             prompt_ids=prompt, response_ids=np.asarray(e.response, np.int32), action_mask=e.mask,
             logprobs=e.logprobs, reward=r, model_version=min(e.versions), truncated=e.truncated,
@@ -97,7 +104,7 @@ class ToolAgentWorkflow(Workflow):
             response_text=ctx.tokenizer.decode(e.response, skip_special_tokens=True),
             info={"ground_truth": task.answer, "data_source": task.data_source, "turns": len(e.versions),
                   "turn_versions": e.versions, "tool_calls": dict(e.calls), "tool_failures": dict(e.failures),
-                  **({"reward_failed": True} if f else {})},
+                  **baseline, **({"reward_failed": True} if f else {})},
         ) for e, r, f in zip(episodes, rewards, failed, strict=True)]
 
     async def _episode(self, prompt: list[int], tools: Toolbox, engine, ctx: WorkflowContext, seed: int) -> _Episode:

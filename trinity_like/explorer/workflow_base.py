@@ -4,7 +4,7 @@ them) both build on it without importing each other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trinity_like.common.experience import Experience
@@ -38,6 +38,11 @@ class WorkflowContext:
     tool_config_path: str = ""
     """``explorer.tool_config_path``: the tools of ``tool_agent``."""
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def greedy_context(ctx: WorkflowContext) -> WorkflowContext:
+    """``ctx`` sampling at temperature 0: for the greedy episode of a ReMax baseline (``greedy_baseline``)."""
+    return replace(ctx, sampling=replace(ctx.sampling, temperature=0.0))
 
 
 class Workflow:

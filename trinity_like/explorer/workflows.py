@@ -38,7 +38,7 @@ import numpy as np
 
 from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task, prompt_ids
-from trinity_like.explorer.workflow_base import WORKFLOWS, Workflow, WorkflowContext
+from trinity_like.explorer.workflow_base import WORKFLOWS, Workflow, WorkflowContext, greedy_context
 from trinity_like.explorer.workflow_base import score_texts as _score
 
 
@@ -114,7 +114,12 @@ class GuessNumberWorkflow(Workflow):
 
     async def run(self, task: Task, engine, ctx: WorkflowContext) -> list[Experience]:
         secret = int(task.answer) if task.answer.lstrip("-").isdigit() else random.Random(task.task_id).randint(0, 20)
-        return [await self._episode(task, secret, engine, ctx, seed) for seed in ctx.seeds]
+        exps = [await self._episode(task, secret, engine, ctx, seed) for seed in ctx.seeds]
+        if ctx.greedy_baseline:  # ReMax: the reward of one greedy episode (not an experience)
+            baseline = (await self._episode(task, secret, engine, greedy_context(ctx), ctx.seeds[0])).reward
+            for e in exps:
+                e.info["reward_baseline"] = baseline
+        return exps
 
     async def _episode(self, task: Task, secret: int, engine, ctx: WorkflowContext, seed: int) -> Experience:
         tok = ctx.tokenizer
