@@ -12,7 +12,12 @@ import pytest
 import yaml
 from conftest import write_verl_data as verl_data  # tests/ is on sys.path
 
-from trinity_like.algorithms.rewards import NaiveRewardManager, as_batched_reward_fn, load_reward_function
+from trinity_like.algorithms.rewards import (
+    NaiveRewardManager,
+    as_batched_reward_fn,
+    load_reward_function,
+    load_reward_manager,
+)
 from trinity_like.cli import main
 from trinity_like.common.errors import ConfigError
 from trinity_like.common.tasks import load_taskset, prompt_ids
@@ -409,6 +414,29 @@ def test_batched_reward_signatures_get_the_keywords_they_name():
 
     assert as_batched_reward_fn(plain)(["1", "2"], ["1", "1"], data_sources=["a", "b"], extra_infos=[{}, {}]) == [1.0, 0.0]
     assert as_batched_reward_fn(with_sources)(["1", "2"], ["1", "1"], data_sources=["a", "b"]) == [1.0, 0.0]
+
+
+def test_reward_kwargs_are_bound_to_the_reward_function_of_either_signature(tmp_path, tiny_model_path):
+    f = tmp_path / "reward.py"
+    f.write_text(textwrap.dedent("""\
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0, weights=None):
+            return scale * float(solution_str == ground_truth) + weights["format"]
+
+        def batched(responses, ground_truths, scale=1.0):
+            return [scale * float(r == g) for r, g in zip(responses, ground_truths)]
+        """))
+    train = verl_data(tmp_path / "train.parquet")
+    cfg = load_config(write(tmp_path, yaml.safe_dump({
+        "data": {"train_files": str(train)}, "actor_rollout_ref": {"model": {"path": str(tiny_model_path)}},
+        "trainer": {"device": "cpu"},
+        "custom_reward_function": {"path": str(f), "reward_kwargs": {"scale": 2.0, "weights": {"format": 0.5}}}})))
+    assert cfg.reward.function_kwargs == {"scale": 2.0, "weights": {"format": 0.5}}
+    manager = load_reward_manager(cfg, None)
+    assert manager.score(["3", "4"], ["3", "3"], ["a", "a"])[0] == [2.5, 0.5]
+    assert load_reward_function(f, "batched", {"scale": 3.0})(["3", "4"], ["3", "3"], data_sources=["a", "a"]) == \
+        [3.0, 0.0]
+    with pytest.raises(TypeError, match=r"takes no argument\(s\) bias \(reward.function_kwargs\)"):
+        load_reward_function(f, "batched", {"bias": 1.0})
 
 
 # ---------------------------------------------------------------- dapo under its name

@@ -15,6 +15,7 @@ batch is re-scored one sample at a time to find which sample failed).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import inspect
 import logging
@@ -191,8 +192,10 @@ DEFAULT_REWARD_FN: RewardFn = compute_score
 # ---------------------------------------------------------------- custom functions
 
 
-def load_reward_function(path: str | Path, name: str = "compute_score") -> RewardFn:
-    """Import ``name`` from the Python file at ``path``; a clear error if either is missing."""
+def load_reward_function(path: str | Path, name: str = "compute_score",
+                         kwargs: dict[str, Any] | None = None) -> RewardFn:
+    """Import ``name`` from the Python file at ``path`` (a clear error if either is missing), with ``kwargs``
+    bound to it (verl's ``reward_kwargs``; a name the function does not take is refused here)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"reward function file '{path}' does not exist")
@@ -204,6 +207,13 @@ def load_reward_function(path: str | Path, name: str = "compute_score") -> Rewar
     fn = getattr(module, name, None)
     if not callable(fn):
         raise AttributeError(f"reward function file '{path}' has no function {name!r}")
+    if kwargs:
+        params = inspect.signature(fn).parameters
+        unknown = sorted(k for k in kwargs if k not in params)
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise TypeError(f"reward function {name!r} in '{path}' takes no argument(s) {', '.join(unknown)} "
+                            f"(reward.function_kwargs); it takes {', '.join(params)}")
+        fn = functools.partial(fn, **kwargs)
     return as_batched_reward_fn(fn)
 
 
@@ -407,7 +417,7 @@ def load_reward_manager(config, tokenizer, num_examine: int = 0, **kwargs: Any):
     rc = getattr(config, "reward", config)
     if rc.manager not in REWARD_MANAGERS:
         raise KeyError(f"unknown reward manager {rc.manager!r}; valid names: {', '.join(REWARD_MANAGERS)}")
-    fn = load_reward_function(rc.function_path, rc.function_name) if rc.function_path else None
+    fn = load_reward_function(rc.function_path, rc.function_name, dict(rc.function_kwargs)) if rc.function_path else None
     common = dict(compute_score=fn, reward_fn_key=rc.reward_fn_key, failure_value=rc.failure_value,
                   model_combine=rc.model.combine)
     if rc.manager == "dapo":

@@ -518,6 +518,8 @@ class RewardConfig:
     empty = the built-in scorers, chosen by each task's data source."""
     function_name: str = "compute_score"
     """Name of the function in `function_path`."""
+    function_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments bound to that function at load (verl's `custom_reward_function.reward_kwargs`)."""
     reward_fn_key: str = "data_source"
     """Key of the experience info that names the data source."""
     failure_value: float = 0.0

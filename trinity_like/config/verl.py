@@ -295,6 +295,20 @@ def _reward_model_enable(v: Any, view: View) -> dict[str, Any]:
     return {"reward.model.path": view.path(str(path)), "reward.model.combine": "replace"}
 
 
+def _reward_kwargs(_: Any, view: View) -> dict[str, Any]:
+    """All of ``custom_reward_function.reward_kwargs`` at once (each of its keys gives the same whole)."""
+    prefix = "custom_reward_function.reward_kwargs."
+    kwargs: dict[str, Any] = {}
+    for key, value in view.leaves.items():
+        if key.startswith(prefix) and value is not None:
+            *parents, leaf = key[len(prefix):].split(".")
+            node = kwargs
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+    return {"reward.function_kwargs": kwargs}
+
+
 def _rm_micro_batch(v: Any, _: View) -> dict[str, Any]:
     return {} if v is None else {"reward.model.micro_batch_size": int(v)}
 
@@ -580,8 +594,8 @@ RULES: tuple[Rule, ...] = (
     Rule("custom_reward_function.path", ("reward.function_path",), "a Python file; both signatures "
          "(verl's per-sample and the batched one)", _reward_fn_path),
     Rule("custom_reward_function.name", ("reward.function_name",), "same"),
-    Rule("custom_reward_function.reward_kwargs.*", NOTHING, "extra arguments of the reward function",
-         _only(({},), "reward_kwargs: give the function its defaults")),
+    Rule("custom_reward_function.reward_kwargs.*", ("reward.function_kwargs",), "keyword arguments bound to the "
+         "reward function", _reward_kwargs),
     # ---- trainer
     Rule("trainer.total_epochs", ("trainer.total_steps",), "x steps per epoch (the training file's rows // "
          "train_batch_size), unless total_training_steps is given", derived=True),
