@@ -1,21 +1,22 @@
-"""Write warm-up demonstrations for the tool_calculator example: a mix of episodes in which the model calls the
-calculator and repeats its answer, and episodes in which it answers directly, by heart.
+"""Write warm-up demonstrations for the tool_calculator example: a mix of episodes that call the calculator
+and repeat its answer and episodes that answer directly, by heart.
 
 Each line is an Experience row (``prompt_ids``, ``response_ids``, ``action_mask``), built with the
 ``tool_agent`` workflow's own prompt and tool-response text and answered by the real tool, so the warm-up
 trains on exactly the tokens the workflow will show the model. A tool episode::
 
     prompt     the tool preamble + "\\n" + "523+845="
-    response   <tool_call>{"name": "calculator", "arguments": {"expression": "523+845"}}</tool_call><EOS>   (trained)
-               \\n<tool_response>1368</tool_response>\\n                                                (masked)
-               1368<EOS>                                                                              (trained)
+    response   <tool_call>{"name": "calculator", "arguments": {"expression": "523+845"}}</tool_call><EOS>
+                                                                                        (trained)
+               \\n<tool_response>1368</tool_response>\\n                            (masked)
+               1368<EOS>                                                            (trained)
 
 and a direct episode, one model turn with the right answer and no call::
 
     prompt     the tool preamble + "\\n" + "523+845="
-    response   1368<EOS>                                                                              (trained)
+    response   1368<EOS>                                                            (trained)
 
-Both kinds are correct, so the warm-up teaches both behaviours and the habit of calling the tool only in
+Both kinds are correct, so the warm-up teaches both behaviours and to call the tool in about
 ``--tool-fraction`` of the episodes. The tiny model cannot add 3-digit numbers by heart, so after the warm-up
 its direct answers are mostly wrong and its calls mostly right: that is the gap RL (GRPO) has to find.
 
@@ -23,9 +24,10 @@ Chat records (``{"messages": [...]}``) would not do: the warm-up reads those as 
 
     .venv/bin/python examples/tool_calculator/make_demonstrations.py   # defaults match config.yaml
 
-Options: ``--num`` episodes (256), ``--tool-fraction`` of them that call the calculator (0.25; 1.0 gives the
-old all-tool warm-up, under which RL has nothing left to teach), ``--max-operand`` (999, as
-``explorer.taskset.max_operand``), ``--seed`` of the tasks and of which episodes call the tool.
+Options: ``--num`` episodes (256); ``--tool-fraction`` of them that call the calculator (0.3; 1.0 is the
+former all-tool warm-up, after which the reward starts high and RL has little to add); ``--max-operand``
+(999, as ``explorer.taskset.max_operand`` and the eval set's); ``--seed`` of the tasks and of which
+episodes call the tool.
 """
 
 from __future__ import annotations
@@ -57,8 +59,10 @@ def demonstration(task: Task, tools: Toolbox, tokenizer, use_tool: bool) -> dict
         call = ToolCall(name, {"expression": task.prompt.removesuffix("=")})
         result = tools.call(call)  # the real tool answers
         if not result.ok or result.text != task.answer:
-            raise ValueError(f"the calculator answered {call.arguments} with {result.text!r}, not {task.answer}")
-        call_text = "<tool_call>" + json.dumps({"name": call.name, "arguments": call.arguments}) + "</tool_call>"
+            raise ValueError(f"the calculator answered {call.arguments} with {result.text!r}, "
+                             f"not {task.answer}")
+        call_json = json.dumps({"name": call.name, "arguments": call.arguments})
+        call_text = f"<tool_call>{call_json}</tool_call>"
         turns = [(ids(call_text) + [eos], True), (ids(tool_response_text([result])), False),
                  (ids(result.text) + [eos], True)]
     else:
@@ -72,12 +76,12 @@ def demonstration(task: Task, tools: Toolbox, tokenizer, use_tool: bool) -> dict
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="runs/models/tiny", help="model folder whose tokenizer is used (the tiny "
-                   "model is built there if missing)")
+    p.add_argument("--model", default="runs/models/tiny",
+                   help="model folder whose tokenizer is used (the tiny model is built there if missing)")
     p.add_argument("--tools", default=str(HERE / "tools.yaml"))
     p.add_argument("--out", default="runs/data/tool_calculator/demonstrations.jsonl")
     p.add_argument("--num", type=int, default=256, help="episodes to write")
-    p.add_argument("--tool-fraction", type=float, default=0.25,
+    p.add_argument("--tool-fraction", type=float, default=0.3,
                    help="fraction of the episodes that call the calculator; the others answer directly")
     p.add_argument("--max-operand", type=int, default=999, help="operands are drawn from 0..max-operand")
     p.add_argument("--seed", type=int, default=104_771, help="task seed, apart from the training tasks' (42)")

@@ -454,3 +454,16 @@ def test_rows_not_generated_by_this_run_have_no_staleness(tmp_path, tiny_model_p
         e.model_version = -1  # demonstrations, imported rows: not this run's policy
     metrics = t.train_step(imported)
     assert metrics["train/staleness_max"] == 0.0 and metrics["train/staleness_mean"] == 0.0
+
+
+def test_prompt_clip_ratio_counts_prompts_at_the_limit_and_is_zero_without_one(tmp_path, tiny_model_path, batch_exps):
+    # the last group's prompts one token shorter (their first token dropped), so lengths differ
+    batch_exps = [e if i < 9 else Experience(**{**e.__dict__, "prompt_ids": e.prompt_ids[1:]})
+                  for i, e in enumerate(batch_exps)]
+    longest = max(len(e.prompt_ids) for e in batch_exps)
+    at_longest = sum(len(e.prompt_ids) == longest for e in batch_exps) / len(batch_exps)
+    assert 0 < at_longest < 1
+    no_limit = _trainer(tmp_path, tiny_model_path).train_step(batch_exps)
+    assert no_limit["prompt_length/clip_ratio"] == 0.0  # nothing is cut without explorer.max_prompt_tokens
+    limited = _trainer(tmp_path, tiny_model_path, f"explorer.max_prompt_tokens={longest}").train_step(batch_exps)
+    assert limited["prompt_length/clip_ratio"] == pytest.approx(at_longest)

@@ -238,8 +238,11 @@ class PPOTrainer(TrainEngineWrapper):
         response_tokens = float(mask.sum())
         if algo.sft_sources:
             metrics["actor/sft_rows"] = float(batch["sft"].sum())
+        # without a prompt limit no prompt is cut: its clip ratio is 0 (the function's default, the batch's padded
+        # width, would count every longest prompt as clipped)
         data = compute_data_metrics(batch, use_critic=self.critic is not None,
-                                    max_response_length=self.cfg.explorer.sampling.max_new_tokens)
+                                    max_response_length=self.cfg.explorer.sampling.max_new_tokens,
+                                    max_prompt_length=self.cfg.explorer.max_prompt_tokens or math.inf)
         if self.critic is not None:  # the names logged before verl's, kept
             metrics.update({"critic/values_mean": data["critic/values/mean"],
                             "critic/returns_mean": data["critic/returns/mean"]})
