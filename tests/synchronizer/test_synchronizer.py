@@ -269,7 +269,8 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
     from trinity_like.trainer.ppo import PPOTrainer
 
     cfg = _cfg(tmp_path, tiny_model_path, "cutoff", "explorer.num_engines=2", "explorer.repeat_times=3",
-               "trainer.optimizer.lr=0.01", "synchronizer.method=nccl", "synchronizer.timeout_s=8")
+               "trainer.optimizer.lr=0.01", "synchronizer.method=nccl", "synchronizer.timeout_s=8",
+               "synchronizer.sync_timeout_s=15")  # the cut-off round fails at this deadline (default 120 s)
     sync = get_synchronizer(namespace_of(cfg))
     trainer = PPOTrainer(cfg, sync)
     trainer.prepare()
