@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trinity_like.common.tasks import TASKSET_GENERATORS, Task, limit_prompts, load_taskset, write_taskset
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
-from trinity_like.explorer.workflow_base import Workflow, WorkflowContext
+from trinity_like.explorer.workflow_base import Workflow, WorkflowContext, explorer_context
 from trinity_like.explorer.workflows import SingleTurnWorkflow, load_workflow
 from trinity_like.runtime.paths import RunPaths
 from trinity_like.synchronizer.messages import WeightsInfo
@@ -119,9 +119,7 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
             if weights is not None:
                 await fleet.update_weights(WeightsInfo(version=1, path=weights))
             rows = []
-            ctx = WorkflowContext(sampling=cfg.explorer.sampling, repeat_times=1, seeds=[0], tokenizer=tokenizer,
-                                  reward_manager=reward_manager, max_turns=cfg.explorer.max_turns,
-                                  reward_model=reward_model, tool_config_path=cfg.explorer.tool_config_path)
+            ctx = explorer_context(cfg, tokenizer, reward_manager, reward_model)
             workflow = load_workflow(cfg.explorer.workflow)
             for ev in cfg.explorer.eval_tasksets:
                 m = await evaluate(fleet, ctx, ev.name, tasksets[ev.name], ev, seed=cfg.seed, workflow=workflow)

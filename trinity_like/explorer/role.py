@@ -41,6 +41,7 @@ from trinity_like.explorer.evaluation import apply_prompt_limit, evaluate, prepa
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.reward_model import start_reward_model
 from trinity_like.explorer.tools import tool_metrics
+from trinity_like.explorer.workflow_base import explorer_context
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
 from trinity_like.runtime.run_dir import explorer_needs_run_dir
@@ -116,12 +117,13 @@ class ExplorerRole:
         self.eval_tasks = {name: apply_prompt_limit(self.cfg, self.tokenizer, ts, f"eval task set '{name}'")
                            for name, ts in eval_tasks.items()}
         self.fleet = EngineFleet(self.cfg)
+        self.reward_model = start_reward_model(self.cfg)  # loads while the engines do
         await self.fleet.ready()
-        self.workflow = load_workflow(self.cfg.explorer.workflow)
-        self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
-        self.reward_model = start_reward_model(self.cfg)
         if self.reward_model is not None:
             await self.reward_model.ready()
+        self.workflow = load_workflow(self.cfg.explorer.workflow)
+        self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
+        self.base_ctx = explorer_context(self.cfg, self.tokenizer, self.reward_manager, self.reward_model)
         self.writer = self.sender = None
         if self.cfg.buffer.transport == "redis":
             from trinity_like.buffer.redis_transport import RedisSender
@@ -205,12 +207,7 @@ class ExplorerRole:
     def _context(self, step: int, position: int) -> WorkflowContext:
         repeat = self.cfg.explorer.repeat_times
         base = (self.cfg.seed * 1_000_003 + step) * 10_007 + position * repeat
-        return WorkflowContext(sampling=self.cfg.explorer.sampling, repeat_times=repeat,
-                               seeds=[base + j for j in range(repeat)], tokenizer=self.tokenizer,
-                               reward_manager=self.reward_manager, max_turns=self.cfg.explorer.max_turns,
-                               explore_step=step,
-                               greedy_baseline=self.cfg.algorithm.adv_estimator == "remax",  # ReMax's baseline
-                               reward_model=self.reward_model, tool_config_path=self.cfg.explorer.tool_config_path)
+        return dataclasses.replace(self.base_ctx, seeds=[base + j for j in range(repeat)], explore_step=step)
 
     async def _run_task(self, task: Task, ctx: WorkflowContext) -> list[Experience] | None:
         """The workflow on one task, with timeout and retries; None when it failed for good."""

@@ -10,7 +10,7 @@ from typing import Any
 from trinity_like.common.experience import Experience
 from trinity_like.common.registry import Registry
 from trinity_like.common.tasks import Task
-from trinity_like.config import SamplingConfig
+from trinity_like.config import Config, SamplingConfig
 
 WORKFLOWS: Registry = Registry("workflow")
 
@@ -38,6 +38,16 @@ class WorkflowContext:
     tool_config_path: str = ""
     """``explorer.tool_config_path``: the tools of ``tool_agent``."""
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def explorer_context(cfg: Config, tokenizer, reward_manager, reward_model=None) -> WorkflowContext:
+    """The context every task of an explorer (and of ``bench``) starts from, as ``cfg`` sets it: sampling, samples
+    per task, turns, tools, the remax baseline; the caller sets each task's ``seeds`` (none here) and step."""
+    ex = cfg.explorer
+    return WorkflowContext(sampling=ex.sampling, repeat_times=ex.repeat_times, seeds=[], tokenizer=tokenizer,
+                           reward_manager=reward_manager, max_turns=ex.max_turns,
+                           greedy_baseline=cfg.algorithm.adv_estimator == "remax",  # ReMax's baseline
+                           reward_model=reward_model, tool_config_path=ex.tool_config_path)
 
 
 def greedy_context(ctx: WorkflowContext) -> WorkflowContext:
