@@ -81,10 +81,7 @@ class RewardModel:
                                   add_generation_prompt=False))
         else:
             ids = list(self.tokenizer.encode(item["prompt"] + response))
-        ids = ids[-self.max_length:]
-        if ids and ids[-1] == self.pad_token_id:  # the pooling would read the token before it
-            ids = ids[:-1] or [self.pad_token_id]
-        return ids
+        return ids[-self.max_length:]
 
     def score(self, items: list[dict[str, Any]], responses: list[str]) -> list[float]:
         """One score per (input, response)."""

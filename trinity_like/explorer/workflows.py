@@ -32,7 +32,6 @@ import importlib
 import importlib.util
 import random
 import re
-from dataclasses import replace
 
 import numpy as np
 
@@ -77,7 +76,7 @@ class SingleTurnWorkflow(Workflow):
         samples' batches are the same with or without it (and a greedy response does not depend on timing)."""
         if not ctxs[0].greedy_baseline:
             return [None] * len(tasks)
-        greedy = replace(ctxs[0].sampling, temperature=0.0)
+        greedy = greedy_context(ctxs[0]).sampling
         # one seed per prompt is required; at temperature 0 it is not used
         samples = await generate(prompts, greedy, [ctx.seeds[0] for ctx in ctxs])
         baselines = []
