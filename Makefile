@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install demo test test-fast test-vllm lint clean
+.PHONY: install demo test test-fast test-vllm gpu-check lint clean
 
 install: $(STAMP)
 
@@ -61,6 +61,16 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q -ra tests/explorer/test_vllm_engine.py
+
+# A GPU lease (docs/gpu.md): builds the offline bundle .device/ (../shared/tools/device-bundle: Ray and the packages
+# the CUDA image lacks), stamps it with the commit, checks every step of tools/gpu-check without a GPU, and prints
+# the one device call to make. Rebuilds the bundle only when pyproject.toml is newer.
+gpu-check: install
+	@test .device/install.sh -nt pyproject.toml || ../shared/tools/device-bundle
+	@{ git rev-parse --short HEAD; git status --porcelain | grep -q . && echo "+ uncommitted changes"; } \
+	  | paste -sd' ' > .device/commit
+	PYTHON=$(BIN)/python bash tools/gpu-check --dry-run
+	@echo 'next, the device call: run(command="bash tools/gpu-check", carry=[".device"], timeout_s=600)'
 
 lint: install
 	$(BIN)/ruff check trinity_like tests

@@ -65,6 +65,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchlib import add_smoke
+
+RESULT_FIELDS = {"async_speedup": ("sync_sps", "async_sps", "speedup", "ideal", "efficiency", "headline_staleness",
+                                   "ideal_n", "t_gen_s", "t_train_s", "gen_over_train", "initial_eval_reward",
+                                   "sync_eval_reward", "sync_eval_acc", "len_mean", "len_p90", "len_max", "repeats",
+                                   "bench_s")}
+"""Fields of the RESULT line (bench/benchlib.py); it also holds asyncS_sps, speedupS, efficiencyS and the
+held-out figures of every --staleness S."""
+
 for _key, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
                      ("RAY_USAGE_STATS_ENABLED", "0")):
     os.environ.setdefault(_key, _value)
@@ -262,14 +271,16 @@ def evaluate_all(cfg, weights: list[str | None]) -> list[dict[str, float]]:
 
     from trinity_like.algorithms.rewards import load_reward_manager
     from trinity_like.common.tokenizer import hf_tokenizer
-    from trinity_like.explorer.evaluation import evaluate, prepare_eval_tasksets
+    from trinity_like.explorer.evaluation import evaluate
     from trinity_like.explorer.fleet import EngineFleet
+    from trinity_like.explorer.workflow_base import explorer_context
+    from trinity_like.runtime.run_dir import prepare_eval_tasksets
     from trinity_like.synchronizer.messages import WeightsInfo
 
     (ev,) = cfg.explorer.eval_tasksets
     tasks = prepare_eval_tasksets(cfg)[ev.name]
     tokenizer = hf_tokenizer(cfg.model.path)
-    reward_manager = load_reward_manager(cfg, tokenizer)
+    ctx = explorer_context(cfg, tokenizer, load_reward_manager(cfg, tokenizer))
     prefix = f"eval/{ev.name}/"
 
     async def main() -> list[dict[str, float]]:
@@ -280,8 +291,7 @@ def evaluate_all(cfg, weights: list[str | None]) -> list[dict[str, float]]:
             for version, path in enumerate(weights):
                 if path is not None:
                     await fleet.update_weights(WeightsInfo(version=version, path=path))
-                m = await evaluate(fleet, tokenizer, reward_manager, ev.name, tasks, ev,
-                                   cfg.explorer.sampling.max_new_tokens, seed=cfg.seed)
+                m = await evaluate(fleet, ctx, ev.name, tasks, ev, seed=cfg.seed)
                 out.append({"acc": m[f"{prefix}accuracy/mean@{ev.k}"], "reward": m[f"{prefix}reward_mean"]})
             return out
         finally:
@@ -299,7 +309,7 @@ def spread(runs: list[dict], key: str, fmt: str = ".2f") -> str:
     return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=16, help="trainer steps per run")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each mode, interleaved")
@@ -320,9 +330,19 @@ def main() -> None:
     parser.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: a temp dir)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3 steps, 1 repeat, staleness 1, a small eval (mostly Ray/actor start-up)")
-    args = parser.parse_args()
+    add_smoke(parser, "2 steps of 4 tasks x 4 samples of up to 16 tokens, sync and staleness 1, one repeat, "
+                      "8 held-out tasks x 2")
+    args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeats, args.staleness, args.eval_size, args.eval_k = 3, 1, [1], 8, 2
+    if args.smoke:
+        args.steps, args.repeats, args.staleness, args.eval_size, args.eval_k = 2, 1, [1], 8, 2
+        args.tasks, args.repeat, args.max_new_tokens, args.micro = 4, 4, 16, 16
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     import ray
 

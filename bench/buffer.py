@@ -79,6 +79,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+from benchlib import add_smoke
 
 from trinity_like.buffer.ledger import Ledger
 from trinity_like.buffer.reader import BufferConsumer
@@ -92,6 +93,14 @@ from trinity_like.common.experience import (
 )
 from trinity_like.common.fs import fsync_path
 
+RESULT_FIELDS = {
+    "buffer": ("write_eps", "read_eps", "read_p99_ms", "read_p99_ms_1m", "write_vs_raw_arrow", "write_vs_sqlite_blobs",
+               "raw_arrow_eps", "sqlite_eps"),
+    "buffer_catalog": (),
+}
+"""Fields of the RESULT lines (bench/benchlib.py). ``buffer_catalog`` (--catalog) holds ``<call>_s_<stored>`` for
+every call timed and every --stored size (``1m`` for 1,000,000)."""
+SMOKE_CATALOG_STORED = 5_000
 BATCH = 256
 """Rows per write (= one segment) and per read."""
 PROMPT_TOKENS = 32
@@ -597,7 +606,7 @@ def catalog_bench(stored_list: list[int], keep: Path | None, repeats: int, tmp_r
 
 
 # ------------------------------------------------------------------ main
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 10k rows, 100k rows for the latency part")
     parser.add_argument("--rows", type=int, help="experiences of 256 response tokens (default 100k; quick 10k)")
@@ -614,7 +623,18 @@ def main() -> None:
     parser.add_argument("--measure", choices=CATALOG_MEASURES, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--top-version", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    add_smoke(parser, f"both parts: 2k rows, 5k stored, 10 reads at scale; then --catalog at "
+                      f"{SMOKE_CATALOG_STORED:,} rows stored")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rows, args.total_rows, args.scale_reads, args.repeats = 2_000, 5_000, 10, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.smoke:
+        catalog_bench([SMOKE_CATALOG_STORED], None, 1, args.tmp, args.seed)
     if args.measure:
         print("MEASURE " + json.dumps(_measure(args.measure, Path(args.dir), args.top_version)), flush=True)
         return

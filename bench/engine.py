@@ -23,6 +23,7 @@ import tempfile
 import time
 
 import torch
+from benchlib import add_smoke
 
 from trinity_like.common.modeling import load_causal_lm
 from trinity_like.common.tiny_model import make_tiny_model
@@ -30,8 +31,13 @@ from trinity_like.common.tokenizer import hf_tokenizer
 from trinity_like.config import SamplingConfig
 from trinity_like.explorer.engines.hf_engine import HFEngine
 
+RESULT_FIELDS = {"engine": ("tokens_per_s", "raw_generate_tokens_per_s", "vs_raw_generate", "batch", "new_tokens",
+                            "hidden", "layers", "kv_cache", "device", "dtype")}
+"""Fields of the RESULT line (bench/benchlib.py); it also holds vllm_tokens_per_s (or vllm=not_run). With
+--concurrent-episodes the line is ``RESULT engine_episodes`` instead (vLLM only)."""
 
-def main() -> None:
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -45,7 +51,20 @@ def main() -> None:
     ap.add_argument("--concurrent-episodes", type=int, default=0,
                     help="with --vllm: multi-turn episodes/s, async vLLM engine against the locked one")
     ap.add_argument("--turns", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
+                    help="where the hf engine and the bare loop both run (explorer.device)")
+    ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                    help="the dtype of both (explorer.dtype; auto: bfloat16 on a GPU, float32 on the CPU)")
+    add_smoke(ap, "4 prompts x 8 new tokens, one timed run each; with --concurrent-episodes, 2 episodes of 2 turns")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.batch, args.new_tokens, args.repeats = 4, 8, 1
+        args.concurrent_episodes, args.turns = min(args.concurrent_episodes, 2), 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.concurrent_episodes:
         episodes(args)
@@ -54,20 +73,22 @@ def main() -> None:
         path = make_tiny_model(f"{d}/m", hidden=args.hidden, layers=args.layers)
         tok = hf_tokenizer(str(path))
         prompts = [tok.encode(f"{i % 50}+{(7 * i) % 50}=") for i in range(args.batch)]
-        engine = HFEngine(path, num_threads=args.threads, kv_cache=args.kv_cache)
+        engine = HFEngine(path, num_threads=args.threads, kv_cache=args.kv_cache, device=args.device,
+                          dtype=args.dtype)
         sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
 
         def run_engine() -> int:
             samples = engine.generate(prompts, sampling, list(range(len(prompts))))
             return sum(len(s.response_ids) for s in samples)
 
-        model = load_causal_lm(path)
+        model = load_causal_lm(path).to(engine.device, getattr(torch, engine.dtype))  # where the engine runs
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), engine.pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
+        ids, mask = ids.to(engine.device), mask.to(engine.device)
 
         def run_raw() -> int:
             with torch.inference_mode():
@@ -105,6 +126,7 @@ def main() -> None:
     print(f"RESULT engine tokens_per_s={results['hf_engine']:.0f} raw_generate_tokens_per_s="
           f"{results['raw_generate']:.0f} vs_raw_generate={ratio:.2f} batch={args.batch} new_tokens={args.new_tokens} "
           f"hidden={args.hidden} layers={args.layers} kv_cache={engine.kv_cache} device={engine.device.type} "
+          f"dtype={engine.dtype} "
           + (f"vllm_tokens_per_s={results['vllm_engine']:.0f}" if "vllm_engine" in results else "vllm=not_run"))
 
 

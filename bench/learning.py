@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import dataclasses
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +44,17 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import add_smoke  # noqa: E402
+
 from trinity_like.config import load_config  # noqa: E402
+
+RESULT_FIELDS = {
+    "learning": ("lag", "correction", "auc_mean", "auc_std", "acc_mean", "acc_std", "acc_min", "acc_max",
+                 "staleness_mean", "staleness_max", "seeds", "steps"),
+    "learning_bench": ("cells", "runs", "steps", "seeds", "start_acc", "seconds"),
+}
+"""Fields of the RESULT lines of the fixed-lag table (bench/benchlib.py): one ``learning`` line per cell, then
+``learning_bench``. With --real: one ``learning_real`` line per bound instead."""
 
 FULL_CELLS = ([("sync", 0, "none")] + [(f"lag{lag}", lag, c) for lag in (1, 2, 4, 8) for c in ("none", "decoupled")]
               + [("lag4", 4, "tis"), ("lag4", 4, "icepop")])
@@ -55,13 +68,13 @@ def base_config(work: Path, *overrides: str):
 
 
 # ---------------------------------------------------------------- the warm start
-def warm_model(work: Path) -> Path:
+def warm_model(work: Path, *overrides: str) -> Path:
     """The demo's warm-up (SFT on its demonstrations), run once through the launcher; its model folder."""
     from trinity_like.launcher import run
     from trinity_like.runtime.run_dir import prepare_run_dir
     from trinity_like.warmup import final_model, warmup_run_name, warmup_stage_config, write_demonstrations
 
-    cfg = base_config(work, "name=learning")
+    cfg = base_config(work, "name=learning", *overrides)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(ROOT / "runs/models/tiny")))
     warm_cfg_name = dataclasses.replace(cfg, name=warmup_run_name(cfg))
     try:
@@ -100,7 +113,8 @@ def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: 
     from trinity_like.explorer.engines.base import WeightUpdate
     from trinity_like.explorer.engines.hf_engine import HFEngine
     from trinity_like.explorer.evaluation import evaluate
-    from trinity_like.explorer.workflows import WorkflowContext, load_workflow
+    from trinity_like.explorer.workflow_base import explorer_context
+    from trinity_like.explorer.workflows import load_workflow
     from trinity_like.trainer.ppo import PPOTrainer
 
     cfg = base_config(work, f"name=cell-{lag}-{correction}-{seed}", f"seed={seed}", f"model.path={warm}",
@@ -109,7 +123,7 @@ def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: 
                       f"trainer.optimizer.lr={lr}", *overrides)
     ex = cfg.explorer
     tokenizer = hf_tokenizer(str(warm))
-    rewards = load_reward_manager(cfg, tokenizer)
+    ctx = explorer_context(cfg, tokenizer, load_reward_manager(cfg, tokenizer))
     workflow = load_workflow(ex.workflow)
     tasks = generate_arithmetic(ex.taskset.size, ex.taskset.max_operand, seed=cfg.seed)
     ev = ex.eval_tasksets[0]
@@ -121,8 +135,7 @@ def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: 
     snapshots = {0: {k: v.clone() for k, v in trainer.weights_for_export().items()}}
 
     def accuracy() -> float:
-        m = asyncio.run(evaluate(fleet, tokenizer, rewards, ev.name, eval_tasks, ev, ex.sampling.max_new_tokens,
-                                 seed=0))
+        m = asyncio.run(evaluate(fleet, ctx, ev.name, eval_tasks, ev, seed=0))
         return m[f"eval/{ev.name}/accuracy/mean@{ev.k}"]
 
     curve = [(0, accuracy())]
@@ -140,9 +153,7 @@ def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: 
         ctxs = []
         for pos in range(len(batch)):
             base = (seed * 1_000_003 + k) * 10_007 + pos * ex.repeat_times
-            ctxs.append(WorkflowContext(sampling=ex.sampling, repeat_times=ex.repeat_times,
-                                        seeds=[base + j for j in range(ex.repeat_times)], tokenizer=tokenizer,
-                                        reward_manager=rewards, explore_step=k))
+            ctxs.append(dataclasses.replace(ctx, seeds=[base + j for j in range(ex.repeat_times)], explore_step=k))
         groups = asyncio.run(workflow.run_batch(batch, fleet, ctxs))
         exps = []
         for pos, (task, group) in enumerate(zip(batch, groups, strict=True)):
@@ -176,14 +187,14 @@ def held_out_accuracy(work: Path, model: Path) -> float:
     from trinity_like.common.tokenizer import hf_tokenizer
     from trinity_like.explorer.engines.hf_engine import HFEngine
     from trinity_like.explorer.evaluation import evaluate
+    from trinity_like.explorer.workflow_base import explorer_context
 
     cfg = base_config(work, "name=eval", f"model.path={model}", "model.build_tiny_at=null", "warmup.sft_steps=0")
     ev = cfg.explorer.eval_tasksets[0]
     tokenizer = hf_tokenizer(str(model))
-    m = asyncio.run(evaluate(LocalFleet(HFEngine(str(model), num_threads=2)), tokenizer,
-                             load_reward_manager(cfg, tokenizer), ev.name,
-                             generate_arithmetic(ev.size, ev.max_operand, seed=42 + 7_919), ev,
-                             cfg.explorer.sampling.max_new_tokens, seed=0))
+    ctx = explorer_context(cfg, tokenizer, load_reward_manager(cfg, tokenizer))
+    m = asyncio.run(evaluate(LocalFleet(HFEngine(str(model), num_threads=2)), ctx, ev.name,
+                             generate_arithmetic(ev.size, ev.max_operand, seed=42 + 7_919), ev, seed=0))
     return m[f"eval/{ev.name}/accuracy/mean@{ev.k}"]
 
 
@@ -306,7 +317,7 @@ def plot(cells: list[dict], path: Path, start_acc: float) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--seeds", type=int, default=3)
@@ -329,7 +340,21 @@ def main() -> None:
                                                              "jobs on a ray start cluster)")
     ap.add_argument("--workflow", default="", help="--real: explorer.workflow, e.g. "
                                                    "bench/env_latency.py:EnvLatencyWorkflow")
-    args = ap.parse_args()
+    add_smoke(ap, "a 2-step warm-up, then the sync and lag-1 decoupled cells for 2 steps, one seed, in a temporary "
+                  "folder (with --real: sync and bound 1, 2 steps each)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.quick, args.steps, args.seeds, args.eval_every = False, 2, 1, 2
+        args.cells = args.cells or "0:none,1:decoupled"
+        args.real = args.real and "sync,1"
+        args.work = tempfile.mkdtemp(prefix="bench-learning-smoke-")
+        atexit.register(shutil.rmtree, args.work, True)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    warm_overrides = ("warmup.sft_steps=2",) if args.smoke else ()
     from trinity_like.common.offline import set_offline_env
 
     set_offline_env()
@@ -342,7 +367,7 @@ def main() -> None:
     runs = []
     total = time.perf_counter()
     if args.real:
-        warm = warm_model(work)
+        warm = warm_model(work, *warm_overrides)
         if args.workflow and not Path(args.workflow.split(":")[0]).is_absolute():
             args.workflow = str(ROOT / args.workflow)
         for seed in range(seeds):
@@ -369,7 +394,7 @@ def main() -> None:
         runs = json.loads(Path(args.from_json).read_text())["runs"]
         steps, seeds = runs[0]["steps"], len({r["seed"] for r in runs})
     else:
-        warm = warm_model(work)
+        warm = warm_model(work, *warm_overrides)
     # seed-major: load on the machine hits every cell alike
     for seed in range(args.first_seed, args.first_seed + (0 if args.from_json else seeds)):
         for _, lag, correction in cells:

@@ -33,9 +33,15 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib import add_smoke
 
 from trinity_like.trainer.batch import ResponseScorer
 from trinity_like.trainer.device import autocast, resolve_device
+
+RESULT_FIELDS = {"logprob_memory": ("full_logits_gb", "device", "dtype", "batch", "response_len", "vocab", "hidden",
+                                    "layers")}
+"""Fields of the RESULT line (bench/benchlib.py); it also holds pass_gb_chunkC and peak_gb_chunkC for every chunk
+C of --chunks, and pass_ratio_chunkC, logprob_diff_chunkC and grad_diff_chunkC for all but the first."""
 
 PROMPT_LEN = 16
 QWEN_VOCAB = 151936
@@ -96,7 +102,7 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -109,7 +115,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--chunk", type=int, help=argparse.SUPPRESS)  # worker: the variant to measure
     ap.add_argument("--out", help=argparse.SUPPRESS)  # worker: where to write its measurement
-    args = ap.parse_args()
+    add_smoke(ap, "1 x (16 + 64) tokens, hidden 64, chunks 0 and 32")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.batch, args.response_len, args.chunks, args.hidden = 1, 64, "0,32", 64
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.out:
         measure(args)
         return
@@ -119,7 +133,7 @@ def main() -> None:
     print(f"device {args.device} dtype {args.dtype}: {args.batch} x ({PROMPT_LEN} + {args.response_len}) tokens, "
           f"vocabulary {QWEN_VOCAB}, body hidden {args.hidden} x {args.layers} layers; one float32 copy of the "
           f"response logits = {full_logits_gb:.2f} GB", flush=True)
-    shared = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("chunks", "chunk", "out")]
+    shared = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("chunks", "chunk", "out", "smoke")]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for c in chunks:

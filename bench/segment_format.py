@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
+from benchlib import add_smoke
 
 from trinity_like.common.experience import Experience, experiences_to_table
 
@@ -58,6 +59,14 @@ def _scan_parquet(path: str) -> int:
     return n
 
 
+RESULT_FIELDS = {"segment_format": (
+    "arrow_ipc_write_eps", "arrow_ipc_scan_ms", "arrow_ipc_mb", "arrow_ipc_lz4_write_eps",
+    "arrow_ipc_lz4_scan_ms", "arrow_ipc_lz4_mb", "parquet_snappy_write_eps", "parquet_snappy_scan_ms",
+    "parquet_snappy_mb", "parquet_none_write_eps", "parquet_none_scan_ms", "parquet_none_mb",
+    "ipc_vs_parquet_snappy_write",
+)}
+"""Fields of the RESULT line (bench/benchlib.py)."""
+
 FORMATS = {
     "arrow_ipc": (lambda p, t: _write_ipc(p, t), _scan_ipc),
     "arrow_ipc_lz4": (lambda p, t: _write_ipc(p, t, "lz4"), _scan_ipc),
@@ -66,10 +75,18 @@ FORMATS = {
 }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=5000)
-    args = ap.parse_args()
+    add_smoke(ap, "200 rows")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.rows = 200
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     table = _rows(args.rows)
     results = {}
     with tempfile.TemporaryDirectory(dir="/tmp") as d:

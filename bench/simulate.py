@@ -113,11 +113,14 @@ optimistic for async by ~0.1 s of 15 s).
 from __future__ import annotations
 
 import argparse
+import atexit
 import heapq
 import itertools
 import math
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
@@ -125,6 +128,11 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from benchlib import add_smoke
+
+RESULT_FIELDS = {"simulate": ("calib_pred_speedup", "calib_measured_speedup", "calib_error", "best_split",
+                              "best_split_sync", "proj_speedup", "proj_sync_sps", "proj_async1_sps", "saturates")}
+"""Fields of the RESULT line of a run without --calibrate / --project (bench/benchlib.py)."""
 
 # ----------------------------------------------------------------------------------------------------------
 # Per-part costs
@@ -1057,7 +1065,7 @@ def measure(steps: int, repeats: int) -> MeasuredRun:
     return run
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calibrate", action="store_true", help="the calibration only (runs D and C)")
     parser.add_argument("--project", action="store_true", help="the projection only")
@@ -1074,7 +1082,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64, help="steps per simulated projection run")
     parser.add_argument("--seeds", type=int, default=1, help="length draws per projected layout")
     parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "plots" / "simulate.png")
-    args = parser.parse_args()
+    add_smoke(parser, "calibration and a projection on 8 GPUs, 4 steps of 16 x 4 samples, the plot to a temporary "
+                      "folder (--measure, which runs Ray, is left out)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.measure, args.total_gpus, args.steps, args.prompts, args.samples = False, 8, 4, 16, 4
+        args.plot = Path(tempfile.mkdtemp(prefix="simulate-smoke-")) / "simulate.png"
+        atexit.register(shutil.rmtree, args.plot.parent, True)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     both = not (args.calibrate or args.project or args.measure)
 
     fields: dict[str, float | str] = {}

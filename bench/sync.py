@@ -41,6 +41,11 @@ from pathlib import Path
 import ray
 import torch
 import torch.distributed as dist
+from benchlib import add_smoke
+
+RESULT_FIELDS = {"sync": ("model", "method", "seconds", "gbps")}
+"""Fields every ``RESULT sync`` line holds (bench/benchlib.py): one line per model and method, each with more
+fields of its own (vs_raw, the ipc split, ...)."""
 
 
 def qwen2_like(hidden: int, layers: int, vocab: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -253,7 +258,7 @@ def bench_ipc(sd, receivers: int, repeats: int, device: str) -> dict[str, float]
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--receivers", type=int, default=2)
     parser.add_argument("--bucket-mb", type=float, default=64.0)
@@ -265,7 +270,15 @@ def main() -> None:
                         help="comma-separated subset of checkpoint,nccl,memory,ipc (nccl and memory run together)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where method ipc keeps the trainer's buffer and the engines' weights")
-    args = parser.parse_args()
+    add_smoke(parser, "the tiny model only, one timed round of each method")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.skip_large, args.repeats = True, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     methods = set(args.methods.split(","))
 
     from trinity_like.common.modeling import export_state_dict, load_causal_lm

@@ -68,8 +68,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from benchlib import add_smoke
 
-from trinity_like.algorithms import get_adv_estimator_fn, masked_mean
+from trinity_like.algorithms import compute_advantage, get_adv_estimator_fn, masked_mean
 from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import load_causal_lm
 from trinity_like.common.tiny_model import make_tiny_model
@@ -97,6 +98,11 @@ PEAK_FLOPS = (
 )
 """Dense peak FLOP/s of one GPU by a substring of its name (first match wins): bf16 tensor cores, and TF32
 for float32."""
+RESULT_FIELDS = {"trainer": ("tokens_per_s", "vs_bare_loop", "mfu", "bare_tokens_per_s", "bare_mfu", "step_ms",
+                             "bare_step_ms", "device", "dtype", "shape", "chunk", "batch", "micro", "response_len",
+                             "hidden", "layers")}
+"""Fields of the RESULT line (bench/benchlib.py); it also holds peak_rss_mb on the CPU, and peak_gpu_mem_gb and
+bare_peak_gpu_mem_gb on CUDA."""
 
 
 def make_experiences(n: int, response_len: int, vocab: int, seed: int = 0) -> list[Experience]:
@@ -241,11 +247,11 @@ def split_extra_time(trainer: PPOTrainer, exps, batch, adv, micro: int, repeats:
     micro_lp.requires_grad_(True)  # a leaf: the loss timings below include the loss graph's backward
     micro_old, micro_adv, micro_mask = old_lp[:micro], adv[:micro], mask[:micro]
 
-    def advantages() -> None:
-        trainer.adv_fn(token_level_rewards=batch["token_level_rewards"], response_mask=mask,
-                       index=batch["group_index"].tolist(), values=None, reward_baselines=None,
-                       gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-                       opmd_baseline=algo.opmd_baseline, tau=algo.tau)
+    def advantages() -> None:  # the trainer's call, on the keys it reads (compute_advantage writes two more)
+        compute_advantage({k: batch[k] for k in ("token_level_rewards", "response_mask", "group_index")},
+                          algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                          norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, opmd_baseline=algo.opmd_baseline,
+                          tau=algo.tau)
 
     def slicing() -> None:
         mb = batch[torch.arange(rows, device=device)]  # the trainer's mini-batch gather (one epoch, one update)
@@ -284,7 +290,7 @@ def split_extra_time(trainer: PPOTrainer, exps, batch, adv, micro: int, repeats:
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -297,9 +303,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="--shape tiny only")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+    add_smoke(ap, "the tiny shape, 8 x (16 + 16) tokens, micro-batches of 4, one timed step")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.shape, args.batch, args.response_len, args.micro, args.repeats = "tiny", GROUP, 16, 4, 1
     if args.batch % GROUP:
         ap.error(f"--batch must be a multiple of {GROUP} (the group size)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     alone = device.type == "cuda"

@@ -11,6 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# cuBLAS reads its workspace setting when CUDA starts; deterministic tests on a GPU need this one (no effect on CPU)
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +31,7 @@ def batch_exps(tiny_model_path):
     from trinity_like.explorer.engines.hf_engine import HFEngine
 
     tok = hf_tokenizer(tiny_model_path)
-    engine = HFEngine(tiny_model_path)
+    engine = HFEngine(tiny_model_path, device="cpu")
     prompts = [tok.encode(p) for p in ["1+2=", "3+4=", "5+1=", "2+2="] for _ in range(3)]
     samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=5), list(range(len(prompts))))
     return [Experience(prompt_ids=p, response_ids=s.response_ids, logprobs=s.logprobs, group_id=f"g{i // 3}",

@@ -117,7 +117,7 @@ def _greedy_accuracy(model_path, tasks, max_new_tokens):
     from trinity_like.explorer.engines.hf_engine import HFEngine
 
     tok = hf_tokenizer(str(model_path))
-    samples = HFEngine(model_path).generate([tok.encode(t.prompt) for t in tasks],
+    samples = HFEngine(model_path, device="cpu").generate([tok.encode(t.prompt) for t in tasks],
                                             SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens),
                                             list(range(len(tasks))))
     answers = [re.match(r"\s*(-?\d+)", tok.decode(s.response_ids.tolist(), skip_special_tokens=True)) for s in samples]

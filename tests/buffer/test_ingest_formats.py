@@ -267,7 +267,9 @@ def _offline_trainer(tmp_path, model_path, source, *overrides):
     from trinity_like.config import load_config
     from trinity_like.trainer.ppo import PPOTrainer
 
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "mode=offline",
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}",
+                             "trainer.device=cpu", "explorer.device=cpu",
+                             "mode=offline",
                              f"buffer.replay_sources=[{source}]", "trainer.optimizer.lr=0.01", *overrides])
     trainer = PPOTrainer(cfg)
     trainer.prepare()

@@ -12,6 +12,7 @@ import pytest
 from trinity_like.common import monitors as mon
 from trinity_like.common.metrics import MetricsWriter, read_metrics
 from trinity_like.config import ConfigError, load_config
+from trinity_like.runtime.metrics import open_metrics_writer
 from trinity_like.runtime.paths import RunPaths
 
 RECORDS = [  # (role, step, metrics)
@@ -112,17 +113,17 @@ def test_writer_forwards_and_drops_a_failing_backend(tmp_path, caplog):
     assert good.closed == 1
 
 
-def test_for_run_opens_the_configured_backends(tmp_path):
+def test_a_roles_writer_opens_the_configured_backends(tmp_path):
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", "project=p", "name=n"])
     assert cfg.monitor.backends == ["tensorboard"]  # the default
-    writer = MetricsWriter.for_run(cfg, RunPaths.of(cfg), role="explorer")
+    writer = open_metrics_writer(cfg, RunPaths.of(cfg), role="explorer")
     writer.write(3, {"rollout/accuracy": 1.0})
     writer.close()
     run_dir = RunPaths.of(cfg).run_dir
     assert read_metrics(run_dir / "metrics.jsonl")[0][0]["rollout/accuracy"] == 1.0
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", "project=p", "name=m", "monitor.backends=[]"])
-    assert MetricsWriter.for_run(cfg, RunPaths.of(cfg), role="trainer").monitors == []
+    assert open_metrics_writer(cfg, RunPaths.of(cfg), role="trainer").monitors == []
 
 
 @pytest.mark.parametrize("override, message", [

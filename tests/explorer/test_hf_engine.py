@@ -18,7 +18,7 @@ def _seeds(prompts, base):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_path):
-    return HFEngine(tiny_model_path)
+    return HFEngine(tiny_model_path, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_behaviour_logprobs_match_trainer_recompute(engine, prompts, tiny_model_
 def test_a_static_kv_cache_gives_the_samples_of_the_dynamic_one(engine, prompts, tiny_model_path):
     """``explorer.kv_cache: static`` (the GPU default) preallocates the cache: same tokens, log-probs within
     float32 rounding, with prompts of different lengths (left padding) and early stops."""
-    static = HFEngine(tiny_model_path, kv_cache="static")
+    static = HFEngine(tiny_model_path, device="cpu", kv_cache="static")
     assert (engine.kv_cache, static.kv_cache) == ("dynamic", "static") and static.health()["kv_cache"] == "static"
     for sampling in (SamplingConfig(temperature=1.0, max_new_tokens=12), SamplingConfig(temperature=0, max_new_tokens=6)):
         a = engine.generate(prompts * 2, sampling, _seeds(prompts * 2, 3))
@@ -53,7 +53,7 @@ def test_a_static_kv_cache_gives_the_samples_of_the_dynamic_one(engine, prompts,
         assert [s.finish_reason for s in a] == [s.finish_reason for s in b]
         assert max(abs(x.logprobs - y.logprobs).max() for x, y in zip(a, b, strict=True)) < 1e-5
     with pytest.raises(ValueError, match="kv_cache must be auto, dynamic or static"):
-        HFEngine(tiny_model_path, kv_cache="paged")
+        HFEngine(tiny_model_path, device="cpu", kv_cache="paged")
 
 
 def test_same_seed_same_samples_other_seed_differs(engine, prompts):
@@ -100,7 +100,7 @@ def test_top_k_one_is_greedy(engine, prompts):
 def test_loading_new_weights_changes_outputs_and_version(tiny_model_path, tmp_path, prompts):
     from safetensors.torch import save_file
 
-    engine = HFEngine(tiny_model_path)
+    engine = HFEngine(tiny_model_path, device="cpu")
     sp = SamplingConfig(temperature=0, max_new_tokens=6)
     before = engine.generate(prompts, sp, _seeds(prompts, 0))
     sd = export_state_dict(engine.model)
@@ -124,7 +124,7 @@ def test_a_bfloat16_engine_verifies_float32_weights_by_their_rounded_copy_and_re
     from trinity_like.explorer.engines import hf_engine
     from trinity_like.explorer.engines.base import WeightsMismatch
 
-    engine = HFEngine(tiny_model_path, dtype="bfloat16")
+    engine = HFEngine(tiny_model_path, device="cpu", dtype="bfloat16")
     assert engine.health()["dtype"] == "bfloat16" and next(engine.model.parameters()).dtype == torch.bfloat16
     generator = torch.Generator().manual_seed(1)
     sd = {k: v.float() + 0.1 * torch.randn(v.shape, generator=generator)

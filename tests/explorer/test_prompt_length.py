@@ -118,7 +118,7 @@ def test_rollouts_and_evaluation_see_the_same_cut_prompt(tok, tiny_model_path):
     cfg = load_config(None, ["explorer.max_prompt_tokens=4", "explorer.prompt_truncation=left"])
     [cut] = apply_prompt_limit(cfg, tok, [LONG], "t")
     kept = tok.encode("7890")
-    engine = RecordingEngine(HFEngine(tiny_model_path))
+    engine = RecordingEngine(HFEngine(tiny_model_path, device="cpu"))
     reward_manager = load_reward_manager(cfg, tok)
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=2)
 

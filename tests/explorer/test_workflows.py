@@ -43,7 +43,7 @@ class ChecksumReward:
 
 @pytest.fixture(scope="module")
 def engine_and_tokenizer(tiny_model_path):
-    return HFEngine(tiny_model_path), hf_tokenizer(tiny_model_path)
+    return HFEngine(tiny_model_path, device="cpu"), hf_tokenizer(tiny_model_path)
 
 
 def _ctxs(tokenizer, greedy_baseline: bool) -> list[WorkflowContext]:

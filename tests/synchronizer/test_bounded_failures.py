@@ -94,7 +94,9 @@ def test_an_engine_stopped_in_a_broadcast_round_fails_it_within_the_deadline_and
     from trinity_like.trainer.ppo import PPOTrainer
 
     deadline_s = 4.0
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=bounded",
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                             "trainer.device=cpu", "explorer.device=cpu",
+                             "project=bounded",
                              "name=sigstop", "explorer.sampling.max_new_tokens=4", "explorer.batch_size=2",
                              "explorer.repeat_times=3", "explorer.num_engines=2", "trainer.optimizer.lr=0.01",
                              "synchronizer.method=nccl", f"synchronizer.sync_timeout_s={deadline_s}",
@@ -178,7 +180,9 @@ def test_an_engine_that_stops_answering_calls_is_left_out_and_its_calls_retried_
     from trinity_like.config import SamplingConfig, load_config
     from trinity_like.explorer.fleet import EngineFleet
 
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=bounded",
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                             "trainer.device=cpu", "explorer.device=cpu",
+                             "project=bounded",
                              "name=callstall", "explorer.num_engines=2", "explorer.call_timeout_s=3",
                              "explorer.task_timeout_s=30"])
 

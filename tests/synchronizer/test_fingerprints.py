@@ -24,7 +24,9 @@ def test_a_byte_flipped_in_transfer_is_refused_counted_shown_and_the_previous_ve
     from trinity_like.synchronizer import CheckpointMonitor, get_synchronizer
     from trinity_like.trainer.ppo import PPOTrainer
 
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=fp",
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                             "trainer.device=cpu", "explorer.device=cpu",
+                             "project=fp",
                              f"name=flip-{method}", "explorer.sampling.max_new_tokens=4", "explorer.batch_size=2",
                              "explorer.repeat_times=3", "trainer.optimizer.lr=0.01",
                              f"synchronizer.method={method}", "synchronizer.timeout_s=30"])

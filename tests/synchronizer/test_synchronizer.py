@@ -20,7 +20,9 @@ from trinity_like.synchronizer.weights_files import split_for_writers, write_par
 
 
 def _cfg(tmp_path, model_path, name, *overrides):
-    return load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "project=sync",
+    return load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}",
+                              "trainer.device=cpu", "explorer.device=cpu",
+                              "project=sync",
                               f"name={name}", "explorer.sampling.max_new_tokens=4", "explorer.batch_size=2",
                               "explorer.repeat_times=2", *overrides])
 

@@ -152,6 +152,7 @@ def test_sft_loss_is_averaged_over_the_mini_batches_that_hold_sft_rows(tmp_path,
     exps = list(batch_exps)
     exps[4] = dataclasses.replace(exps[4], source="human", model_version=-1, logprobs=None)  # one demonstration
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                             "trainer.device=cpu", "explorer.device=cpu",
                              "explorer.repeat_times=3", "algorithm.sft_sources=[human]", "trainer.mini_batch_size=3",
                              "trainer.optimizer.lr=1e-7"])  # 4 updates that barely move the weights
     t = PPOTrainer(cfg)

@@ -78,7 +78,7 @@ def test_state_dict_and_checkpoint_files(tmp_path, tiny_model_path, batch_exps):
     t.train_step(batch_exps)
     path = t.save_state_dict()
     assert path.name == "version-00000001" and (path / "manifest.json").is_file()
-    engine = HFEngine(tiny_model_path)
+    engine = HFEngine(tiny_model_path, device="cpu")
     engine.update_weights(WeightUpdate(version=1, path=str(path)))
     trained = export_state_dict(t.module)
     for k, v in export_state_dict(engine.model).items():
@@ -323,7 +323,7 @@ def test_lora_step_changes_only_adapter_weights(tmp_path, tiny_model_path, batch
     merged = t.policy_state_dict()
     assert merged.keys() == merged_before.keys() == export_state_dict(load_causal_lm(tiny_model_path)).keys()
     assert any(not torch.equal(merged[k], merged_before[k]) for k in merged)  # what explorers get moved
-    engine = HFEngine(tiny_model_path)
+    engine = HFEngine(tiny_model_path, device="cpu")
     from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.explorer.engines.base import WeightsMismatch
 
@@ -350,6 +350,7 @@ def two_workers_match_one(tmp_path, model_path, exps, overrides: list[str]) -> d
     single = _trainer(tmp_path / "one", model_path, *overrides)
     single.train_step(exps)
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path / 'two'}", f"model.path={model_path}",
+                             "trainer.device=cpu", "explorer.device=cpu",
                              "explorer.repeat_times=3", "trainer.optimizer.lr=0.01", "trainer.num_workers=2",
                              *overrides])
     group = start_train_workers(cfg)
@@ -389,7 +390,9 @@ def test_fsdp2_checkpoint_resumes_exactly_and_loads_in_transformers(tmp_path, ti
 
     overrides = ["algorithm.adv_estimator=gae", "trainer.micro_batch_size=2", "trainer.num_workers=2",
                  "trainer.strategy=fsdp2", "trainer.optimizer.warmup_steps=3"]
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "name=fsdp2",
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                             "trainer.device=cpu", "explorer.device=cpu",
+                             "name=fsdp2",
                              "explorer.repeat_times=3", "trainer.optimizer.lr=0.01", *overrides])
     import ray
 

@@ -48,16 +48,47 @@ def test_every_part_of_the_step_runs_on_cuda_like_on_the_cpu(tmp_path, tiny_mode
     assert m_gpu["actor/grad_norm"] == pytest.approx(m_cpu["actor/grad_norm"], rel=1e-4, abs=1e-6)
 
 
-def test_bf16_step_on_cuda_stays_close_to_fp32(tmp_path, tiny_model_path, batch_exps):
+def _linear_output_dtypes(module: torch.nn.Module) -> set[torch.dtype]:
+    """A forward hook on every linear layer: the dtypes of the activations they produce (filled as it runs)."""
+    seen: set[torch.dtype] = set()
+    for m in module.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.register_forward_hook(lambda _m, _inp, out: seen.add(out.dtype))
+    return seen
+
+
+def test_bf16_step_on_cuda_runs_in_bf16_and_stays_close_to_fp32(tmp_path, tiny_model_path, batch_exps):
+    """Tolerances for the tiny model on a CUDA GPU, bf16 autocast against fp32 without TF32: pg_loss within 2e-2,
+    grad norm within 5%. The hooks prove autocast ran (a silent no-op would pass the closeness check alone)."""
     ref = _trainer(tmp_path / "fp32", tiny_model_path, "trainer.device=cuda")
     bf16 = _trainer(tmp_path / "bf16", tiny_model_path, "trainer.device=cuda", "trainer.dtype=bfloat16")
+    seen32, seen16 = _linear_output_dtypes(ref.module), _linear_output_dtypes(bf16.module)
     m32, m16 = ref.train_step(batch_exps), bf16.train_step(batch_exps)
+    assert seen32 == {torch.float32} and seen16 == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in bf16.module.parameters())
     assert m16["actor/pg_loss"] == pytest.approx(m32["actor/pg_loss"], abs=2e-2)
     assert m16["actor/grad_norm"] == pytest.approx(m32["actor/grad_norm"], rel=5e-2)
 
 
-def test_resume_on_gpu_is_exact_and_the_checkpoint_loads_on_the_cpu(tmp_path, tiny_model_path, batch_exps):
+@pytest.fixture
+def deterministic_cuda():
+    """Deterministic kernels for exactness tests: torch's deterministic algorithms (cuBLAS with the fixed
+    workspace tests/conftest.py sets before CUDA starts) and the math attention kernel (flash and
+    memory-efficient attention accumulate their backward with atomics, in no fixed order)."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+              torch.backends.cuda.mem_efficient_sdp_enabled())
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.backends.cuda.enable_flash_sdp(before[1])
+    torch.backends.cuda.enable_mem_efficient_sdp(before[2])
+
+
+def test_resume_on_gpu_is_exact_and_the_checkpoint_loads_on_the_cpu(tmp_path, tiny_model_path, batch_exps,
+                                                                     deterministic_cuda):
+    """fp32 on CUDA with deterministic kernels: the resumed step equals the uninterrupted one to 1e-6."""
     t = _trainer(tmp_path, tiny_model_path, "trainer.device=cuda")
     t.train_step(batch_exps)
     path = t.save_checkpoint()

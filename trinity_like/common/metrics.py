@@ -2,8 +2,9 @@
 
 :class:`MetricsWriter` is the one place a role logs through: it appends each record to ``metrics.jsonl``
 (always; the launcher, ``status`` and the warm-up tail it) and forwards it to the configured monitors
-(``monitor.backends``: TensorBoard, W&B, MLflow; see :mod:`trinity_like.common.monitors`). The metric names
-are listed in ``docs/metrics.md``.
+(``monitor.backends``: TensorBoard, W&B, MLflow; see :mod:`trinity_like.common.monitors`);
+:func:`trinity_like.runtime.metrics.open_metrics_writer` opens a role's writer for a run. The metric names are
+listed in ``docs/metrics.md``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from trinity_like.common.fs import append_line
 
 if TYPE_CHECKING:
     from trinity_like.common.monitors import Monitor
-    from trinity_like.config import Config
-    from trinity_like.runtime.paths import RunPaths
+
 logger = logging.getLogger(__name__)
 
 TIMESTAMP_PREFIX = "timeline/"
@@ -38,15 +38,6 @@ class MetricsWriter:
         self.role = role
         self.monitors: list[Monitor] = list(monitors or [])
         """Backends still logging; one that raises is logged once and dropped from here."""
-
-    @classmethod
-    def for_run(cls, cfg: Config, paths: RunPaths, role: str,
-                relay: Callable[[str], None] | None = None) -> MetricsWriter:
-        """The writer of ``role`` in the run: ``paths.metrics`` plus the monitors of ``cfg.monitor.backends``."""
-        from trinity_like.common.monitors import open_monitors
-
-        monitors = open_monitors(cfg.monitor.backends, paths.run_dir, f"{cfg.project}/{cfg.name}", cfg.monitor)
-        return cls(paths.metrics, role, monitors, relay)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"role": self.role, "step": step, "time": time.time(), **metrics}

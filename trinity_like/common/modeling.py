@@ -13,6 +13,27 @@ from pathlib import Path
 import torch
 
 
+def resolve_device(setting: str, role: str = "trainer") -> torch.device:
+    """The device of a computing process for its ``<role>.device`` setting (``auto``, ``cpu`` or ``cuda``), in the
+    process itself: Ray shows an actor only the GPUs it asked for, so ``auto`` means "the GPU this process was
+    given, if any". ``role`` is ``trainer`` (a train worker) or ``explorer`` (a rollout engine)."""
+    if setting == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if setting == "cuda":
+        from trinity_like.common.errors import UserError
+
+        gpus, who = ("explorer.gpus_per_engine", "rollout engine") if role == "explorer" else \
+            ("trainer.gpus_per_worker", "trainer worker")
+        raise UserError(f"{role}.device is cuda but this {who} sees no GPU: Ray shows an actor only the GPUs it "
+                        f"asks for, so set {gpus} (e.g. 1, or 0.5 to share one GPU), or set {role}.device=auto "
+                        "to run on the CPU when there is none")
+    if setting != "auto":
+        raise ValueError(f"device must be auto, cpu or cuda, got {setting!r}")
+    return torch.device("cpu")
+
+
 def load_causal_lm(path: str | Path, train: bool = False):
     """Load a causal LM from a local folder in float32 on CPU."""
     from transformers import AutoModelForCausalLM

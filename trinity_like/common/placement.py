@@ -4,15 +4,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from trinity_like.common.errors import RunError
 
-if TYPE_CHECKING:
-    from trinity_like.config import NodeConfig
+
+class NodeSettings(Protocol):
+    """The part of ``trinity_like.config.NodeConfig`` placement reads (duck-typed: ``common`` imports no
+    config)."""
+
+    resources: dict[str, float]
+    """Custom Ray resources each actor asks for."""
+    labels: dict[str, str]
+    """Node labels each actor requires (a Ray label selector)."""
 
 
-def actor_options(node: NodeConfig) -> dict[str, Any]:
+def actor_options(node: NodeSettings) -> dict[str, Any]:
     """``.options(...)`` keywords that pin one actor to the nodes ``node`` names (none when it names none)."""
     options: dict[str, Any] = {}
     if node.resources:
@@ -22,17 +29,17 @@ def actor_options(node: NodeConfig) -> dict[str, Any]:
     return options
 
 
-def bundle(node: NodeConfig, base: dict[str, float]) -> dict[str, float]:
+def bundle(node: NodeSettings, base: dict[str, float]) -> dict[str, float]:
     """A placement-group bundle of ``base`` (CPU, GPU) plus the custom resources ``node`` asks for."""
     return {**base, **node.resources}
 
 
-def bundle_label_selector(node: NodeConfig, bundles: int) -> list[dict[str, str]] | None:
+def bundle_label_selector(node: NodeSettings, bundles: int) -> list[dict[str, str]] | None:
     """The ``bundle_label_selector`` of a placement group of ``bundles`` bundles (None without labels)."""
     return [dict(node.labels) for _ in range(bundles)] if node.labels else None
 
 
-def check_placeable(node: NodeConfig, what: str) -> None:
+def check_placeable(node: NodeSettings, what: str) -> None:
     """Raise RunError unless some live node of the cluster offers every resource and label ``node`` names
     (``what``: the config key, for the message)."""
     import ray

@@ -9,8 +9,8 @@ load; ``validate`` then checks choices, ranges and the rules that tie fields tog
 Every problem raises :class:`ConfigError` with one sentence that names the key and says how to fix it; the
 command line prints it and exits with status 2.
 
-The package: ``schema`` (the dataclasses), ``loading`` (YAML, overrides, OmegaConf errors, ``to_yaml``) and
-``validation``. Runtime state derived from a config (resolved paths) lives in
+The package: ``schema`` (the dataclasses), ``loading`` (YAML, overrides, OmegaConf errors, ``to_yaml``),
+``validation``, and ``tools`` (the tool config file that ``explorer.tool_config_path`` names). Runtime state derived from a config (resolved paths) lives in
 ``trinity_like.runtime.paths.RunPaths``, never in user fields.
 """
 

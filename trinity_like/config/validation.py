@@ -50,10 +50,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("warmup.sft_steps > 0 measures the warm-up and the RL run on explorer.eval_tasksets, "
                           "which is empty; add one (e.g. explorer.eval_tasksets=[{name: heldout, size: 64}])")
     if cfg.explorer.tool_config_path:  # a bad tool file stops the run here, not every task later
-        from trinity_like.explorer.tools import load_tools
+        from trinity_like.config.tools import read_tool_config
 
         try:
-            load_tools(cfg.explorer.tool_config_path)
+            read_tool_config(cfg.explorer.tool_config_path)
         except Exception as e:
             raise ConfigError(f"explorer.tool_config_path: {e}") from None
     demos = cfg.warmup.demonstrations

@@ -14,27 +14,11 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from trinity_like.common.tasks import TASKSET_GENERATORS, Task, limit_prompts, load_taskset, write_taskset
+from trinity_like.common.tasks import Task, limit_prompts
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
 from trinity_like.explorer.workflow_base import Workflow, WorkflowContext, explorer_context
 from trinity_like.explorer.workflows import SingleTurnWorkflow, load_workflow
-from trinity_like.runtime.paths import RunPaths
 from trinity_like.synchronizer.messages import WeightsInfo
-
-
-def eval_taskset_path(cfg: Config, ev: EvalTasksetConfig) -> Path:
-    return Path(ev.path) if ev.path else RunPaths.of(cfg).run_dir / f"eval-{ev.name}.parquet"
-
-
-def prepare_eval_tasksets(cfg: Config) -> dict[str, list[Task]]:
-    """Load (or generate, seeded apart from the training tasks) every eval task set."""
-    out = {}
-    for i, ev in enumerate(cfg.explorer.eval_tasksets):
-        path = eval_taskset_path(cfg, ev)
-        if not path.is_file() and not ev.path:
-            write_taskset(path, TASKSET_GENERATORS[ev.generate](ev.size, ev.max_operand, seed=cfg.seed + 7_919 * (i + 1)))
-        out[ev.name] = load_taskset(path)
-    return out
 
 
 def apply_prompt_limit(cfg: Config, tokenizer, tasks: list[Task], source: str) -> list[Task]:
@@ -100,7 +84,7 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
     from trinity_like.explorer.fleet import EngineFleet
     from trinity_like.explorer.reward_model import start_reward_model
     from trinity_like.runtime.ray_cluster import init_ray
-    from trinity_like.runtime.run_dir import prepare_run_dir
+    from trinity_like.runtime.run_dir import prepare_eval_tasksets, prepare_run_dir
     cfg, weights = _resolve_checkpoint(cfg, checkpoint)
     if not cfg.explorer.eval_tasksets:
         cfg = dataclasses.replace(cfg, explorer=dataclasses.replace(cfg.explorer, eval_tasksets=[EvalTasksetConfig()]))

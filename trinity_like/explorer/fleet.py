@@ -162,7 +162,7 @@ def make_engine(cfg: Config, engine_id: str):
         from trinity_like.explorer.engines.hf_engine import HFEngine
 
         return HFEngine(cfg.model.path, engine_id=engine_id, num_threads=cfg.explorer.num_threads,
-                        dtype=cfg.explorer.dtype, kv_cache=cfg.explorer.kv_cache)
+                        dtype=cfg.explorer.dtype, kv_cache=cfg.explorer.kv_cache, device=cfg.explorer.device)
     if cfg.explorer.engine == "vllm":
         from trinity_like.explorer.engines.vllm_engine import AsyncVLLMEngine, VLLMEngine
 

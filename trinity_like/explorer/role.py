@@ -33,18 +33,18 @@ import numpy as np
 from trinity_like.algorithms.rewards import load_reward_manager
 from trinity_like.buffer import BufferWriter
 from trinity_like.common.experience import Experience
-from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config
-from trinity_like.explorer.evaluation import apply_prompt_limit, evaluate, prepare_eval_tasksets
+from trinity_like.explorer.evaluation import apply_prompt_limit, evaluate
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.reward_model import start_reward_model
 from trinity_like.explorer.tools import tool_metrics
 from trinity_like.explorer.workflow_base import explorer_context
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
+from trinity_like.runtime.metrics import open_metrics_writer
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
-from trinity_like.runtime.run_dir import explorer_needs_run_dir
+from trinity_like.runtime.run_dir import explorer_needs_run_dir, prepare_eval_tasksets
 from trinity_like.runtime.run_home import RunFiles, join_run_home, written_explore_steps
 from trinity_like.runtime.schedule import ExplorerStalled, Schedule
 from trinity_like.synchronizer.synchronizer import Heartbeat
@@ -131,8 +131,8 @@ class ExplorerRole:
             self.sender = RedisSender(redis_url(self.cfg), redis_stream(self.cfg), timeout_s=sc.timeout_s)
         else:
             self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer", capacity=self.cfg.buffer.capacity)
-        self.metrics = MetricsWriter.for_run(self.cfg, self.paths, role="explorer",
-                                             relay=partial(self.files.relay_only, "metrics.jsonl"))
+        self.metrics = open_metrics_writer(self.cfg, self.paths, role="explorer",
+                                           relay=partial(self.files.relay_only, "metrics.jsonl"))
         self._order: list[int] = []
         self._epoch = -1
         self._stragglers: list[asyncio.Task] = []

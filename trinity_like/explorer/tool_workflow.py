@@ -34,7 +34,8 @@ import numpy as np
 
 from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task
-from trinity_like.explorer.tools import INVALID, Toolbox, ToolResult, load_tools, parse_tool_calls
+from trinity_like.config.tools import INVALID
+from trinity_like.explorer.tools import Toolbox, ToolResult, load_tools, parse_tool_calls
 from trinity_like.explorer.workflow_base import WORKFLOWS, Workflow, WorkflowContext, greedy_context
 from trinity_like.explorer.workflow_base import score_texts as _score
 

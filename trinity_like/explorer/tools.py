@@ -1,25 +1,9 @@
-"""Tools for the ``tool_agent`` workflow: the tool config file, the built-in tools, and tool calls in model text.
+"""Tools for the ``tool_agent`` workflow: the built-in tools, the toolbox built from the tool config file, and
+tool calls in model text.
 
-The tool config file (``explorer.tool_config_path``, YAML or JSON) has verl's shape
-(``actor_rollout_ref.rollout.multi_turn.tool_config_path``)::
-
-    tools:
-      - class_name: calculator          # a built-in tool of ours (see below)
-        config: {max_exponent: 64}      # that tool's settings (optional)
-        tool_schema:                    # an OpenAI function schema: what the model is told
-          type: function
-          function:
-            name: calculator
-            description: Evaluate an arithmetic expression.
-            parameters: {type: object, properties: {expression: {type: string}}, required: [expression]}
-
-``class_name`` names a built-in implementation (``TOOLS``: ``calculator``, ``python``). verl names a Python
-class there; a dotted path whose last part is a built-in's name, with or without a ``Tool`` suffix and in any
-case (``verl.tools.calculator_tool.CalculatorTool``), maps to that built-in. Nothing named there is ever
-imported: a class that maps to no built-in is refused, with the built-in to use instead when there is one
-(verl's code sandbox -> ``python``). verl's ``config.type: native`` is accepted and ignored; ``mcp`` is refused.
-Each built-in reads ONE string argument (calculator ``expression``, python ``code``), which the schema must
-declare.
+The tool config file (``explorer.tool_config_path``, verl's shape) is read and checked by
+:mod:`trinity_like.config.tools`, which config validation uses too; it declares each built-in (``BUILTIN_TOOLS``:
+the one string argument it reads, its settings), and ``TOOLS`` here holds the implementations, by the same names.
 
 Tool calls are parsed from the model's text in the Hermes / Qwen format that chat templates use:
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, several per turn. Every ``<tool_call>`` opening
@@ -32,7 +16,6 @@ The ``python`` sandbox is best effort, not a security boundary: see :class:`Pyth
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import math
 import operator
@@ -48,19 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trinity_like.common.errors import UserError
 from trinity_like.common.registry import Registry
+from trinity_like.config.tools import CALCULATOR, PYTHON, ToolSpec, read_tool_config
 
 ERROR_KINDS = ("bad_call", "error", "timeout")
 """``ToolResult.error``: ``bad_call`` the call could not be made (malformed JSON, unknown tool, missing
 argument); ``error`` the tool ran and failed (a refused expression, an exception, a non-zero exit); ``timeout``
 it ran past its time limit."""
-
-INVALID = "_invalid"
-"""The name under which calls to no configured tool (malformed, unknown name) are counted; no tool may take it."""
-
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-"""OpenAI's rule for function names."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +52,11 @@ class ToolResult:
 
 class Tool:
     """A built-in tool: built once from its settings (``Config``, a dataclass), then called with the model's
-    arguments. Each reads one string argument, ``argument``."""
+    arguments. Each reads one string argument, ``argument``; both come from its declaration in
+    ``BUILTIN_TOOLS`` (``trinity_like.config.tools``), which the tool config file was checked against."""
 
     argument: str = ""
     """The argument the tool reads; the tool's schema must declare it."""
-    description: str = ""
-    """Used when the schema gives no description."""
 
     @dataclass
     class Config:
@@ -100,8 +76,9 @@ class Tool:
 
 
 TOOLS: Registry = Registry("tool")
-"""Built-in tool name -> ``Tool`` subclass; every entry is built as ``cls(cls.Config(**settings))`` and called
-as ``tool(arguments) -> ToolResult``."""
+"""Built-in tool name -> ``Tool`` subclass, one per entry of ``BUILTIN_TOOLS``; every entry is built as
+``cls(settings)`` (``settings``: a ``cls.Config``, checked from the tool config file) and called as
+``tool(arguments) -> ToolResult``."""
 
 
 # ---------------------------------------------------------------- calculator
@@ -116,24 +93,15 @@ _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
-@TOOLS.register("calculator")
+@TOOLS.register(CALCULATOR.name)
 class CalculatorTool(Tool):
     """Evaluates an arithmetic expression: numbers, ``+ - * / // % **``, unary minus and plus, parentheses.
     Nothing else is accepted (no names, no calls, no attributes): the expression is parsed with ``ast`` and
     walked, never ``eval``-ed. Exponents and every intermediate value are bounded, and a power whose result
     would pass the bound is refused before it is computed, so ``9**9**9`` returns at once."""
 
-    argument = "expression"
-    description = "Evaluate an arithmetic expression."
-
-    @dataclass
-    class Config:
-        max_exponent: int = 100
-        """Largest absolute exponent of ``**``."""
-        max_magnitude: float = 1e18
-        """Largest absolute value of any intermediate result."""
-        max_length: int = 500
-        """Longest expression, in characters."""
+    argument = CALCULATOR.argument
+    Config = CALCULATOR.settings
 
     def run(self, value: str) -> ToolResult:
         if len(value) > self.config.max_length:
@@ -245,7 +213,7 @@ except BaseException as _e:  # the traceback from the user's code on, without th
 it) and the in-process network and write guards; then the code of ``main.py`` in the working directory."""
 
 
-@TOOLS.register("python")
+@TOOLS.register(PYTHON.name)
 class PythonTool(Tool):
     """Runs a code string in a fresh Python process and returns what it printed.
 
@@ -272,19 +240,8 @@ class PythonTool(Tool):
     Limits are set in the child's own first lines rather than a ``preexec_fn``: the workflow calls tools from
     worker threads (``asyncio.to_thread``), and ``preexec_fn`` is not safe in a process with threads."""
 
-    argument = "code"
-    description = "Run Python code and return what it prints."
-
-    @dataclass
-    class Config:
-        timeout_s: float = 5.0
-        """Wall-clock limit of one run; the process group is killed then."""
-        memory_mb: int = 256
-        """Address-space limit (RLIMIT_AS) of the process."""
-        file_size_mb: int = 16
-        """Largest file the process may write (RLIMIT_FSIZE), its stdout and stderr included."""
-        max_output_chars: int = 2000
-        """Output returned to the model: stdout cut to this, and on failure the end of stderr too."""
+    argument = PYTHON.argument
+    Config = PYTHON.settings
 
     def run(self, value: str) -> ToolResult:
         c = self.config
@@ -380,23 +337,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-# ---------------------------------------------------------------- the tool config file
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """One configured tool: what the model is told, and which built-in runs it."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    builtin: str
-    """The ``TOOLS`` entry that runs it."""
-
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI function schema (what chat templates take as ``tools``)."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+# ---------------------------------------------------------------- the toolbox
 
 
 class Toolbox:
@@ -434,127 +375,10 @@ class Toolbox:
         return "\n".join(lines)
 
 
-def builtin_for(class_name: str) -> str | None:
-    """The built-in a ``class_name`` names: itself, or the last part of a dotted path with any ``Tool`` suffix
-    dropped, case-insensitively (``verl.tools.calculator_tool.CalculatorTool`` -> ``calculator``)."""
-    last = class_name.rsplit(".", 1)[-1].lower()
-    for candidate in (last, last.removesuffix("tool").rstrip("_")):
-        if candidate in TOOLS:
-            return candidate
-    return None
-
-
-_HINTS = {"sandboxfusion": "python", "sandbox": "python", "code": "python", "codeinterpreter": "python",
-          "gsm8k": "calculator"}
-"""verl tools with no built-in of their own, and the built-in that does their job here."""
-
-
 def load_tools(path: str | Path) -> Toolbox:
-    """The tools of a tool config file; UserError naming the file, what is wrong and how to fix it."""
-    path = Path(path).expanduser()
-    where = f"tool config '{path}'"
-    if not path.is_file():
-        raise UserError(f"{where} does not exist; set explorer.tool_config_path to a YAML or JSON file of tools "
-                        "(examples/tool_calculator/tools.yaml shows the format), or to '' for none")
-    data = _read(path, where)
-    entries = data.get("tools") if isinstance(data, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise UserError(f"{where} must be a mapping with a non-empty list 'tools' (entries with class_name, "
-                        "config, tool_schema); see examples/tool_calculator/tools.yaml")
-    specs: list[tuple[ToolSpec, Tool]] = []
-    for i, entry in enumerate(entries):
-        spec, tool = _entry(entry, f"{where}: tools[{i}]")
-        if spec.name in (s.name for s, _ in specs):
-            raise UserError(f"{where}: tools[{i}] is named {spec.name!r} like an earlier tool; give every tool "
-                            "its own function.name")
-        specs.append((spec, tool))
-    return Toolbox(specs)
-
-
-def _read(path: Path, where: str) -> Any:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise UserError(f"{where} is not valid YAML: {getattr(e, 'problem', None) or e}{at}") from None
-
-
-def _entry(entry: Any, where: str) -> tuple[ToolSpec, Tool]:
-    if not isinstance(entry, dict):
-        raise UserError(f"{where} must be a mapping with class_name, config and tool_schema")
-    unknown = sorted(set(entry) - {"class_name", "config", "tool_schema"})
-    if unknown:
-        raise UserError(f"{where} has unknown key(s) {', '.join(unknown)}; an entry has class_name, config and "
-                        "tool_schema")
-    class_name = entry.get("class_name")
-    if not isinstance(class_name, str) or not class_name:
-        raise UserError(f"{where} needs class_name: one of the built-in tools {', '.join(TOOLS.names())}")
-    builtin = builtin_for(class_name)
-    if builtin is None:
-        key = class_name.rsplit(".", 1)[-1].lower().removesuffix("tool").replace("_", "")
-        hint = f" (for what {class_name} does, use {_HINTS[key]})" if key in _HINTS else ""
-        raise UserError(f"{where}: class_name {class_name!r} names no built-in tool; only built-in tools run "
-                        f"here and nothing named in class_name is imported: use one of "
-                        f"{', '.join(TOOLS.names())}{hint}")
-    cls = TOOLS.get(builtin)
-    fn = _function(entry.get("tool_schema"), where)
-    name = fn.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or name == INVALID:
-        raise UserError(f"{where}: tool_schema.function.name must be the tool's name, 1-64 letters, digits, _ or - "
-                        f"(and not {INVALID!r}), got {name!r}")
-    description = fn.get("description", cls.description)
-    parameters = fn.get("parameters", {"type": "object", "properties": {cls.argument: {"type": "string"}},
-                                       "required": [cls.argument]})
-    if not isinstance(description, str) or not isinstance(parameters, dict):
-        raise UserError(f"{where}: tool_schema.function.description must be text and parameters a JSON schema "
-                        "object")
-    if cls.argument not in (parameters.get("properties") or {}):
-        raise UserError(f"{where} ({name!r}): tool_schema.function.parameters.properties must declare "
-                        f"{cls.argument!r}, the argument the built-in {builtin} tool reads")
-    return ToolSpec(name, description, parameters, builtin), cls(_settings(cls, entry.get("config"), where))
-
-
-def _function(schema: Any, where: str) -> dict[str, Any]:
-    fn = schema.get("function") if isinstance(schema, dict) else None
-    if not isinstance(fn, dict) or schema.get("type", "function") != "function":
-        raise UserError(f"{where} needs tool_schema: {{type: function, function: {{name, description, "
-                        "parameters}}}} (an OpenAI function schema)")
-    return fn
-
-
-def _settings(cls: type[Tool], config: Any, where: str) -> Any:
-    """``cls.Config`` from an entry's ``config`` mapping, each value checked against its field's type."""
-    config = dict(config or {}) if isinstance(config, dict) or config is None else None
-    if config is None:
-        raise UserError(f"{where}: config must be a mapping of the tool's settings")
-    kind = config.pop("type", "native")
-    if kind != "native":
-        raise UserError(f"{where}: config.type {kind!r} is not supported; only built-in (verl: native) tools run "
-                        "here; drop config.type")
-    fields = {f.name: f for f in dataclasses.fields(cls.Config)}
-    unknown = sorted(set(config) - set(fields))
-    if unknown:
-        raise UserError(f"{where}: unknown config key(s) {', '.join(unknown)}; the {cls.__name__} settings are "
-                        f"{', '.join(fields) or 'none'}")
-    for key, value in config.items():
-        want = (int, float) if fields[key].type == "float" else (int,)
-        if float in want and isinstance(value, str):  # YAML 1.1 reads 1.0e18 (no exponent sign) as text
-            try:
-                config[key] = value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, want) or value <= 0:
-            raise UserError(f"{where}: config.{key} must be a positive {fields[key].type}, got {value!r}")
-    return cls.Config(**config)
+    """The tools of a tool config file (read and checked by ``trinity_like.config.tools.read_tool_config``),
+    each built once; UserError naming the file, what is wrong and how to fix it."""
+    return Toolbox((spec, TOOLS.get(spec.builtin)(settings)) for spec, settings in read_tool_config(path))
 
 
 # ---------------------------------------------------------------- metrics

@@ -1,17 +1,23 @@
 """Preparing a run directory: check what the user gave (model, task set, buffer schema, the run's config)
-before writing anything, then save the resolved config, the run's id and the task set."""
+before writing anything, then save the resolved config, the run's id and the task set; and the eval task sets
+(``prepare_eval_tasksets``: here, not in the explorer, because the trainer publishes them too)."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trinity_like.buffer.segments import check_schema_versions, list_segments
 from trinity_like.common.errors import RunError
 from trinity_like.common.fs import atomic_write_text, fsync_path
-from trinity_like.config import Config, flatten, load_config, to_yaml
+from trinity_like.config import Config, EvalTasksetConfig, flatten, load_config, to_yaml
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths
+
+if TYPE_CHECKING:
+    from trinity_like.common.tasks import Task
 
 ROLES = ("all", "explorer", "trainer")
 PER_JOB_KEYS = ("explorer.num_engines", "explorer.num_threads", "explorer.engine", "explorer.vllm",
@@ -126,6 +132,24 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     if cfg.mode != "offline":
         _check_taskset(paths.taskset)
     return paths
+
+
+def eval_taskset_path(cfg: Config, ev: EvalTasksetConfig) -> Path:
+    """Where eval task set ``ev`` lives: its ``path``, or ``eval-<name>.parquet`` in the run directory."""
+    return Path(ev.path) if ev.path else RunPaths.of(cfg).run_dir / f"eval-{ev.name}.parquet"
+
+
+def prepare_eval_tasksets(cfg: Config) -> dict[str, list[Task]]:
+    """Load (or generate, seeded apart from the training tasks) every eval task set."""
+    from trinity_like.common.tasks import TASKSET_GENERATORS, load_taskset, write_taskset
+
+    out = {}
+    for i, ev in enumerate(cfg.explorer.eval_tasksets):
+        path = eval_taskset_path(cfg, ev)
+        if not path.is_file() and not ev.path:
+            write_taskset(path, TASKSET_GENERATORS[ev.generate](ev.size, ev.max_operand, seed=cfg.seed + 7_919 * (i + 1)))
+        out[ev.name] = load_taskset(path)
+    return out
 
 
 def _check_model(cfg: Config) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from trinity_like.common.errors import RunError
 from trinity_like.common.fs import append_line
 from trinity_like.runtime.paths import RunPaths, read_run_id
-from trinity_like.runtime.run_dir import PER_JOB_KEYS, config_differences
+from trinity_like.runtime.run_dir import PER_JOB_KEYS, config_differences, prepare_eval_tasksets
 
 if TYPE_CHECKING:
     from trinity_like.common.tasks import Task
@@ -66,7 +66,6 @@ def publish_run_home(cfg: Config, paths: RunPaths, synchronizer) -> None:
     import ray
 
     from trinity_like.common.tasks import load_taskset
-    from trinity_like.explorer.evaluation import prepare_eval_tasksets
 
     if cfg.mode == "offline":
         return

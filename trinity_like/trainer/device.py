@@ -15,22 +15,14 @@ import contextlib
 
 import torch
 
-from trinity_like.common.errors import UserError
+from trinity_like.common.modeling import resolve_device as resolve_process_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(setting: str) -> torch.device:
     """The trainer's device for ``trainer.device`` (``auto``, ``cpu`` or ``cuda``) in this process."""
-    if setting == "cpu":
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    if setting == "cuda":
-        raise UserError("trainer.device is cuda but this trainer worker sees no GPU: Ray shows an actor only the "
-                        "GPUs it asks for, so set trainer.gpus_per_worker (e.g. 1, or 0.5 to share one with an "
-                        "engine), or set trainer.device=auto to train on the CPU when there is none")
-    return torch.device("cpu")
+    return resolve_process_device(setting, "trainer")
 
 
 def dist_backend(device: torch.device, gpus_per_worker: float) -> str:

@@ -18,11 +18,11 @@ import time
 
 from trinity_like.buffer import BufferConsumer
 from trinity_like.common.errors import UserError
-from trinity_like.common.metrics import MetricsWriter
 from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tokenizer import model_vocab_size
 from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint
+from trinity_like.runtime.metrics import open_metrics_writer
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
 from trinity_like.runtime.run_home import RelayDrain, publish_run_home, written_explore_steps
 from trinity_like.runtime.schedule import Schedule
@@ -98,7 +98,7 @@ class TrainerRole:
             self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy, priority=b.priority or None,
             where=b.where or None, max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps,
             resume_step=resume_step, mix=b.mix, mix_fill=b.mix_fill, vocab_size=vocab_size)
-        self.metrics = MetricsWriter.for_run(self.cfg, self.paths, role="trainer")
+        self.metrics = open_metrics_writer(self.cfg, self.paths, role="trainer")
         self._last_end_check = 0.0
         self.ingester = None
         self.replay = None

@@ -26,6 +26,7 @@ from trinity_like.common.modeling import (
     import_state_dict,
     load_causal_lm,
     logprobs_from_logits,
+    resolve_device,
 )
 from trinity_like.config import SamplingConfig
 from trinity_like.explorer.engines.base import (
@@ -60,15 +61,16 @@ class HFEngine(ChatByGenerate):
     exclusive: no request ever runs on half-loaded weights."""
 
     def __init__(self, model_path: str | Path, engine_id: str = "hf-0", num_threads: int = 1,
-                 dtype: str = "auto", kv_cache: str = "auto") -> None:
-        """On the GPU this process sees (Ray shows an engine one only when ``explorer.gpus_per_engine`` asks for
-        it), else the CPU; ``dtype`` ``auto`` is bfloat16 on a GPU and float32 on the CPU; ``kv_cache`` ``auto``
-        is ``static`` (preallocated for the whole batch) on a GPU and ``dynamic`` on the CPU."""
+                 dtype: str = "auto", kv_cache: str = "auto", device: str = "auto") -> None:
+        """``device`` (``explorer.device``): ``auto`` is the GPU this process sees (Ray shows an engine one only
+        when ``explorer.gpus_per_engine`` asks for it), else the CPU; ``cpu`` pins the CPU even where a GPU is
+        visible (what CPU reference computations need); ``cuda`` fails without a GPU. ``dtype`` ``auto`` is
+        bfloat16 on a GPU and float32 on the CPU; ``kv_cache`` ``auto`` is ``static`` (preallocated for the
+        whole batch) on a GPU and ``dynamic`` on the CPU."""
         torch.set_num_threads(num_threads)
         self.engine_id = engine_id
         self.model_path = str(model_path)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
-            torch.device("cpu")
+        self.device = resolve_device(device, "explorer")
         if dtype == "auto":
             dtype = "bfloat16" if self.device.type == "cuda" else "float32"
         self.dtype = dtype

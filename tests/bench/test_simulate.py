@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "simulate.py"
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "simulate.py"
+sys.path.insert(0, str(_PATH.parent))  # the scripts import bench/benchlib.py as their neighbour
 _spec = importlib.util.spec_from_file_location("bench_simulate", _PATH)
 sim = importlib.util.module_from_spec(_spec)
 sys.modules["bench_simulate"] = sim  # dataclasses resolve their module by name

@@ -1,0 +1,92 @@
+"""tools/gpu-check, the GPU lease's one command: its dry run (what make test can check without a GPU), how it reads
+pytest's and the benchmarks' output, its time budgets and its report."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("tools_gpu_check", ROOT / "tools" / "gpu_check.py")
+gc = importlib.util.module_from_spec(_spec)
+sys.modules["tools_gpu_check"] = gc  # dataclasses resolve their module by name
+_spec.loader.exec_module(gc)
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_dry_run_of_the_lease_command_finds_every_step_ready():
+    proc = subprocess.run(["bash", "tools/gpu-check", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": sys.executable}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    n = len(gc.STEPS)
+    assert f"{n} of {n} steps would start" in proc.stdout
+    assert sum(s.budget_s for s in gc.STEPS) <= 560  # leaves the 600 s device call room for the install
+    names = " ".join(s.name for s in gc.STEPS)
+    for wanted in ("pytest -m gpu", "CUDA visible", "trainer.py Qwen2.5-0.5B", "trainer.py Qwen2.5-1.5B", "sync.py",
+                   "engine.py"):
+        assert wanted in names
+
+
+def test_without_the_bundle_the_lease_command_says_what_to_do(tmp_path):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "gpu-check").write_text((ROOT / "tools" / "gpu-check").read_text())
+    proc = subprocess.run(["bash", "tools/gpu-check"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 2 and "run 'make gpu-check'" in proc.stdout and "carry" in proc.stdout
+
+
+def test_the_dry_run_catches_a_step_that_would_not_start():
+    assert gc.BenchStep("bad flag", "trainer.py", ("--no-such-flag",), 10).dry_run().startswith(
+        "bench/trainer.py refused the arguments --no-such-flag")
+    assert gc.BenchStep("bad value", "trainer.py", ("--shape", "qwen9"), 10).dry_run() is not None
+    assert gc.BenchStep("gone", "no_such.py", (), 10).dry_run() == "no such benchmark: bench/no_such.py"
+    assert gc.PytestStep("gone", ("tests/no_such_dir",), "gpu", 10).dry_run() == \
+        "no such test path: tests/no_such_dir"
+    assert "collected 0 tests" in gc.PytestStep("empty", ("tests/bench/test_gpu_check.py",), "gpu", 10).dry_run()
+    assert gc.dry_run([gc.BenchStep("ok", "simulate.py", ("--project",), 10),
+                       gc.BenchStep("bad", "simulate.py", ("--nope",), 10)]) == 1
+
+
+def test_pytest_output_is_read_test_by_test_with_and_without_xdist():
+    plain = ("tests/a/test_x.py::test_one PASSED                        [ 33%]\n"
+             "tests/a/test_x.py::test_two[bf16] FAILED                  [ 66%]\n"
+             "tests/a/test_x.py::test_three SKIPPED (needs a GPU)       [100%]\n"
+             "=========================== short test summary info ============================\n"
+             "FAILED tests/a/test_x.py::test_two[bf16] - assert 0.5 < 0.001\n")
+    xdist = ("[gw1] [ 50%] PASSED tests/b/test_y.py::test_four \n"
+             "[gw0] [100%] ERROR tests/b/test_y.py::test_five \n"
+             "ERROR tests/b/test_y.py::test_five - RuntimeError: CUDA error: out of memory\n")
+    step, outcome = gc.PytestStep("s", ("tests",), "gpu", 10), gc.Outcome("s", "passed")
+    step.read(plain + xdist, outcome)
+    assert outcome.tests == {"tests/a/test_x.py::test_one": "PASSED", "tests/a/test_x.py::test_two[bf16]": "FAILED",
+                             "tests/a/test_x.py::test_three": "SKIPPED", "tests/b/test_y.py::test_four": "PASSED",
+                             "tests/b/test_y.py::test_five": "ERROR"}
+    assert outcome.reasons == {"tests/a/test_x.py::test_two[bf16]": "assert 0.5 < 0.001",
+                               "tests/b/test_y.py::test_five": "RuntimeError: CUDA error: out of memory"}
+    text = gc.report({"gpu": "NVIDIA H100 80GB HBM3"}, [outcome], 12.0)
+    assert "| s | passed (1 error, 1 failed, 2 passed, 1 skipped) | 0 | - |" in text
+    assert "- FAILED `tests/a/test_x.py::test_two[bf16]`: assert 0.5 < 0.001" in text
+
+
+def test_a_step_runs_to_its_result_line_and_one_over_budget_is_stopped():
+    log = io.StringIO()
+    done = gc.run_step(gc.BenchStep("simulate", "simulate.py", ("--smoke",), 60), 60, log)
+    assert done.status == "passed" and len(done.results) == 1 and done.results[0].startswith("RESULT simulate ")
+    assert "===== simulate: passed" in log.getvalue()
+
+    class Sleeper(gc.BenchStep):
+        def argv(self):
+            return [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+
+    stopped = gc.run_step(Sleeper("sleeper", "simulate.py", (), 10), 10, log)
+    assert stopped.status == "timed out" and 9 < stopped.seconds < 30
+    assert gc.run_step(Sleeper("late", "simulate.py", (), 10), 5, log).status == "skipped (out of time)"
+    text = gc.report({"gpu": "none"}, [done, stopped], 20.0)
+    assert "| sleeper | timed out |" in text and "RESULT simulate " in text

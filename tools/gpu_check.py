@@ -1,0 +1,314 @@
+"""The GPU check: everything a GPU lease should run, in one device call of under 10 minutes, with one report.
+
+A GPU machine is lent to about one session in twenty, for 30 minutes of device time; none of that may go on
+working out what to run. ``make gpu-check`` (here) builds the offline bundle ``.device/`` and runs this script's
+dry run; the device call is then
+
+    run(command="bash tools/gpu-check", carry=[".device"], timeout_s=600)
+
+which installs the bundle there and runs the steps below in order, each under its own time budget and all of
+them under ``--budget-s``, and writes under ``$OUT``:
+
+    gpu-check.md    the report: the machine, each step's outcome, time and peak GPU memory, each test's outcome
+                    (failures with their one-line reason), every RESULT line
+    gpu-check.json  the same, for tools
+    gpu-check.log   every step's whole output
+
+``--only WORD`` runs the steps whose name holds WORD (again after a fix). ``--dry-run`` (run by ``make test``)
+checks without a GPU that every command exists and parses its arguments: each benchmark's ``parse_args`` takes the
+exact arguments, and each pytest selection collects at least one test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))  # the benchmarks import bench/benchlib.py as their neighbour
+
+ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+       "RAY_USAGE_STATS_ENABLED": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+OUTCOME = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+NODE = re.compile(r"(tests/\S+?\.py::\S+)")
+SUMMARY = re.compile(r"^(FAILED|ERROR) (tests/\S+)(?: - (.*))?$")
+
+
+@dataclass
+class Outcome:
+    """What one step did: ``status`` is passed, failed, timed out or skipped (out of time, or not chosen)."""
+
+    name: str
+    status: str
+    seconds: float = 0.0
+    peak_gpu_mem_gb: float | None = None
+    tests: dict[str, str] = field(default_factory=dict)
+    """pytest steps: node id -> PASSED / FAILED / ERROR / SKIPPED / XFAIL / XPASS."""
+    reasons: dict[str, str] = field(default_factory=dict)
+    """pytest steps: node id -> the one-line reason of a failure or error."""
+    results: list[str] = field(default_factory=list)
+    """benchmark steps: the RESULT lines printed."""
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class PytestStep:
+    """A pytest selection: ``paths`` under ``marker``, over ``workers`` xdist workers (0: in one process)."""
+
+    name: str
+    paths: tuple[str, ...]
+    marker: str
+    budget_s: int
+    workers: int = 0
+
+    def argv(self) -> list[str]:
+        xdist = ["-n", str(self.workers), "--dist", "loadgroup"] if self.workers else ["-p", "no:xdist"]
+        return [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider", *xdist,
+                "-m", self.marker, *self.paths]
+
+    def dry_run(self) -> str | None:
+        """None when the selection collects at least one test, else why not."""
+        missing = [p for p in self.paths if not (ROOT / p).exists()]
+        if missing:
+            return f"no such test path: {', '.join(missing)}"
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               "-p", "no:xdist", "-m", self.marker, *self.paths], cwd=ROOT, capture_output=True,
+                              text=True, env={**os.environ, **ENV})
+        collected = sum(1 for line in proc.stdout.splitlines() if "::" in line)
+        if proc.returncode != 0 or not collected:
+            return f"pytest collected {collected} tests (exit {proc.returncode}): {proc.stdout[-500:]}{proc.stderr[-500:]}"
+        return None
+
+    def read(self, output: str, outcome: Outcome) -> None:
+        for line in output.splitlines():
+            summary = SUMMARY.match(line)
+            if summary:
+                outcome.reasons[summary.group(2)] = (summary.group(3) or "").strip()
+                continue
+            node, word = NODE.search(line), OUTCOME.search(line)
+            if node and word and not line.startswith(("FAILED ", "ERROR ")):
+                outcome.tests[node.group(1)] = word.group(1)
+
+
+@dataclass(frozen=True)
+class BenchStep:
+    """A benchmark script of bench/ with its arguments."""
+
+    name: str
+    script: str
+    args: tuple[str, ...]
+    budget_s: int
+
+    def argv(self) -> list[str]:
+        return [sys.executable, str(BENCH / self.script), *self.args]
+
+    def dry_run(self) -> str | None:
+        """None when the script exists and its ``parse_args`` takes the arguments, else why not."""
+        path = BENCH / self.script
+        if not path.is_file():
+            return f"no such benchmark: bench/{self.script}"
+        spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses resolve their module by name
+        spec.loader.exec_module(module)
+        try:
+            with contextlib.redirect_stderr(sys.stdout):
+                module.parse_args(list(self.args))
+        except SystemExit as e:
+            return f"bench/{self.script} refused the arguments {' '.join(self.args)} (exit {e.code})"
+        return None
+
+    def read(self, output: str, outcome: Outcome) -> None:
+        outcome.results = [line for line in output.splitlines() if line.startswith("RESULT ")]
+
+
+QWEN_TRAIN = ("--device", "cuda", "--dtype", "bfloat16", "--batch", "64", "--micro", "8", "--response-len", "1008",
+              "--repeats", "3")
+STEPS = (
+    PytestStep("pytest -m gpu", ("tests/trainer", "tests/synchronizer", "tests/explorer"), "gpu", budget_s=120),
+    PytestStep("trainer, synchronizer and explorer tests with CUDA visible",
+               ("tests/trainer", "tests/synchronizer", "tests/explorer"), "not gpu", budget_s=150, workers=8),
+    BenchStep("bench/trainer.py Qwen2.5-0.5B shape, bf16", "trainer.py", ("--shape", "qwen2.5-0.5b", *QWEN_TRAIN),
+              budget_s=60),
+    BenchStep("bench/trainer.py Qwen2.5-1.5B shape, bf16", "trainer.py", ("--shape", "qwen2.5-1.5b", *QWEN_TRAIN),
+              budget_s=80),
+    BenchStep("bench/sync.py on CUDA", "sync.py", ("--device", "cuda", "--repeats", "2"), budget_s=60),
+    BenchStep("bench/engine.py on CUDA", "engine.py", ("--device", "cuda", "--batch", "64", "--new-tokens", "128"),
+              budget_s=40),
+    BenchStep("bench/logprob_memory.py on CUDA, bf16", "logprob_memory.py",
+              ("--device", "cuda", "--dtype", "bfloat16", "--batch", "8", "--response-len", "2048"), budget_s=30),
+)
+"""The lease's steps, in the order they run (the most telling first); budgets add up to 540 s."""
+
+
+class GpuMemorySampler:
+    """The GPU's used memory (nvidia-smi, every ``every_s``) while a step runs; ``peak_gb`` is its maximum, None
+    where nvidia-smi is missing. nvidia-smi sees every process's memory, Ray actors' included."""
+
+    def __init__(self, every_s: float = 0.5) -> None:
+        self.every_s, self.peak_gb = every_s, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read_gb(self) -> float | None:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+            return sum(float(x) for x in out.split()) / 1024
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            gb = self._read_gb()
+            if gb is not None:
+                self.peak_gb = max(self.peak_gb or 0.0, gb)
+
+    def __enter__(self) -> GpuMemorySampler:
+        if shutil.which("nvidia-smi"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def run_step(step, budget_s: float, log) -> Outcome:
+    """Run one step under ``budget_s``: its output goes to ``log`` as it comes and is read into an Outcome."""
+    argv = step.argv()
+    outcome = Outcome(step.name, "skipped", command=" ".join(argv[1:]))
+    if budget_s < 10:
+        outcome.status = "skipped (out of time)"
+        return outcome
+    log.write(f"\n===== {step.name} (budget {budget_s:.0f} s)\n$ {outcome.command}\n")
+    log.flush()
+    start = time.monotonic()
+    chunks: list[str] = []
+    with GpuMemorySampler() as memory:
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        timer = threading.Timer(budget_s, lambda: os.killpg(proc.pid, 9))
+        timer.start()
+        for line in proc.stdout:
+            chunks.append(line)
+            log.write(line)
+        rc = proc.wait()
+        timed_out = not timer.is_alive() and rc != 0
+        timer.cancel()
+    outcome.seconds, outcome.peak_gpu_mem_gb = time.monotonic() - start, memory.peak_gb
+    step.read("".join(chunks), outcome)
+    outcome.status = "timed out" if timed_out else ("passed" if rc == 0 else f"failed (exit {rc})")
+    log.write(f"===== {step.name}: {outcome.status} in {outcome.seconds:.0f} s\n")
+    log.flush()
+    return outcome
+
+
+def machine() -> dict[str, str]:
+    """The machine, read in a child process (no CUDA context in this one)."""
+    probe = ("import json, platform, torch; c = torch.cuda.is_available(); print(json.dumps({"
+             "'gpu': torch.cuda.get_device_name(0) if c else 'none', 'gpu_count': torch.cuda.device_count(), "
+             "'gpu_mem_gb': round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if c else 0, "
+             "'torch': torch.__version__, 'cuda': str(torch.version.cuda), 'python': platform.python_version()}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    info = json.loads(out.stdout) if out.returncode == 0 else {"probe_error": out.stderr[-300:]}
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                         text=True) if shutil.which("nvidia-smi") else None
+    info["driver"] = smi.stdout.strip() if smi is not None and smi.returncode == 0 else "unknown"
+    info["cpus"] = str(os.cpu_count())
+    commit = ROOT / ".device" / "commit"
+    info["commit"] = commit.read_text().strip() if commit.is_file() else "unknown"
+    info["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return {k: str(v) for k, v in info.items()}
+
+
+def report(info: dict[str, str], outcomes: list[Outcome], wall_s: float) -> str:
+    """The markdown report."""
+    gb = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    lines = ["# GPU check", "", f"{info.get('gpu')} ({info.get('gpu_mem_gb')} GiB, driver {info.get('driver')}), "
+             f"torch {info.get('torch')} CUDA {info.get('cuda')}, Python {info.get('python')}, {info.get('cpus')} "
+             f"CPUs; commit {info.get('commit')}; {info.get('date')}; {wall_s:.0f} s in all.", "",
+             "| step | outcome | seconds | peak GPU memory (GB) |", "|---|---|---|---|"]
+    for o in outcomes:
+        counts = ""
+        if o.tests:
+            tally: dict[str, int] = {}
+            for v in o.tests.values():
+                tally[v] = tally.get(v, 0) + 1
+            counts = " (" + ", ".join(f"{n} {k.lower()}" for k, n in sorted(tally.items())) + ")"
+        lines.append(f"| {o.name} | {o.status}{counts} | {o.seconds:.0f} | {gb(o.peak_gpu_mem_gb)} |")
+    for o in outcomes:
+        bad = {k: v for k, v in o.tests.items() if v in ("FAILED", "ERROR")}
+        if bad or o.results:
+            lines += ["", f"## {o.name}", ""]
+        for node, word in sorted(bad.items()):
+            lines.append(f"- {word} `{node}`: {o.reasons.get(node, '(see gpu-check.log)')}")
+        if o.results:
+            lines += ["```", *o.results, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def dry_run(steps) -> int:
+    """Check every step without running it; the number of steps that would fail to start."""
+    bad = 0
+    for step in steps:
+        error = step.dry_run()
+        bad += error is not None
+        print(f"{'ok  ' if error is None else 'FAIL'} {step.name}: {' '.join(step.argv()[1:])}"
+              + ("" if error is None else f"\n     {error}"), flush=True)
+    total = sum(s.budget_s for s in steps)
+    print(f"{len(steps) - bad} of {len(steps)} steps would start; budgets add up to {total} s", flush=True)
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="check that every command exists and takes its arguments")
+    ap.add_argument("--only", action="append", default=[], help="run only the steps whose name holds this (repeatable)")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="all steps together (the device call allows 600 s)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu-check-out"), help="report folder (default $OUT)")
+    args = ap.parse_args(argv)
+    steps = [s for s in STEPS if not args.only or any(w.lower() in s.name.lower() for w in args.only)]
+    if not steps:
+        ap.error(f"--only {args.only} matches none of: {', '.join(s.name for s in STEPS)}")
+    if args.dry_run:
+        return 1 if dry_run(steps) else 0
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    info = machine()
+    print(f"GPU check on {info.get('gpu')}, torch {info.get('torch')}; report under {out}", flush=True)
+    outcomes = []
+    with open(out / "gpu-check.log", "w") as log:
+        for step in steps:
+            left = args.budget_s - (time.monotonic() - start)
+            outcomes.append(run_step(step, min(step.budget_s, left), log))
+            o = outcomes[-1]
+            print(f"{o.status:>22}  {o.seconds:5.0f} s  {o.name}", flush=True)
+            for line in o.results:
+                print(f"    {line}", flush=True)
+            text = report(info, outcomes, time.monotonic() - start)  # rewritten after each step: a cut-off call
+            (out / "gpu-check.md").write_text(text)                   # still brings back what ran
+            (out / "gpu-check.json").write_text(json.dumps({"machine": info, "steps": [vars(o) for o in outcomes]},
+                                                           indent=1))
+    print(report(info, outcomes, time.monotonic() - start), flush=True)
+    return 0 if all(o.status == "passed" for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
