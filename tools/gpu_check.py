@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -84,12 +85,13 @@ class PytestStep:
         missing = [p for p in self.paths if not (ROOT / p).exists()]
         if missing:
             return f"no such test path: {', '.join(missing)}"
-        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                               "-p", "no:xdist", "-m", self.marker, *self.paths], cwd=ROOT, capture_output=True,
-                              text=True, env={**os.environ, **ENV})
-        collected = sum(1 for line in proc.stdout.splitlines() if "::" in line)
-        if proc.returncode != 0 or not collected:
-            return f"pytest collected {collected} tests (exit {proc.returncode}): {proc.stdout[-500:]}{proc.stderr[-500:]}"
+        from _pytest.mark.expression import Expression  # pytest's own -m matching
+
+        rc, items, tail = collect(self.paths)
+        selected = Expression.compile(self.marker)
+        collected = sum(selected.evaluate(lambda name, marks=marks: name in marks) for marks in items)
+        if rc != 0 or not collected:
+            return f"pytest collected {collected} tests (exit {rc}): {tail}"
         return None
 
     def read(self, output: str, outcome: Outcome) -> None:
@@ -101,6 +103,27 @@ class PytestStep:
             node, word = NODE.search(line), OUTCOME.search(line)
             if node and word and not line.startswith(("FAILED ", "ERROR ")):
                 outcome.tests[node.group(1)] = word.group(1)
+
+
+_COLLECT = """
+import sys, pytest
+class Report:
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            print("ITEM", ",".join(sorted({m.name for m in item.iter_markers()})), flush=True)
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *sys.argv[1:]],
+                     plugins=[Report()]))
+"""
+
+
+@functools.cache
+def collect(paths: tuple[str, ...]) -> tuple[int, list[set[str]], str]:
+    """pytest's collection of ``paths`` in a child process, once per set of paths: (exit code, the marker names of
+    each test, the output's tail)."""
+    proc = subprocess.run([sys.executable, "-c", _COLLECT, *paths], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **ENV})
+    items = [set(filter(None, line[5:].split(","))) for line in proc.stdout.splitlines() if line.startswith("ITEM ")]
+    return proc.returncode, items, (proc.stdout[-500:] + proc.stderr[-500:]).strip()
 
 
 @dataclass(frozen=True)
