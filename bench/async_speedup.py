@@ -178,7 +178,7 @@ def overrides(args: argparse.Namespace, root: Path, model: Path, stops: list[int
         f"checkpoint_root_dir={root}", "project=async_speedup", f"name={name}", f"mode={mode}", f"seed={args.seed}",
         f"model.path={model}",
         f"explorer.batch_size={args.tasks}", f"explorer.repeat_times={args.repeat}",
-        "explorer.num_threads=1", "trainer.num_threads=1",
+        "explorer.num_threads=1", "trainer.num_threads=1", "explorer.device=cpu", "trainer.device=cpu",
         "explorer.sampling.temperature=1.0", f"explorer.sampling.max_new_tokens={args.max_new_tokens}",
         f"explorer.sampling.stop_token_ids=[{','.join(map(str, stops))}]",
         "explorer.taskset.size=512", f"explorer.taskset.max_operand={args.max_operand}",

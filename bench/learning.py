@@ -64,7 +64,7 @@ QUICK_CELLS = [("sync", 0, "none"), ("lag2", 2, "none"), ("lag2", 2, "decoupled"
 def base_config(work: Path, *overrides: str):
     return load_config(str(ROOT / "configs" / "quickstart.yaml"), [
         f"checkpoint_root_dir={work}", "model.path=runs/models/tiny", f"model.build_tiny_at={ROOT}/runs/models/tiny",
-        "explorer.num_threads=2", *overrides])
+        "explorer.num_threads=2", "explorer.device=cpu", "trainer.device=cpu", *overrides])
 
 
 # ---------------------------------------------------------------- the warm start
@@ -128,7 +128,7 @@ def rl_run(work: Path, warm: Path, lag: int, correction: str, seed: int, steps: 
     tasks = generate_arithmetic(ex.taskset.size, ex.taskset.max_operand, seed=cfg.seed)
     ev = ex.eval_tasksets[0]
     eval_tasks = generate_arithmetic(ev.size, ev.max_operand, seed=42 + 7_919)  # the demo's held-out draw
-    engine = HFEngine(str(warm), num_threads=2)
+    engine = HFEngine(str(warm), num_threads=2, device=ex.device, dtype=ex.dtype)
     fleet = LocalFleet(engine)
     trainer = PPOTrainer(cfg)
     trainer.prepare()
@@ -193,7 +193,8 @@ def held_out_accuracy(work: Path, model: Path) -> float:
     ev = cfg.explorer.eval_tasksets[0]
     tokenizer = hf_tokenizer(str(model))
     ctx = explorer_context(cfg, tokenizer, load_reward_manager(cfg, tokenizer))
-    m = asyncio.run(evaluate(LocalFleet(HFEngine(str(model), num_threads=2)), ctx, ev.name,
+    m = asyncio.run(evaluate(LocalFleet(HFEngine(str(model), num_threads=2, device=cfg.explorer.device,
+                                                       dtype=cfg.explorer.dtype)), ctx, ev.name,
                              generate_arithmetic(ev.size, ev.max_operand, seed=42 + 7_919), ev, seed=0))
     return m[f"eval/{ev.name}/accuracy/mean@{ev.k}"]
 

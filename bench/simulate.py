@@ -929,7 +929,7 @@ def _corun_worker(kind: str, overrides: list[str], window_s: float, start, out) 
     if kind == "gen":
         tok = hf_tokenizer(cfg.model.path)
         prompts = [tok.encode(f"{i % 5}+{(3 * i) % 5}=") for i in range(rows)]
-        engine = HFEngine(Path(cfg.model.path), num_threads=1)
+        engine = HFEngine(Path(cfg.model.path), num_threads=1, device=cfg.explorer.device, dtype=cfg.explorer.dtype)
         seeds = itertools.count()
 
         def step() -> None:
