@@ -155,6 +155,12 @@ def bench_broadcast(sd, receivers: int, bucket_mb: float, repeats: int, namespac
             start = time.perf_counter()
             ray.get([a.round.remote(r + 1) for a in actors])
             round_s = time.perf_counter() - start
+            # the receivers can return before the sending thread has recorded its round
+            deadline = time.monotonic() + 60
+            while broadcaster.rounds + broadcaster.failures < r + 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            if broadcaster.last_round.get("sync/version") != r + 1:
+                raise RuntimeError(f"round {r + 1} was not recorded by the broadcaster ({broadcaster.failures} failed)")
             ours = broadcaster.last_round["sync/seconds"]
             # raw: the receivers are already waiting in the broadcast when the sender starts (best case)
             works = [a.raw_flat.remote(size) for a in actors]

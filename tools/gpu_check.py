@@ -74,17 +74,23 @@ class PytestStep:
     marker: str
     budget_s: int
     workers: int = 0
+    ignore: tuple[str, ...] = ()
+    """Test files left out (run by a step of their own)."""
+    needs: str = ""
+    """A module the tests import or skip (vllm): where this machine lacks it, the dry run checks only the paths."""
 
     def argv(self) -> list[str]:
         xdist = ["-n", str(self.workers), "--dist", "loadgroup"] if self.workers else ["-p", "no:xdist"]
         return [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider", *xdist,
-                "-m", self.marker, *self.paths]
+                *(f"--ignore={p}" for p in self.ignore), "-m", self.marker, *self.paths]
 
     def dry_run(self) -> str | None:
         """None when the selection collects at least one test, else why not."""
         missing = [p for p in self.paths if not (ROOT / p).exists()]
         if missing:
             return f"no such test path: {', '.join(missing)}"
+        if self.needs and importlib.util.find_spec(self.needs) is None:
+            return None
         from _pytest.mark.expression import Expression  # pytest's own -m matching
 
         rc, items, tail = collect(self.paths)
@@ -160,17 +166,21 @@ class BenchStep:
 
 QWEN_TRAIN = ("--device", "cuda", "--dtype", "bfloat16", "--batch", "64", "--micro", "8", "--response-len", "1008",
               "--repeats", "3")
+VLLM_TESTS = "tests/explorer/test_vllm_engine.py"
 STEPS = (
     PytestStep("pytest -m gpu", ("tests/trainer", "tests/synchronizer", "tests/explorer"), "gpu", budget_s=120),
     PytestStep("trainer, synchronizer and explorer tests with CUDA visible",
-               ("tests/trainer", "tests/synchronizer", "tests/explorer"), "not gpu", budget_s=150, workers=8),
+               ("tests/trainer", "tests/synchronizer", "tests/explorer"), "not gpu", budget_s=130, workers=8,
+               ignore=(VLLM_TESTS,)),
+    PytestStep("vLLM engine tests on CUDA (skipped unless vLLM was carried: docs/vllm-on-a-lease.md)",
+               (VLLM_TESTS,), "not gpu", budget_s=50, needs="vllm"),
     BenchStep("bench/trainer.py Qwen2.5-0.5B shape, bf16", "trainer.py", ("--shape", "qwen2.5-0.5b", *QWEN_TRAIN),
-              budget_s=60),
+              budget_s=55),
     BenchStep("bench/trainer.py Qwen2.5-1.5B shape, bf16", "trainer.py", ("--shape", "qwen2.5-1.5b", *QWEN_TRAIN),
-              budget_s=80),
-    BenchStep("bench/sync.py on CUDA", "sync.py", ("--device", "cuda", "--repeats", "2"), budget_s=60),
+              budget_s=75),
+    BenchStep("bench/sync.py on CUDA", "sync.py", ("--device", "cuda", "--repeats", "2"), budget_s=50),
     BenchStep("bench/engine.py on CUDA", "engine.py", ("--device", "cuda", "--batch", "64", "--new-tokens", "128"),
-              budget_s=40),
+              budget_s=30),
     BenchStep("bench/logprob_memory.py on CUDA, bf16", "logprob_memory.py",
               ("--device", "cuda", "--dtype", "bfloat16", "--batch", "8", "--response-len", "2048"), budget_s=30),
 )

@@ -14,6 +14,7 @@
 #                   reassembles the split files, checks their sha256, installs all wheels into /tmp/site
 #                   (pip --no-index --no-deps --no-compile --target) and exports PYTHONPATH and vLLM's settings
 # Never carry ".device" or ".device/vllm" whole while the groups are here: that is ~300 MiB, over the limit.
+# Install in the last transfer call (its command: source .device/vllm/install.sh), then delete the groups here.
 set -euo pipefail
 
 [ -f pyproject.toml ] && [ -d trinity_like ] || { echo "run from the project's root" >&2; exit 2; }
@@ -103,9 +104,9 @@ with open(os.path.join(out, 'manifest.txt'), 'w') as m:
             % (', slim' if slim == '1' else '', datetime.date.today()))
     m.write('# %d wheels, %.1f MiB, in %d calls of at most %.0f MiB each (plus the working tree).\n'
             % (len(wheels), MiB(total), n, cap_mib))
-    m.write('# Make the calls back to back (the machine goes back after 30 s idle); each command can be `true`.\n')
-    m.write('# The last call also carries install.sh; then, in it or any later call of the same lease:\n')
-    m.write('#   source .device/vllm/install.sh && python3 -c "import vllm; print(vllm.__version__)"\n')
+    m.write('# Make the calls back to back (the machine goes back after 30 s idle); each command can be `true`,\n')
+    m.write('# the last one (it also carries install.sh): source .device/vllm/install.sh && python3 -c "import vllm"\n')
+    m.write('# Then, here: rm -rf .device/vllm/g?? before a call that carries .device whole (tools/gpu-check).\n')
     for i, (used, names) in enumerate(groups, 1):
         carry = ['.device/vllm/g%02d' % i] + (['.device/vllm/install.sh'] if i == n else [])
         m.write('call %d  %6.1f MiB  carry=%s\n' % (i, MiB(used), str(carry).replace("'", '"')))
