@@ -164,3 +164,21 @@ def test_chat_uses_the_plain_format_and_stop_tokens_end_a_response(engine, tiny_
     samples = engine.generate([sample.prompt_ids.tolist()] * 3, SamplingConfig(temperature=1.0, max_new_tokens=5,
                                                                                stop_token_ids=everything), [1, 2, 3])
     assert all(len(s.response_ids) == 1 and s.finish_reason == "stop" for s in samples)
+
+
+def test_the_engine_runs_where_explorer_device_says(tmp_path, tiny_model_path):
+    from trinity_like.common.errors import UserError
+    from trinity_like.config import load_config
+    from trinity_like.explorer.fleet import make_engine
+
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                             "explorer.device=cpu", "explorer.dtype=bfloat16"])
+    pinned = make_engine(cfg, "pinned")
+    assert pinned.device == torch.device("cpu") and next(pinned.model.parameters()).dtype == torch.bfloat16
+    assert pinned.health()["device"] == "cpu" and pinned.health()["dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match="device must be auto, cpu or cuda"):
+        HFEngine(tiny_model_path, device="tpu")
+    if not torch.cuda.is_available():  # without a GPU, `cuda` is refused naming the setting that gives one
+        with pytest.raises(UserError, match="explorer.device is cuda.*explorer.gpus_per_engine"):
+            HFEngine(tiny_model_path, device="cuda")
+        assert HFEngine(tiny_model_path).device == torch.device("cpu")  # auto
