@@ -131,14 +131,8 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, sync_r
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
-@pytest.mark.parametrize("method", ["memory", "nccl", "ipc"])
-def test_sync_methods_without_files(tmp_path, tiny_model_path, ray_session, method):
-    # nccl is gloo here; with two trainer workers the broadcaster (the shared buffer) lives in rank 0's worker
-    cfg = _cfg(tmp_path, tiny_model_path, method, "mode=async", f"synchronizer.method={method}",
-               *(["trainer.num_workers=2"] if method in ("nccl", "ipc") else []))
-    summary = run(cfg)
-    records = _check_run(cfg, summary)
-    # no weight files: the state dicts travelled through the object store / the process group
+def _check_sync_without_files(cfg, records, method):
+    """No weight files: the state dicts travelled through the object store / the process group / shared memory."""
     assert not (RunPaths.of(cfg).checkpoint_dir / "state_dict").exists()
     explorer = [r for r in records if r["role"] == "explorer"]
     trainer = [r for r in records if r["role"] == "trainer"]
@@ -150,6 +144,14 @@ def test_sync_methods_without_files(tmp_path, tiny_model_path, ray_session, meth
         from trinity_like.synchronizer.shared_weights import shared_root
 
         assert not (shared_root() / f"trinity_like-{namespace_of(cfg).replace('/', '_')}").exists()
+
+
+@pytest.mark.parametrize("method", ["nccl", "ipc"])  # `memory`: test_async_with_correction_and_custom_reward
+def test_sync_methods_without_files(tmp_path, tiny_model_path, ray_session, method):
+    # nccl is gloo here; with two trainer workers the broadcaster (the shared buffer) lives in rank 0's worker
+    cfg = _cfg(tmp_path, tiny_model_path, method, "mode=async", f"synchronizer.method={method}",
+               "trainer.num_workers=2")
+    _check_sync_without_files(cfg, _check_run(cfg, run(cfg)), method)
 
 
 @pytest.mark.xdist_group("e2e_sync_run")  # one run per group, not one per xdist worker
@@ -184,11 +186,13 @@ def test_async_with_correction_and_custom_reward(tmp_path, tiny_model_path, ray_
         "            raise ValueError('empty response')\n"
         "        out.append(1.0 / len(r))\n"
         "    return out\n")
-    cfg = _cfg(tmp_path, tiny_model_path, "corrected", "mode=async", "synchronizer.max_staleness=2",
+    # the `memory` synchronizer too: one run proves both (each run is ~20 worker-seconds of start-up); bound 1, so
+    # that the explorer needs a new version within the 3 steps (at 2 it could finish them all on version 0)
+    cfg = _cfg(tmp_path, tiny_model_path, "corrected", "mode=async", "synchronizer.max_staleness=1",
                "algorithm.off_policy.correction=decoupled", f"reward.function_path={reward_file}",
-               "reward.failure_value=-1")
+               "reward.failure_value=-1", "synchronizer.method=memory")
     summary = run(cfg)
-    _check_run(cfg, summary)
+    _check_sync_without_files(cfg, _check_run(cfg, summary), "memory")
     trainer = [r for r in _records(cfg) if r["role"] == "trainer"]
     assert all(0 < r["off_policy/ess"] <= 1 for r in trainer)
     rows = query(RunPaths.of(cfg).buffer_dir).to_pylist()
@@ -198,19 +202,18 @@ def test_async_with_correction_and_custom_reward(tmp_path, tiny_model_path, ray_
         assert row["reward"] == pytest.approx(expected, rel=1e-6)  # float32 storage
 
 
-def test_async_over_the_redis_transport(tmp_path, tiny_model_path, ray_session, redis_server):
-    cfg = _cfg(tmp_path, tiny_model_path, "redis", "mode=async", "buffer.transport=redis",
-               f"buffer.redis_url={redis_server.url}")
+def test_async_over_the_redis_transport_with_two_data_parallel_trainer_workers(tmp_path, tiny_model_path,
+                                                                               ray_session, redis_server):
+    """Two things one run proves (each run is ~20 worker-seconds of start-up): the Redis transport, and two
+    data-parallel trainer workers publishing by the default `checkpoint` method (rank 0 writes the files)."""
+    cfg = _cfg(tmp_path, tiny_model_path, "redis-dp", "mode=async", "buffer.transport=redis",
+               f"buffer.redis_url={redis_server.url}", "trainer.num_workers=2")
     summary = run(cfg)
-    _check_run(cfg, summary)
+    records = _check_run(cfg, summary)
     segments = [p.name for p in (RunPaths.of(cfg).buffer_dir / "segments").iterdir()]
     assert segments and all("-redis-" in name for name in segments)  # written by the ingester only
-
-
-def test_async_with_two_data_parallel_trainer_workers(tmp_path, tiny_model_path, ray_session):
-    cfg = _cfg(tmp_path, tiny_model_path, "dp", "mode=async", "trainer.num_workers=2")
-    summary = run(cfg)
-    _check_run(cfg, summary)
+    assert (RunPaths.of(cfg).checkpoint_dir / "state_dict" / "latest").read_text() == "3\n"
+    assert all(r["sync/version"] == r["step"] for r in records if r["role"] == "trainer")
 
 
 @pytest.mark.xdist_group("e2e_async_run")  # one run per group, not one per xdist worker
