@@ -52,6 +52,9 @@ that speed is never bought with learning. The headline ``async_*`` figures are t
 (the default and the stricter bound); ``async2_*`` are printed beside them.
 
     PYTHONPATH=. .venv/bin/python bench/async_speedup.py [--repeats 2] [--steps 16] [--keep DIR] [--quick]
+
+``--smoke`` (``.venv/bin/python bench/async_speedup.py --smoke``) runs the same code path on small sizes in seconds;
+``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations

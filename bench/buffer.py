@@ -54,6 +54,9 @@ rows stored. Progress and the PASS/FAIL table go to stderr; stdout gets one line
 
     RESULT buffer write_eps=... read_eps=... read_p99_ms=... read_p99_ms_1m=... write_vs_raw_arrow=...
     write_vs_sqlite_blobs=... raw_arrow_eps=... sqlite_eps=...
+
+``--smoke`` (``.venv/bin/python bench/buffer.py --smoke``) runs the same code path on small sizes in seconds;
+``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ tokens per second are counted as real (non-pad) response tokens. Best of `--repe
 (each `--turns` calls of one prompt that grows by the previous answer and a short observation, as a workflow
 makes them): the async vLLM engine (`AsyncLLM`, every call joins one continuous batch) against the locked
 engine (`LLM` under a lock: one call at a time, as before). Same model, prompts, seeds and sampling.
+
+``--smoke`` (``.venv/bin/python bench/engine.py --smoke``) runs the same code path on small sizes in seconds;
+``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ sampling seed; the warm start is the same).
         [--plot docs/plots/learning.png] [--lr 3e-4]
 
 ``--quick`` (under 5 minutes): 40 steps, 1 seed, sync and lag 2 with and without ``decoupled``.
+
+``--smoke`` (``.venv/bin/python bench/learning.py --smoke``) runs the same code path on small sizes in seconds;
+``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ the order of float32 sums). Memory in GB = 1e9 bytes.
 
     .venv/bin/python bench/logprob_memory.py [--batch 4] [--response-len 1024] [--chunks 0,1024,512]
     python bench/logprob_memory.py --device cuda --dtype bfloat16 --batch 8 --response-len 2048
+
+``--smoke`` (``.venv/bin/python bench/logprob_memory.py --smoke``) runs the same code path on small sizes in seconds;
+``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations

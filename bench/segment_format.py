@@ -5,6 +5,9 @@ per format, fsynced, and scans the metadata columns the consumer needs (eid, gro
 staleness filter through DuckDB. Conversion from Experience objects is left out: it is the same for all.
 
     .venv/bin/python bench/segment_format.py [--rows N]
+
+``--smoke`` (``.venv/bin/python bench/segment_format.py --smoke``) runs the same code path on small sizes in seconds;
+``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations

@@ -108,6 +108,9 @@ optimistic for async by ~0.1 s of 15 s).
     .venv/bin/python bench/simulate.py --calibrate     # the calibration only
     .venv/bin/python bench/simulate.py --project [--total-gpus 64 --prompts 256 --samples 16 ...]
     PYTHONPATH=. .venv/bin/python bench/simulate.py --measure   # re-measure: co-run, 3 sync/async pairs (Ray)
+
+``--smoke`` (``.venv/bin/python bench/simulate.py --smoke``) runs the same code path on small sizes in seconds;
+``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations

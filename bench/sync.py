@@ -26,6 +26,9 @@ gbps is gigabytes per second (1e9 B/s) of weights delivered to one receiver. Med
 
     .venv/bin/python bench/sync.py [--receivers 2] [--bucket-mb 64] [--repeats 3] [--skip-large]
         [--methods checkpoint,nccl,memory,ipc] [--device cpu|cuda]
+
+``--smoke`` (``.venv/bin/python bench/sync.py --smoke``) runs the same code path on small sizes in seconds;
+``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations

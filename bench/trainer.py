@@ -52,6 +52,9 @@ A split of the trainer's extra time follows (each part timed on its own with the
     .venv/bin/python bench/trainer.py [--batch 64] [--response-len 128] [--micro 8] [--hidden 128 --layers 2]
     python bench/trainer.py --device cuda --dtype bfloat16 --shape qwen2.5-0.5b --batch 64 --micro 8 \\
         --response-len 1008
+
+``--smoke`` (``.venv/bin/python bench/trainer.py --smoke``) runs the same code path on small sizes in seconds;
+``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations
