@@ -17,6 +17,8 @@ def resolve_device(setting: str, role: str = "trainer") -> torch.device:
     """The device of a computing process for its ``<role>.device`` setting (``auto``, ``cpu`` or ``cuda``), in the
     process itself: Ray shows an actor only the GPUs it asked for, so ``auto`` means "the GPU this process was
     given, if any". ``role`` is ``trainer`` (a train worker) or ``explorer`` (a rollout engine)."""
+    if setting not in ("auto", "cpu", "cuda"):  # before any branch: a typo must not pass where a GPU is visible
+        raise ValueError(f"device must be auto, cpu or cuda, got {setting!r}")
     if setting == "cpu":
         return torch.device("cpu")
     if torch.cuda.is_available():
@@ -29,8 +31,6 @@ def resolve_device(setting: str, role: str = "trainer") -> torch.device:
         raise UserError(f"{role}.device is cuda but this {who} sees no GPU: Ray shows an actor only the GPUs it "
                         f"asks for, so set {gpus} (e.g. 1, or 0.5 to share one GPU), or set {role}.device=auto "
                         "to run on the CPU when there is none")
-    if setting != "auto":
-        raise ValueError(f"device must be auto, cpu or cuda, got {setting!r}")
     return torch.device("cpu")
 
 
