@@ -52,6 +52,40 @@ def ray_session():
     ray.shutdown()
 
 
+CUSTOM_REWARD = ("def compute_score(responses, ground_truths, **kwargs):\n"
+                 "    # reward short responses; fail loudly on an empty one to exercise the failure path\n"
+                 "    out = []\n"
+                 "    for r in responses:\n"
+                 "        if r == '':\n"
+                 "            raise ValueError('empty response')\n"
+                 "        out.append(1.0 / len(r))\n"
+                 "    return out\n")
+
+
+@pytest.fixture(scope="session")
+def async_run(tmp_path_factory, tiny_model_path, ray_session):
+    """One async run of 3 steps that several tests read (each run is ~20 worker-seconds of start-up; what they
+    assert differs, not the run): bound 1 (the explorer needs a new version within the 3 steps), the decoupled
+    correction, a reward function that fails on empty responses (scored ``reward.failure_value``), the `memory`
+    synchronizer, and a trainer that asks Ray for half a GPU (a fake one on a machine without one). Tests that
+    use it carry ``xdist_group("e2e_async_run")``, so that one xdist worker makes it. Returns (config, summary)."""
+    from trinity_like.config import load_config
+    from trinity_like.launcher import run
+
+    tmp_path = tmp_path_factory.mktemp("async-run")
+    reward_file = tmp_path / "my_reward.py"
+    reward_file.write_text(CUSTOM_REWARD)
+    cfg = load_config(None, [
+        f"checkpoint_root_dir={tmp_path}", "project=e2e", "name=async", f"model.path={tiny_model_path}",
+        "explorer.batch_size=2", "explorer.repeat_times=4", "explorer.sampling.max_new_tokens=4",
+        "explorer.taskset.size=16", "explorer.taskset.max_operand=9",
+        "trainer.total_steps=3", "trainer.micro_batch_size=3", "trainer.optimizer.lr=0.01",
+        "mode=async", "synchronizer.max_staleness=1", "trainer.gpus_per_worker=0.5",
+        "algorithm.off_policy.correction=decoupled", f"reward.function_path={reward_file}",
+        "reward.failure_value=-1", "synchronizer.method=memory"])
+    return cfg, run(cfg)
+
+
 class RedisServer:
     """A real redis-server on a free loopback port (never 6379, Ray's default), with an append-only file
     fsynced on every write, so that a restart (even after SIGKILL) keeps every acknowledged entry."""

@@ -165,20 +165,14 @@ def test_cli_errors(tmp_path, capsys, make, message):
 
 
 @pytest.mark.slow
-def test_real_async_run_with_correction(tmp_path, tiny_model_path, ray_session):
-    from trinity_like.config import load_config
-    from trinity_like.launcher import run
+@pytest.mark.xdist_group("e2e_async_run")  # the shared run (tests/conftest.py): one per group, not per xdist worker
+def test_real_async_run_with_correction(async_run, tmp_path):
     from trinity_like.runtime.paths import RunPaths
 
-    cfg = load_config(None, [
-        f"checkpoint_root_dir={tmp_path}", "project=e2e", "name=plot", f"model.path={tiny_model_path}",
-        "mode=async", "synchronizer.max_staleness=1", "algorithm.off_policy.correction=decoupled",
-        "explorer.batch_size=2", "explorer.repeat_times=4", "explorer.sampling.max_new_tokens=4",
-        "explorer.taskset.size=16", "explorer.taskset.max_operand=9", "trainer.total_steps=3",
-        "trainer.micro_batch_size=4"])
-    assert run(cfg)["exit_reason"] == "completed"
+    cfg, summary = async_run  # async, bound 1, the decoupled correction, 3 steps
+    assert summary["exit_reason"] == "completed" and cfg.algorithm.off_policy.correction == "decoupled"
     run_dir = RunPaths.of(cfg).run_dir
-    paths, skipped = plot_run(run_dir)
+    paths, skipped = plot_run(run_dir, tmp_path / "plots")  # the shared run's directory is only read
     _check_pngs(paths, FIGURES)
     assert skipped == []
     data = load_run(run_dir)

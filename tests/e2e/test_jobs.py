@@ -167,12 +167,14 @@ def check_ledger(cfg_path: Path) -> list[dict]:
     return ledger
 
 
-@pytest.mark.parametrize("first", ["trainer", "explorer"])
-def test_two_ray_jobs_meet_in_either_order(tmp_path, tiny_model_path, ray_cluster, first):
-    cfg_path = _write_cfg(tmp_path, tiny_model_path, f"two-jobs-{first}")
-    second = "explorer" if first == "trainer" else "trainer"
+def test_two_ray_jobs_meet_when_the_trainer_is_submitted_first(tmp_path, tiny_model_path, ray_cluster):
+    """`ray job submit` for both roles, the trainer first: it waits for experiences and says so once. The other
+    order (explorers first, waiting for weights, then a trainer) is test_several_explorer_jobs_join_one_trainer_...:
+    each order is one run of ~20 worker-seconds, so each is proved once."""
+    first, second = "trainer", "explorer"
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, "two-jobs")
     a = _submit(ray_cluster, cfg_path, first)
-    what = "new weights" if first == "explorer" else "experiences"
+    what = "experiences"
     _wait_until(lambda: f"{first}: waiting for {what}" in a.output, 240, f"the {first} to say it waits", [a])
     b = _submit(ray_cluster, cfg_path, second)  # its start-up takes seconds, while the first one keeps waiting
     assert b.wait(300) == 0, b.output
@@ -212,6 +214,7 @@ def test_several_explorer_jobs_join_one_trainer_and_status_shows_them(tmp_path, 
     for p in (trainer, *explorers):
         assert p.wait(300) == 0, p.output
     assert "trainer: waiting for" not in trainer.output  # the explorers were there before it
+    assert all(e.output.count("explorer: waiting for new weights") == 1 for e in explorers)  # said once each
     check_ledger(cfg_path)
     paths = RunPaths.of(load_config(cfg_path))
     rows = query(paths.buffer_dir).to_pylist()
