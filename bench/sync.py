@@ -3,7 +3,8 @@
 Two weight sets: the tiny model's and a ~100M-parameter Qwen2-shaped state dict (random weights, float32,
 ~0.4 GB; ``--large-hidden``/``--large-layers`` change it). For each:
 
-- checkpoint: trainer side ``write_part`` (safetensors bytes + CRC-32, atomic write with fsync) by one writer,
+- checkpoint: trainer side ``write_part`` (safetensors bytes + CRC-32, atomic write: temp file and rename, no
+  fsync, since a version is not the durable copy) by one writer,
   ``complete_version`` (manifest, pointer, pruning), then the explorer side ``read_weights`` (read, size +
   CRC check, parse). Raw: a bare ``safetensors.torch.save_file`` + ``load_file`` of the same tensors (no
   fsync, no checks). ``vs_raw`` = our seconds / raw seconds (target <= 1.5).

@@ -2,6 +2,11 @@
 
 A reader therefore sees either the old file or the whole new one, never a partial write, and a crash at any
 point leaves at most a stray temporary file (named ``.<name>.tmp-*``, which no reader globs for).
+
+``durable=False`` keeps the temp-and-rename (atomic for every reader while the machine runs) and skips both
+fsyncs: for files that only carry something to other processes and are made again from a durable copy, such as
+the weight versions sent to the engines (after a power loss they may be incomplete, and their checksums refuse
+them). Whatever must survive a power loss (checkpoints, the ledger, the run's config) keeps the default.
 """
 
 from __future__ import annotations
@@ -24,14 +29,14 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], None], durable: bool = True) -> Path:
     """Call ``write(tmp_path)`` to fill a temporary file, then publish it at ``path`` atomically."""
     path = Path(path)
-    return atomic_write_named(path.parent, write, lambda _tmp: path.name, tmp_prefix=path.name)
+    return atomic_write_named(path.parent, write, lambda _tmp: path.name, tmp_prefix=path.name, durable=durable)
 
 
 def atomic_write_named(folder: str | os.PathLike, write: Callable[[Path], None], name_of: Callable[[Path], str],
-                       tmp_prefix: str = "write") -> Path:
+                       tmp_prefix: str = "write", durable: bool = True) -> Path:
     """Like ``atomic_write_with``, for a file whose name depends on its content (a checksum in the name):
     ``name_of(tmp_path)`` is asked for the final name after the data is written and synced."""
     folder = Path(folder)
@@ -41,26 +46,28 @@ def atomic_write_named(folder: str | os.PathLike, write: Callable[[Path], None],
     tmp = Path(tmp_name)
     try:
         write(tmp)
-        fsync_path(tmp)
+        if durable:
+            fsync_path(tmp)
         path = folder / name_of(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_path(folder)
+    if durable:
+        fsync_path(folder)
     return path
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    return atomic_write_with(path, lambda tmp: tmp.write_bytes(data))
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> Path:
+    return atomic_write_with(path, lambda tmp: tmp.write_bytes(data), durable=durable)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: str | os.PathLike, text: str, durable: bool = True) -> Path:
+    return atomic_write_bytes(path, text.encode(), durable=durable)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+def atomic_write_json(path: str | os.PathLike, obj: Any, durable: bool = True) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", durable=durable)
 
 
 def atomic_publish_dir(path: str | os.PathLike, fill: Callable[[Path], None]) -> Path:

@@ -47,6 +47,19 @@ def _pointer_or_0(path: Path) -> int:
     return 0 if step is None else step
 
 
+def _version_pointer_or_0(root: Path) -> int:
+    """``state_dict/latest``, written without fsync like the versions it names (``write_part``): after a power
+    loss it may be empty. It is then read as 0, since the versions are made again (a resumed trainer publishes
+    its checkpoint's step), unlike the checkpoints' pointer, whose damage the user must see."""
+    from trinity_like.runtime.checkpoints import CheckpointPointerError
+
+    try:
+        return _pointer_or_0(root / "latest")
+    except CheckpointPointerError as e:
+        logger.warning("%s; taken as no version (versions are published again)", e)
+        return 0
+
+
 def prune_versions(root: Path, keep: int, latest: int) -> None:
     """Keep the newest ``keep`` complete versions under ``root``; delete older ones, and incomplete folders
     older than ``latest`` (left by a writer that died)."""
@@ -67,8 +80,8 @@ def complete_version(root: Path, version: int, parts: list[dict], keep: int) -> 
     """Make a version visible: its manifest, then the ``latest`` pointer, then pruning. Returns its folder."""
     vdir = version_dir(root, version)
     write_manifest(vdir, version, parts)
-    if version >= _pointer_or_0(root / "latest"):
-        atomic_write_text(root / "latest", f"{version}\n")
+    if version >= _version_pointer_or_0(root):
+        atomic_write_text(root / "latest", f"{version}\n", durable=False)  # a version file: see write_part
     prune_versions(root, keep, version)
     return vdir
 
@@ -115,7 +128,7 @@ class CheckpointMonitor:
         self.keep_state_dicts = max(1, keep_state_dicts)
         self.namespace = namespace
         self.latest_checkpoint_step = _pointer_or_0(self.dir / "latest")
-        self.latest_state_dict_step = _pointer_or_0(self.state_dict_root / "latest")
+        self.latest_state_dict_step = _version_pointer_or_0(self.state_dict_root)
         self._expected: dict[tuple[int, bool], int] = {}
         self._parts: dict[tuple[int, bool], list[dict]] = {}
         self._done: dict[tuple[int, bool], asyncio.Event] = {}
@@ -130,7 +143,7 @@ class CheckpointMonitor:
 
     def update_latest_state_dict_step(self, step: int) -> None:
         if step >= self.latest_state_dict_step:
-            atomic_write_text(self.state_dict_root / "latest", f"{step}\n")
+            atomic_write_text(self.state_dict_root / "latest", f"{step}\n", durable=False)
             self.latest_state_dict_step = step
         prune_versions(self.state_dict_root, self.keep_state_dicts, self.latest_state_dict_step)
 
@@ -144,7 +157,7 @@ class CheckpointMonitor:
         if self.latest_state_dict_step > step:
             self.latest_state_dict_step = step
             if self.state_dict_root.is_dir():
-                atomic_write_text(self.state_dict_root / "latest", f"{step}\n")
+                atomic_write_text(self.state_dict_root / "latest", f"{step}\n", durable=False)
         for key in [k for k in self._expected if k[0] > step]:  # steps of the replaced run, not yet complete
             self._expected.pop(key), self._parts.pop(key, None), self._done.pop(key, None)
 

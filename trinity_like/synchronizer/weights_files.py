@@ -6,7 +6,8 @@
         manifest.json                       written last, by the CheckpointMonitor, once every part is in
 
 Every data-parallel rank holds the full weights (DDP replicas, or FSDP2 after its gather), so the tensors are
-split by size over the ranks and written in parallel, each part atomically (temp file, fsync, rename). A
+split by size over the ranks and written in parallel, each part atomically (temp file, rename; no fsync: a
+version only carries weights to the engines, and the trainer's checkpoints are the durable copy). A
 version exists for readers only once ``manifest.json`` does; it records each part's size and the CRC-32 of
 each 64 MiB chunk (computed by threads in parallel), and a reader checks both before it hands any tensor to an
 engine, so a torn or corrupted file is refused (``CorruptWeightsError``) instead of loaded. Parts are read
@@ -106,7 +107,7 @@ def write_part(vdir: str | Path, rank: int, world: int, tensors: dict[str, torch
 
     name = f"part-{rank:05d}-of-{world:05d}.safetensors"
     path = atomic_write_with(Path(vdir) / name, lambda tmp: save_file(
-        {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp)))
+        {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp)), durable=False)
     return {"file": name, "bytes": path.stat().st_size, "crc32": file_crc32s(path), "tensors": sorted(tensors),
             "fingerprints": tensor_fingerprints(tensors)}
 
@@ -126,7 +127,7 @@ def write_manifest(vdir: str | Path, version: int, parts: list[dict]) -> Path:
     parts = sorted(parts, key=lambda p: p["file"])
     return atomic_write_json(Path(vdir) / MANIFEST, {
         "version": version, "parts": parts, "bytes": sum(p["bytes"] for p in parts),
-        "fingerprint": parts_fingerprint(parts)})
+        "fingerprint": parts_fingerprint(parts)}, durable=False)
 
 
 def read_manifest(vdir: str | Path) -> dict:
