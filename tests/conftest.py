@@ -62,6 +62,19 @@ CUSTOM_REWARD = ("def compute_score(responses, ground_truths, **kwargs):\n"
                  "    return out\n")
 
 
+def e2e_config(tmp_path, model_path, name, *overrides):
+    """The config of the end-to-end runs (tests/e2e/test_e2e.py): 3 steps of 2 tasks x 4 samples of up to 4
+    tokens, one trainer batch of 8 per step, under ``tmp_path``, project ``e2e``; then ``overrides``."""
+    from trinity_like.config import load_config
+
+    return load_config(None, [
+        f"checkpoint_root_dir={tmp_path}", "project=e2e", f"name={name}", f"model.path={model_path}",
+        "explorer.batch_size=2", "explorer.repeat_times=4", "explorer.sampling.max_new_tokens=4",
+        "explorer.taskset.size=16", "explorer.taskset.max_operand=9",
+        "trainer.total_steps=3", "trainer.micro_batch_size=3", "trainer.optimizer.lr=0.01", *overrides,
+    ])
+
+
 @pytest.fixture(scope="session")
 def async_run(tmp_path_factory, tiny_model_path, ray_session):
     """One async run of 3 steps that several tests read (each run is ~20 worker-seconds of start-up; what they
@@ -69,20 +82,14 @@ def async_run(tmp_path_factory, tiny_model_path, ray_session):
     correction, a reward function that fails on empty responses (scored ``reward.failure_value``), the `memory`
     synchronizer, and a trainer that asks Ray for half a GPU (a fake one on a machine without one). Tests that
     use it carry ``xdist_group("e2e_async_run")``, so that one xdist worker makes it. Returns (config, summary)."""
-    from trinity_like.config import load_config
     from trinity_like.launcher import run
 
     tmp_path = tmp_path_factory.mktemp("async-run")
     reward_file = tmp_path / "my_reward.py"
     reward_file.write_text(CUSTOM_REWARD)
-    cfg = load_config(None, [
-        f"checkpoint_root_dir={tmp_path}", "project=e2e", "name=async", f"model.path={tiny_model_path}",
-        "explorer.batch_size=2", "explorer.repeat_times=4", "explorer.sampling.max_new_tokens=4",
-        "explorer.taskset.size=16", "explorer.taskset.max_operand=9",
-        "trainer.total_steps=3", "trainer.micro_batch_size=3", "trainer.optimizer.lr=0.01",
-        "mode=async", "synchronizer.max_staleness=1", "trainer.gpus_per_worker=0.5",
-        "algorithm.off_policy.correction=decoupled", f"reward.function_path={reward_file}",
-        "reward.failure_value=-1", "synchronizer.method=memory"])
+    cfg = e2e_config(tmp_path, tiny_model_path, "async", "mode=async", "synchronizer.max_staleness=1",
+                     "trainer.gpus_per_worker=0.5", "algorithm.off_policy.correction=decoupled",
+                     f"reward.function_path={reward_file}", "reward.failure_value=-1", "synchronizer.method=memory")
     return cfg, run(cfg)
 
 

@@ -4,24 +4,15 @@ import json
 
 import pytest
 import torch
+from conftest import e2e_config as _cfg  # tests/ is on sys.path (rootdir conftest, no package)
 from safetensors.torch import load_file
 
 from trinity_like.buffer import query
 from trinity_like.buffer.sql import consumption_table
-from trinity_like.config import load_config
 from trinity_like.launcher import run
 from trinity_like.runtime.paths import RunPaths
 
 pytestmark = pytest.mark.slow
-
-
-def _cfg(tmp_path, model_path, name, *overrides):
-    return load_config(None, [
-        f"checkpoint_root_dir={tmp_path}", "project=e2e", f"name={name}", f"model.path={model_path}",
-        "explorer.batch_size=2", "explorer.repeat_times=4", "explorer.sampling.max_new_tokens=4",
-        "explorer.taskset.size=16", "explorer.taskset.max_operand=9",
-        "trainer.total_steps=3", "trainer.micro_batch_size=3", "trainer.optimizer.lr=0.01", *overrides,
-    ])
 
 
 LENGTH_REWARD = "def compute_score(responses, ground_truths, **kw):\n    return [float(len(r) % 3) for r in responses]\n"

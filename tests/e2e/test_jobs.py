@@ -171,24 +171,22 @@ def test_two_ray_jobs_meet_when_the_trainer_is_submitted_first(tmp_path, tiny_mo
     """`ray job submit` for both roles, the trainer first: it waits for experiences and says so once. The other
     order (explorers first, waiting for weights, then a trainer) is test_several_explorer_jobs_join_one_trainer_...:
     each order is one run of ~20 worker-seconds, so each is proved once."""
-    first, second = "trainer", "explorer"
+    waits = "trainer: waiting for experiences"
     cfg_path = _write_cfg(tmp_path, tiny_model_path, "two-jobs")
-    a = _submit(ray_cluster, cfg_path, first)
-    what = "experiences"
-    _wait_until(lambda: f"{first}: waiting for {what}" in a.output, 240, f"the {first} to say it waits", [a])
-    b = _submit(ray_cluster, cfg_path, second)  # its start-up takes seconds, while the first one keeps waiting
-    assert b.wait(300) == 0, b.output
-    assert a.wait(300) == 0, a.output
-    assert a.output.count(f"{first}: waiting for {what}") == 1
-    for job in (a, b):
+    trainer = _submit(ray_cluster, cfg_path, "trainer")
+    _wait_until(lambda: waits in trainer.output, 240, "the trainer to say it waits", [trainer])
+    explorer = _submit(ray_cluster, cfg_path, "explorer")  # its start-up takes seconds; the trainer keeps waiting
+    assert explorer.wait(300) == 0, explorer.output
+    assert trainer.wait(300) == 0, trainer.output
+    assert trainer.output.count(waits) == 1
+    for job in (trainer, explorer):
         assert "succeeded" in job.output
     summary = json.loads(RunPaths.of(load_config(cfg_path)).summary.read_text())
     assert summary["role"] == "trainer" and summary["exit_reason"] == "completed"
     assert summary["trainer_steps"] == 5 and summary["final_version"] == 5
     assert summary["staleness_max"] <= 1
     check_ledger(cfg_path)
-    explorer = _records(cfg_path, "explorer")
-    assert sorted(r["step"] for r in explorer) == [1, 2, 3, 4, 5]  # global explorer steps, each once
+    assert sorted(r["step"] for r in _records(cfg_path, "explorer")) == [1, 2, 3, 4, 5]  # global steps, each once
 
 
 def test_several_explorer_jobs_join_one_trainer_and_status_shows_them(tmp_path, tiny_model_path, ray_cluster):

@@ -33,8 +33,8 @@ def read_pointer(path: Path) -> int | None:
             f"of a complete checkpoint into it (e.g. `echo 3 > {path}`), or delete it to start from step 0") from None
 
 
-def write_pointer(path: Path, step: int) -> None:
-    atomic_write_text(Path(path), f"{step}\n")
+def write_pointer(path: Path, step: int, durable: bool = True) -> None:
+    atomic_write_text(Path(path), f"{step}\n", durable=durable)
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import ray
 
-from trinity_like.common.fs import atomic_write_text
-from trinity_like.runtime.checkpoints import read_pointer
+from trinity_like.runtime.checkpoints import CheckpointPointerError, read_pointer, write_pointer
 from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
 from trinity_like.synchronizer.weights_files import (
     MANIFEST,
@@ -51,13 +50,16 @@ def _version_pointer_or_0(root: Path) -> int:
     """``state_dict/latest``, written without fsync like the versions it names (``write_part``): after a power
     loss it may be empty. It is then read as 0, since the versions are made again (a resumed trainer publishes
     its checkpoint's step), unlike the checkpoints' pointer, whose damage the user must see."""
-    from trinity_like.runtime.checkpoints import CheckpointPointerError
-
     try:
         return _pointer_or_0(root / "latest")
     except CheckpointPointerError as e:
         logger.warning("%s; taken as no version (versions are published again)", e)
         return 0
+
+
+def _write_version_pointer(root: Path, version: int) -> None:
+    """Point ``state_dict/latest`` at ``version``: atomic, not durable (see ``_version_pointer_or_0``)."""
+    write_pointer(root / "latest", version, durable=False)
 
 
 def prune_versions(root: Path, keep: int, latest: int) -> None:
@@ -81,7 +83,7 @@ def complete_version(root: Path, version: int, parts: list[dict], keep: int) -> 
     vdir = version_dir(root, version)
     write_manifest(vdir, version, parts)
     if version >= _version_pointer_or_0(root):
-        atomic_write_text(root / "latest", f"{version}\n", durable=False)  # a version file: see write_part
+        _write_version_pointer(root, version)
     prune_versions(root, keep, version)
     return vdir
 
@@ -138,12 +140,12 @@ class CheckpointMonitor:
     # ------------------------------------------------------------ pointers
     def update_latest_checkpoint_step(self, step: int) -> None:
         if step >= self.latest_checkpoint_step:
-            atomic_write_text(self.dir / "latest", f"{step}\n")
+            write_pointer(self.dir / "latest", step)
             self.latest_checkpoint_step = step
 
     def update_latest_state_dict_step(self, step: int) -> None:
         if step >= self.latest_state_dict_step:
-            atomic_write_text(self.state_dict_root / "latest", f"{step}\n", durable=False)
+            _write_version_pointer(self.state_dict_root, step)
             self.latest_state_dict_step = step
         prune_versions(self.state_dict_root, self.keep_state_dicts, self.latest_state_dict_step)
 
@@ -157,7 +159,7 @@ class CheckpointMonitor:
         if self.latest_state_dict_step > step:
             self.latest_state_dict_step = step
             if self.state_dict_root.is_dir():
-                atomic_write_text(self.state_dict_root / "latest", f"{step}\n", durable=False)
+                _write_version_pointer(self.state_dict_root, step)
         for key in [k for k in self._expected if k[0] > step]:  # steps of the replaced run, not yet complete
             self._expected.pop(key), self._parts.pop(key, None), self._done.pop(key, None)
 
