@@ -16,12 +16,11 @@ def hf_tokenizer(name_or_path: str, correct_pad_token: bool = True, correct_gemm
     ``correct_pad_token`` sets ``pad_token = eos_token`` when the tokenizer has none (with a warning).
     ``correct_gemma2`` makes Gemma-2 tokenizers end sequences with ``<end_of_turn>``, as chat models expect.
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     cfg_file = Path(name_or_path) / "tokenizer_config.json"
-    cls = AutoTokenizer
     if cfg_file.is_file() and json.loads(cfg_file.read_text()).get("tokenizer_class") == "PreTrainedTokenizerFast":
-        cls = PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast as cls
+    else:
+        from transformers import AutoTokenizer as cls
     if correct_gemma2 and "gemma-2" in str(name_or_path).lower():
         kwargs.setdefault("eos_token", "<end_of_turn>")
     tokenizer = cls.from_pretrained(name_or_path, **kwargs)
