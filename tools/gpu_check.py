@@ -46,6 +46,8 @@ ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "
 OUTCOME = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 NODE = re.compile(r"(tests/\S+?\.py::\S+)")
 SUMMARY = re.compile(r"^(FAILED|ERROR) (tests/\S+)(?: - (.*))?$")
+EARLY = re.compile(r"^GPU-CHECK (FAILED|ERROR) (tests/\S+) :: (.*)$")
+"""A failure as tools/gpu_check_plugin.py prints it when it happens (a step cut off never reaches pytest's summary)."""
 
 
 @dataclass
@@ -78,10 +80,13 @@ class PytestStep:
     """Test files left out (run by a step of their own)."""
     needs: str = ""
     """A module the tests import or skip (vllm): where this machine lacks it, the dry run checks only the paths."""
+    test_timeout_s: int = 90
+    """pytest-timeout for one test: a hung test fails with its stack, and the step goes on to the next."""
 
     def argv(self) -> list[str]:
         xdist = ["-n", str(self.workers), "--dist", "loadgroup"] if self.workers else ["-p", "no:xdist"]
-        return [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider", *xdist,
+        return [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider", "-p",
+                "gpu_check_plugin", f"--timeout={self.test_timeout_s}", *xdist,
                 *(f"--ignore={p}" for p in self.ignore), "-m", self.marker, *self.paths]
 
     def dry_run(self) -> str | None:
@@ -102,6 +107,11 @@ class PytestStep:
 
     def read(self, output: str, outcome: Outcome) -> None:
         for line in output.splitlines():
+            early = EARLY.match(line)
+            if early:
+                outcome.tests[early.group(2)] = early.group(1)
+                outcome.reasons[early.group(2)] = early.group(3).strip()
+                continue
             summary = SUMMARY.match(line)
             if summary:
                 outcome.reasons[summary.group(2)] = (summary.group(3) or "").strip()
@@ -168,21 +178,21 @@ QWEN_TRAIN = ("--device", "cuda", "--dtype", "bfloat16", "--batch", "64", "--mic
               "--repeats", "3")
 VLLM_TESTS = "tests/explorer/test_vllm_engine.py"
 STEPS = (
-    PytestStep("pytest -m gpu", ("tests/trainer", "tests/synchronizer", "tests/explorer"), "gpu", budget_s=120),
+    PytestStep("pytest -m gpu", ("tests/trainer", "tests/synchronizer", "tests/explorer"), "gpu", budget_s=150),
     PytestStep("trainer, synchronizer and explorer tests with CUDA visible",
-               ("tests/trainer", "tests/synchronizer", "tests/explorer"), "not gpu", budget_s=130, workers=8,
+               ("tests/trainer", "tests/synchronizer", "tests/explorer"), "not gpu", budget_s=135, workers=12,
                ignore=(VLLM_TESTS,)),
     PytestStep("vLLM engine tests on CUDA (skipped unless vLLM was carried: docs/vllm-on-a-lease.md)",
-               (VLLM_TESTS,), "not gpu", budget_s=50, needs="vllm"),
+               (VLLM_TESTS,), "not gpu", budget_s=20, needs="vllm"),
     BenchStep("bench/trainer.py Qwen2.5-0.5B shape, bf16", "trainer.py", ("--shape", "qwen2.5-0.5b", *QWEN_TRAIN),
-              budget_s=55),
+              budget_s=48),
     BenchStep("bench/trainer.py Qwen2.5-1.5B shape, bf16", "trainer.py", ("--shape", "qwen2.5-1.5b", *QWEN_TRAIN),
-              budget_s=75),
-    BenchStep("bench/sync.py on CUDA", "sync.py", ("--device", "cuda", "--repeats", "2"), budget_s=50),
+              budget_s=72),
+    BenchStep("bench/sync.py on CUDA", "sync.py", ("--device", "cuda", "--repeats", "1"), budget_s=45),
     BenchStep("bench/engine.py on CUDA", "engine.py", ("--device", "cuda", "--batch", "64", "--new-tokens", "128"),
-              budget_s=30),
+              budget_s=35),
     BenchStep("bench/logprob_memory.py on CUDA, bf16", "logprob_memory.py",
-              ("--device", "cuda", "--dtype", "bfloat16", "--batch", "8", "--response-len", "2048"), budget_s=30),
+              ("--device", "cuda", "--dtype", "bfloat16", "--batch", "8", "--response-len", "2048"), budget_s=35),
 )
 """The lease's steps, in the order they run (the most telling first); budgets add up to 540 s."""
 
@@ -233,7 +243,9 @@ def run_step(step, budget_s: float, log) -> Outcome:
     start = time.monotonic()
     chunks: list[str] = []
     with GpuMemorySampler() as memory:
-        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+        env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tools"),
+                                                                                 os.environ.get("PYTHONPATH")]))}
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         timer = threading.Timer(budget_s, lambda: os.killpg(proc.pid, 9))
         timer.start()

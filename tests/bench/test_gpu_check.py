@@ -90,3 +90,22 @@ def test_a_step_runs_to_its_result_line_and_one_over_budget_is_stopped():
     assert gc.run_step(Sleeper("late", "simulate.py", (), 10), 5, log).status == "skipped (out of time)"
     text = gc.report({"gpu": "none"}, [done, stopped], 20.0)
     assert "| sleeper | timed out |" in text and "RESULT simulate " in text
+
+
+def test_a_failure_comes_back_with_its_reason_when_the_step_is_cut_off(tmp_path):
+    """pytest prints its failure summary only at the end; on the lent H100 a step cut off by its budget brought back
+    the bare word FAILED. tools/gpu_check_plugin.py prints each failure's reason the moment it happens."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_cut.py").write_text("import time\n\n\ndef test_fails():\n"
+                                                    "    assert 1 + 1 == 3, 'sums are off'\n\n\n"
+                                                    "def test_hangs():\n    time.sleep(120)\n")
+
+    class Cut(gc.PytestStep):
+        def argv(self):
+            return [*super().argv()[:4], "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "gpu_check_plugin",
+                    "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "tests" / "test_cut.py")]
+
+    outcome = gc.run_step(Cut("cut", ("tests",), "gpu", 20), 20, io.StringIO())
+    assert outcome.status == "timed out"
+    assert outcome.tests["tests/test_cut.py::test_fails"] == "FAILED"
+    assert "sums are off" in outcome.reasons["tests/test_cut.py::test_fails"]

@@ -75,6 +75,26 @@ def test_an_input_over_max_length_keeps_its_last_tokens(reward_model_path):
     assert score == pytest.approx(_reference(reward_model_path, ids[-8:]), abs=1e-5)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("bfloat16", 5e-2)])
+def test_on_cuda_the_scores_match_the_cpu_reference(reward_model_path, dtype, tol):
+    """Asked for CUDA (reward.model.num_gpus > 0), the model runs there in the dtype given; its scores of padded
+    micro-batches match each sequence scored alone in float32 on the CPU (bf16: to its rounding)."""
+    rm = RewardModel(reward_model_path, micro_batch_size=3, dtype=dtype, device="cuda")
+    assert rm.health()["device"].startswith("cuda") and rm.model.dtype == getattr(torch, dtype)
+    scores = rm.score([{"prompt": p} for p in PROMPTS], RESPONSES)
+    tok = hf_tokenizer(reward_model_path)
+    expected = [_reference(reward_model_path, tok.encode(p + r)) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    assert scores == pytest.approx(expected, abs=tol)
+
+
+def test_without_a_gpu_share_the_model_stays_on_the_cpu(reward_model_path):
+    """CUDA visible or not, the default (and an actor with reward.model.num_gpus 0) scores on the CPU in float32:
+    a reward model with no GPU share must not take GPU memory that nobody accounted for."""
+    rm = RewardModel(reward_model_path)
+    assert rm.health()["device"] == "cpu" and rm.model.dtype == torch.float32
+
+
 def test_a_folder_that_is_not_a_one_label_model_is_refused_clearly(tmp_path, tiny_model_path):
     with pytest.raises(UserError, match="not a model folder"):
         RewardModel(tmp_path)

@@ -108,13 +108,19 @@ def test_cuda_ipc_between_two_actors_on_one_gpu(ray_session):
     """Trainer side and engine side in two processes sharing the one GPU (half of it each): the engine maps the
     trainer's buffer by its CUDA IPC handle and gets every byte, on the GPU."""
 
+    # The actor and the task import what they use and take the weights as arguments: a Ray worker cannot import
+    # this test module (pytest puts tests/synchronizer on the driver's path only), as the lent H100 showed.
     @ray.remote(num_gpus=0.5, num_cpus=0)
     class Publisher:
         def __init__(self):
+            from trinity_like.synchronizer.shared_weights import SharedWeights
+
             self.shared = SharedWeights("test-cuda")
 
-        def publish(self, version):
-            sd = {k: v.cuda() for k, v in _weights(version).items()}
+        def publish(self, version, weights):
+            from trinity_like.common.fingerprint import weights_fingerprint
+
+            sd = {k: v.cuda() for k, v in weights.items()}
             return self.shared.publish(version, sd, weights_fingerprint(sd))
 
         def close(self):
@@ -122,6 +128,9 @@ def test_cuda_ipc_between_two_actors_on_one_gpu(ray_session):
 
     @ray.remote(num_gpus=0.5, num_cpus=0)
     def receive(handle):
+        from trinity_like.common.fingerprint import weights_fingerprint
+        from trinity_like.synchronizer.shared_weights import open_shared
+
         sd = open_shared(handle)
         assert all(t.device.type == "cuda" for t in sd.values())
         own = {k: t.clone() for k, t in sd.items()}  # the engine's copy, device to device
@@ -130,7 +139,7 @@ def test_cuda_ipc_between_two_actors_on_one_gpu(ray_session):
     pub = Publisher.remote()
     try:
         for version in (1, 2, 3):
-            handle = ray.get(pub.publish.remote(version))
+            handle = ray.get(pub.publish.remote(version, _weights(version)))
             assert handle["kind"] == "cuda"
             assert ray.get(receive.remote(handle)) == handle["fingerprint"] == weights_fingerprint(_weights(version))
     finally:

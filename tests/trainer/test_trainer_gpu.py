@@ -22,7 +22,10 @@ def _trainer(tmp_path, model_path, *overrides):
 
 def test_fp32_step_on_cuda_equals_the_cpu_step(tmp_path, tiny_model_path, batch_exps):
     """float32 on CUDA (TF32 off, torch's default) against float32 on the CPU, the tiny model: grad norm within
-    1e-4 relative, weights within 1e-5 after one AdamW step (different kernels, same maths)."""
+    1e-4 relative; after one AdamW step at lr 0.01, weights within 1e-5 but for at most 0.1% of them, and every one
+    within 2 x lr. AdamW's first step moves each weight by lr * g / (|g| + eps): where a gradient entry is near
+    zero, the last bits that different kernels leave in it change that step by up to 2 x lr (on the lent H100: 4
+    of 50,048 entries, by up to 3.8e-5)."""
     cpu = _trainer(tmp_path / "cpu", tiny_model_path, "trainer.device=cpu")
     gpu = _trainer(tmp_path / "gpu", tiny_model_path, "trainer.device=cuda")
     assert next(gpu.module.parameters()).device.type == "cuda"
@@ -30,8 +33,9 @@ def test_fp32_step_on_cuda_equals_the_cpu_step(tmp_path, tiny_model_path, batch_
     assert m_gpu["actor/grad_norm"] == pytest.approx(m_cpu["actor/grad_norm"], rel=1e-4)
     w_cpu, w_gpu = cpu.policy_state_dict(), gpu.policy_state_dict()
     assert all(t.device.type == "cpu" for t in w_gpu.values())  # weights leave the trainer on the CPU
-    for k in w_cpu:
-        torch.testing.assert_close(w_gpu[k], w_cpu[k], rtol=0, atol=1e-5)
+    diff = torch.cat([(w_gpu[k].float() - w_cpu[k].float()).abs().flatten() for k in w_cpu])
+    assert float(diff.max()) <= 2 * 0.01 + 1e-6
+    assert int((diff > 1e-5).sum()) <= 1e-3 * diff.numel()
 
 
 @pytest.mark.parametrize("overrides", [

@@ -38,7 +38,7 @@ class RewardModel:
     """The model in this process: ``score(inputs, responses) -> list[float]``."""
 
     def __init__(self, path: str | Path, micro_batch_size: int = 16, max_length: int = 1024, dtype: str = "auto",
-                 num_threads: int = 1) -> None:
+                 num_threads: int = 1, device: str = "cpu") -> None:
         import torch
         from transformers import AutoConfig, AutoModelForSequenceClassification
         from transformers.utils import logging as hf_logging
@@ -54,8 +54,12 @@ class RewardModel:
             raise UserError(f"reward model '{path}' has {getattr(config, 'num_labels', None)} labels; a reward model "
                             "has one (a scalar score per sequence)")
         torch.set_num_threads(num_threads)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
-            torch.device("cpu")
+        # The device is asked for, never picked up because CUDA happens to be visible: a reward model that holds
+        # no GPU share (reward.model.num_gpus 0) would take GPU memory nobody accounted for.
+        if device == "cuda" and not torch.cuda.is_available():
+            raise UserError("reward.model.num_gpus is above 0 but this process sees no CUDA device; set it to 0 to "
+                            "score on the CPU, or run where a GPU is visible")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
         if dtype == "auto":
             dtype = "bfloat16" if self.device.type == "cuda" else "float32"
         self.tokenizer = hf_tokenizer(path)
@@ -112,11 +116,11 @@ class RewardModel:
 class RewardModelActor(RewardModel):
     """``RewardModel`` in its own process (a Ray actor; calls run one at a time)."""
 
-    def __init__(self, path: str, micro_batch_size: int, max_length: int, dtype: str) -> None:
+    def __init__(self, path: str, micro_batch_size: int, max_length: int, dtype: str, device: str = "cpu") -> None:
         from trinity_like.common.offline import set_offline_env
 
         set_offline_env()
-        super().__init__(path, micro_batch_size, max_length, dtype)
+        super().__init__(path, micro_batch_size, max_length, dtype, device=device)
 
     def pid(self) -> int:
         import os
@@ -155,5 +159,5 @@ def start_reward_model(cfg: Config) -> RewardModelClient | None:
 
     actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(RewardModelActor)
     actor = actor_cls.options(num_gpus=rm.num_gpus, **actor_options(cfg.explorer.node)).remote(
-        rm.path, rm.micro_batch_size, rm.max_length, rm.dtype)
+        rm.path, rm.micro_batch_size, rm.max_length, rm.dtype, device="cuda" if rm.num_gpus > 0 else "cpu")
     return RewardModelClient(actor)
