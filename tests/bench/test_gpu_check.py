@@ -105,7 +105,7 @@ def test_a_failure_comes_back_with_its_reason_when_the_step_is_cut_off(tmp_path)
             return [*super().argv()[:4], "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "gpu_check_plugin",
                     "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "tests" / "test_cut.py")]
 
-    outcome = gc.run_step(Cut("cut", ("tests",), "gpu", 20), 20, io.StringIO())
+    outcome = gc.run_step(Cut("cut", ("tests",), "gpu", 12), 12, io.StringIO())
     assert outcome.status == "timed out"
     assert outcome.tests["tests/test_cut.py::test_fails"] == "FAILED"
     assert "sums are off" in outcome.reasons["tests/test_cut.py::test_fails"]
