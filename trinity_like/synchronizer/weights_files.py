@@ -8,11 +8,15 @@
 Every data-parallel rank holds the full weights (DDP replicas, or FSDP2 after its gather), so the tensors are
 split by size over the ranks and written in parallel, each part atomically (temp file, rename; no fsync: a
 version only carries weights to the engines, and the trainer's checkpoints are the durable copy). A
-version exists for readers only once ``manifest.json`` does; it records each part's size and the CRC-32 of
-each 64 MiB chunk (computed by threads in parallel), and a reader checks both before it hands any tensor to an
-engine, so a torn or corrupted file is refused (``CorruptWeightsError``) instead of loaded. Parts are read
-memory-mapped, as ``safetensors.torch.load_file`` does. A single ``.safetensors`` file is also accepted as a
-version.
+version exists for readers only once ``manifest.json`` does; it records each part's size and the fingerprint of
+each of its tensors (``tensor_fingerprint``: dtype, shape and the CRC-32 of its bytes, taken from the tensors the
+writer had in hand). A reader loads a part, then checks the tensors it loaded against those fingerprints before it
+hands any of them on: it verifies the bytes it will use, not a file it reads again later, and a torn or corrupted
+part is refused (``CorruptWeightsError``) instead of loaded. One pass over the bytes on each side: writing hashes
+what it writes, reading hashes what it loaded. Parts are read memory-mapped, as ``safetensors.torch.load_file``
+does; a version folder's files are never rewritten in place (temp file, rename), so what was checked is what
+stays mapped. Manifests of earlier writers, with the CRC-32 of each 64 MiB chunk of each file and no tensor
+fingerprints, are checked by those. A single ``.safetensors`` file is also accepted as a version.
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ def write_part(vdir: str | Path, rank: int, world: int, tensors: dict[str, torch
     name = f"part-{rank:05d}-of-{world:05d}.safetensors"
     path = atomic_write_with(Path(vdir) / name, lambda tmp: save_file(
         {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp)), durable=False)
-    return {"file": name, "bytes": path.stat().st_size, "crc32": file_crc32s(path), "tensors": sorted(tensors),
+    return {"file": name, "bytes": path.stat().st_size, "tensors": sorted(tensors),
             "fingerprints": tensor_fingerprints(tensors)}
 
 
@@ -155,7 +159,8 @@ def tensor_names(path: str | Path) -> list[str]:
 
 
 def read_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch.Tensor], int]:
-    """All tensors of a version and the bytes read, every part checked against the manifest first."""
+    """All tensors of a version and the bytes read, every part's loaded tensors checked against the manifest before
+    any is returned."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -181,21 +186,44 @@ def read_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch
         if size != part["bytes"]:
             raise CorruptWeightsError(f"{file}: {size} bytes, the manifest says {part['bytes']}; the file is "
                                       "damaged and this version is refused")
-        try:
-            crcs = file_crc32s(file)
-        except OSError as e:
-            raise _access_error(file, e) from None
-        if crcs != part["crc32"]:
-            bad = next(i for i, (a, b) in enumerate(zip(crcs, part["crc32"], strict=True)) if a != b)
-            raise CorruptWeightsError(f"{file}: the CRC-32 of bytes {bad * CRC_CHUNK}.. is {crcs[bad]:#010x}, the "
-                                      f"manifest says {part['crc32'][bad]:#010x}; the file is damaged and this "
-                                      "version is refused")
+        if "fingerprints" not in part:  # an earlier writer's manifest: CRC-32 of the file's chunks, before loading
+            _check_chunk_crcs(file, part["crc32"])
         try:
             tensors = load_file(str(file), device=device)
         except OSError as e:
             raise _access_error(file, e) from None
-        except Exception as e:  # the bytes matched the manifest, yet do not parse
-            raise CorruptWeightsError(f"{file}: {e}") from None
+        except Exception as e:  # the size matched the manifest, yet the bytes do not parse
+            raise CorruptWeightsError(f"{file}: {e}; the file is damaged and this version is refused") from None
+        if "fingerprints" in part:
+            _check_loaded(file, tensors, part["fingerprints"])
         out.update(tensors)
         total += size
     return out, total
+
+
+def _check_chunk_crcs(file: Path, expected: list[int]) -> None:
+    try:
+        crcs = file_crc32s(file)
+    except OSError as e:
+        raise _access_error(file, e) from None
+    if crcs != expected:
+        bad = next(i for i, (a, b) in enumerate(zip(crcs, expected, strict=True)) if a != b)
+        raise CorruptWeightsError(f"{file}: the CRC-32 of bytes {bad * CRC_CHUNK}.. is {crcs[bad]:#010x}, the "
+                                  f"manifest says {expected[bad]:#010x}; the file is damaged and this version is "
+                                  "refused")
+
+
+def _check_loaded(file: Path, tensors: dict[str, torch.Tensor], expected: dict[str, str]) -> None:
+    """The tensors loaded from ``file`` are exactly those its writer fingerprinted (names, dtypes, shapes, bytes)."""
+    from trinity_like.common.fingerprint import tensor_fingerprints
+
+    if set(tensors) != set(expected):
+        odd = sorted(set(tensors) ^ set(expected))[:3]
+        raise CorruptWeightsError(f"{file}: holds other tensors than the manifest lists (e.g. {', '.join(odd)}); "
+                                  "the file is damaged and this version is refused")
+    got = tensor_fingerprints(tensors)
+    bad = [n for n in sorted(expected) if got[n] != expected[n]]
+    if bad:
+        raise CorruptWeightsError(f"{file}: tensor '{bad[0]}' loaded as {got[bad[0]]}, the manifest says "
+                                  f"{expected[bad[0]]} ({len(bad)} of {len(expected)} tensors differ); the file is "
+                                  "damaged and this version is refused")
