@@ -82,11 +82,39 @@ def test_a_handle_from_another_host_or_gpu_is_refused_naming_the_method_to_use(t
         # fakes of what this machine lacks: a second host, a GPU buffer
         with pytest.raises(SharedWeightsUnreachable, match="not on this engine's node.*nccl or memory"):
             open_shared({**handle, "node": "another-host:fake-boot-id"})
-        cuda = {**handle, "kind": "cuda", "cuda": {"args": (), "device_uuid": "GPU-fake"}}
+        cuda = {**handle, "kind": "cuda", "cuda": {"handle": {}, "device_uuid": "GPU-fake"}}
         with pytest.raises(SharedWeightsUnreachable, match="nccl"):
             open_shared(cuda)
     finally:
         shared.close()
+
+
+def _cuda_ipc_args_of_a_gpu_buffer() -> tuple:
+    """What torch's ``reduce_tensor`` returns for a 1 KiB uint8 buffer on GPU 0, field by field as
+    torch/multiprocessing/reductions.py builds it: a stand-in, since this machine has no GPU (the real one ran on
+    the lent H100 in test_cuda_ipc_between_two_actors_on_one_gpu)."""
+    return (torch.Tensor, torch.Size([1024]), (1,), 0, torch.storage.TypedStorage, torch.uint8, 0, b"\x01" * 64, 1024,
+            0, False, b"/torch_4242_1234567", 0, b"\x02" * 64, True)
+
+
+def test_a_cuda_ipc_handle_crosses_as_plain_data_and_rebuilds_the_same_arguments():
+    """msgpack (vLLM's encoder is msgpack) refuses torch's handle as it is: it holds two classes and a dtype.
+    The plain form packs, and gives back the arguments torch's rebuild_cuda_tensor takes, for this process's
+    index of the GPU."""
+    import msgpack
+
+    from trinity_like.synchronizer.shared_weights import cuda_handle_from_plain, cuda_handle_to_plain
+
+    args = _cuda_ipc_args_of_a_gpu_buffer()
+    with pytest.raises(TypeError):
+        msgpack.packb(list(args), use_bin_type=True)
+    plain = cuda_handle_to_plain(args)
+    assert msgpack.unpackb(msgpack.packb(plain, use_bin_type=True), raw=False) == plain
+    assert plain["dtype"] == "uint8" and plain["size"] == [1024] and plain["storage_handle"] == b"\x01" * 64
+    assert cuda_handle_from_plain(plain, 0) == args
+    assert cuda_handle_from_plain(plain, 3)[6] == 3  # the GPU as this process numbers it
+    with pytest.raises(RuntimeError, match="does not know this torch"):
+        cuda_handle_to_plain(args[:-1])
 
 
 def test_buffers_a_killed_trainer_left_are_removed_by_the_next_one(tmp_path):

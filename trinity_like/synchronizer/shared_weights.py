@@ -9,7 +9,8 @@ that engines on its node map instead of receiving a copy:
 - otherwise: a file in ``/dev/shm`` (the temp folder where there is none), which engines map read-only
   (``torch.from_file``): the bytes are written once, by the trainer, and read once, by each engine.
 
-A handle (a plain dict: it crosses Ray in ``WeightsInfo.shared``) names the version, the buffer, the tensors'
+A handle (plain data only, the CUDA IPC handle included: it crosses Ray in ``WeightsInfo.shared`` and vLLM's
+msgpack encoder into its worker processes) names the version, the buffer, the tensors'
 layout, the node (and GPU) it lives on, and the fingerprint. The trainer keeps the newest ``keep`` versions'
 buffers and refills the oldest with the next version, so an engine still mapping version v when v+1 is
 published reads v intact; an engine asking for a version whose buffer was taken back gets a clear error (its
@@ -60,11 +61,44 @@ def _device_uuid(index: int) -> str:
     return str(torch.cuda.get_device_properties(index).uuid)
 
 
+_CUDA_FIELDS = ("size", "stride", "tensor_offset", "dtype", "storage_device", "storage_handle", "storage_size_bytes",
+                "storage_offset_bytes", "requires_grad", "ref_counter_handle", "ref_counter_offset", "event_handle",
+                "event_sync_required")
+"""The arguments of torch's ``rebuild_cuda_tensor`` but its two classes, by name, in its order (torch 2.x)."""
+
+
+def cuda_handle_to_plain(args: tuple) -> dict[str, Any]:
+    """torch's CUDA IPC handle of a tensor (``reduce_tensor``'s arguments for ``rebuild_cuda_tensor``) as plain data
+    (ints, bytes, bools, lists, a dtype's name), which any serializer carries: vLLM's msgpack encoder refuses the
+    ``torch.Tensor`` and ``TypedStorage`` classes and the ``torch.dtype`` the handle holds (it would need
+    ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``), and on a GPU every call into vLLM's worker processes crosses it."""
+    if len(args) != 2 + len(_CUDA_FIELDS):
+        raise RuntimeError(f"torch {torch.__version__}: a CUDA IPC handle of {len(args)} fields, expected "
+                           f"{2 + len(_CUDA_FIELDS)}; synchronizer.method ipc does not know this torch")
+    tensor_cls, size, stride, offset, storage_cls, dtype, *rest = args
+    if tensor_cls is not torch.Tensor or storage_cls is not torch.storage.TypedStorage:
+        raise RuntimeError(f"torch {torch.__version__}: a CUDA IPC handle of a {tensor_cls.__name__} in a "
+                           f"{storage_cls.__name__}, expected a Tensor in a TypedStorage; synchronizer.method ipc "
+                           "does not know this torch")
+    plain = dict(zip(_CUDA_FIELDS, [list(size), list(stride), int(offset), str(dtype).removeprefix("torch."),
+                                    *rest], strict=True))
+    plain["storage_device"] = int(plain["storage_device"])
+    return plain
+
+
+def cuda_handle_from_plain(plain: dict[str, Any], device_index: int) -> tuple:
+    """``rebuild_cuda_tensor``'s arguments from ``cuda_handle_to_plain``, for this process's index of the GPU."""
+    values = [plain[k] for k in _CUDA_FIELDS]
+    size, stride, offset, dtype, _device, *rest = values
+    return (torch.Tensor, torch.Size(size), tuple(stride), offset, torch.storage.TypedStorage, getattr(torch, dtype),
+            device_index, *rest)
+
+
 def _export_cuda(flat: torch.Tensor) -> dict[str, Any]:
     from torch.multiprocessing.reductions import reduce_tensor
 
     _, args = reduce_tensor(flat)
-    return {"args": args, "device_uuid": _device_uuid(flat.device.index or 0)}
+    return {"handle": cuda_handle_to_plain(args), "device_uuid": _device_uuid(flat.device.index or 0)}
 
 
 def _import_cuda(cuda: dict[str, Any]) -> torch.Tensor:
@@ -82,9 +116,7 @@ def _import_cuda(cuda: dict[str, Any]) -> torch.Tensor:
         raise SharedWeightsUnreachable(
             f"the trainer's GPU ({cuda['device_uuid']}) is not visible to this engine: CUDA IPC works only on the "
             "same GPU; engines on other GPUs take synchronizer.method nccl")
-    args = list(cuda["args"])
-    args[6] = local[0]  # storage_device: this process's index of that GPU
-    return rebuild_cuda_tensor(*args)
+    return rebuild_cuda_tensor(*cuda_handle_from_plain(cuda["handle"], local[0]))
 
 
 class SharedWeights:
