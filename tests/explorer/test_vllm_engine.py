@@ -74,9 +74,10 @@ def test_the_installed_vllm_worker_has_the_reload_api_weight_updates_use():
     other releases' signatures: tests/explorer/test_vllm_api_check.py)."""
     import vllm
 
-    from trinity_like.explorer.engines.vllm_engine import _worker_class, check_worker_api
+    from trinity_like.explorer.engines.vllm_engine import _worker_classes, check_worker_api
 
-    check_worker_api(_worker_class(on_cpu=True), vllm.__version__)
+    worker, runner = _worker_classes(on_cpu=True)
+    check_worker_api(worker, vllm.__version__, runner)
 
 
 def test_engine_follows_the_protocol(engine):
@@ -288,6 +289,67 @@ def test_weights_that_do_not_match_the_published_fingerprint_are_refused(engine,
     finally:
         shared.close()
         engine.update_weights(WeightUpdate(version=start + 4, state_dict=original, fingerprint=weights_fingerprint(original)))
+    assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+
+
+def test_every_call_into_the_workers_crosses_vllms_encoder_and_none_is_over_the_bound(
+        engine, prompts, trainer_model, tmp_path, monkeypatch):
+    """On a GPU, vLLM's workers run in processes of their own and every call's arguments cross its msgpack encoder,
+    which refuses torch classes and dtypes unless VLLM_ALLOW_INSECURE_SERIALIZATION is set (it is not here). This
+    CPU engine runs in-process, so each call's arguments are put through vLLM's own encoder on their way in: a
+    version folder's path, a shared buffer's handle (and the plain form of a CUDA IPC handle), and a state dict,
+    which over ``MAX_RPC_BYTES`` (lowered to 64 KiB for the tiny model) goes in chunks of at most that and loads."""
+    from vllm.v1.serial_utils import MsgpackEncoder
+
+    import trinity_like.explorer.engines.vllm_engine as ve
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.synchronizer.monitor import complete_version
+    from trinity_like.synchronizer.shared_weights import SharedWeights, cuda_handle_to_plain
+    from trinity_like.synchronizer.weights_files import write_part
+
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    bound = 64 * 1024
+    monkeypatch.setattr(ve, "MAX_RPC_BYTES", bound)
+    calls: list[tuple[str, int]] = []
+    real = engine.llm.collective_rpc
+
+    def through_the_encoder(method, *args, kwargs=None, **kw):
+        calls.append((method, sum(len(b) for b in MsgpackEncoder().encode(kwargs))))  # TypeError if refused
+        return real(method, *args, kwargs=kwargs, **kw)
+
+    monkeypatch.setattr(engine.llm, "collective_rpc", through_the_encoder)
+    original = export_state_dict(trainer_model)
+    eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
+    vdir = complete_version(tmp_path, 1, [write_part(tmp_path / "version-00000001", 0, 1, eos_weights)], keep=3)
+    greedy = SamplingConfig(temperature=0, max_new_tokens=4)
+    seeds = _seeds(len(prompts), 0)
+    before = engine.generate(prompts, greedy, seeds)
+    start = engine.model_version
+    shared = SharedWeights("test-vllm-plain", root=tmp_path)
+    handle = shared.publish(start + 3, eos_weights, weights_fingerprint(eos_weights))
+    try:
+        engine.update_weights(WeightUpdate(version=start + 1, state_dict=eos_weights,
+                                           fingerprint=weights_fingerprint(eos_weights)))
+        assert engine.fingerprint == weights_fingerprint(eos_weights)
+        assert all(s.response_ids.tolist() == [0] for s in engine.generate(prompts, greedy, seeds))
+        staged = [n for m, n in calls if m == "trinity_stage"]
+        assert len(staged) >= 2 and max(staged) <= bound + 256  # the chunk plus msgpack's few bytes of framing
+        assert all(n <= bound + 256 for _, n in calls)
+        engine.update_weights(WeightUpdate(version=start + 2, state_dict=original))
+        assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+        engine.update_weights(WeightUpdate(version=start + 3, shared=handle, fingerprint=handle["fingerprint"]))
+        engine.update_weights(WeightUpdate(version=start + 4, path=str(vdir)))
+        assert {m for m, _ in calls} == {"trinity_stage", "trinity_load_weights"}
+        # a CUDA IPC handle (field by field as torch's reduce_tensor makes one; this machine has no GPU)
+        args = (torch.Tensor, torch.Size([1024]), (1,), 0, torch.storage.TypedStorage, torch.uint8, 0, b"\x01" * 64,
+                1024, 0, False, b"/torch_4242_1234567", 0, b"\x02" * 64, True)
+        with pytest.raises(TypeError, match="VLLM_ALLOW_INSECURE_SERIALIZATION"):
+            MsgpackEncoder().encode({"shared": {"cuda": {"args": list(args)}}})
+        MsgpackEncoder().encode({"shared": {**handle, "kind": "cuda", "cuda": {"handle": cuda_handle_to_plain(args),
+                                                                                "device_uuid": "GPU-0"}}})
+    finally:
+        shared.close()
+        engine.update_weights(WeightUpdate(version=start + 5, state_dict=original))
     assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
 
 

