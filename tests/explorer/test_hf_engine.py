@@ -182,3 +182,56 @@ def test_the_engine_runs_where_explorer_device_says(tmp_path, tiny_model_path):
         with pytest.raises(UserError, match="explorer.device is cuda.*explorer.gpus_per_engine"):
             HFEngine(tiny_model_path, device="cuda")
         assert HFEngine(tiny_model_path).device == torch.device("cpu")  # auto
+
+
+def test_a_buffer_refilled_while_an_engine_loads_it_is_never_loaded_torn(tiny_model_path, tmp_path, monkeypatch):
+    """Method ipc: the trainer keeps one buffer here (keep=1) and refills it in place with the next version while
+    an engine is loading the current one, at the two worst moments. Refilled after the engine's copy, between its
+    check and its load: the engine loads version 1 whole, the bytes it checked (it used to load the buffer's
+    bytes as they were then, version 2's, under version 1's name). Refilled before its copy: the copy does not
+    match version 1's fingerprint, the version is refused and the old one keeps serving; version 2's handle then
+    loads."""
+    import trinity_like.explorer.engines.hf_engine as hf
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.explorer.engines.base import WeightsMismatch
+    from trinity_like.synchronizer import shared_weights
+    from trinity_like.synchronizer.shared_weights import SharedWeights
+
+    engine = HFEngine(tiny_model_path, device="cpu")
+    base = export_state_dict(engine.model)
+    g = torch.Generator().manual_seed(1)
+    versions = {v: {k: t + 0.1 * v * torch.randn(t.shape, generator=g) for k, t in base.items()} for v in (1, 2, 3)}
+    fp = {v: weights_fingerprint(sd) for v, sd in versions.items()}
+    trainer = SharedWeights("test-refill", keep=1, root=tmp_path)
+    try:
+        # 1. refilled between the check and the load
+        h1 = trainer.publish(1, versions[1], fp[1])
+        real_import = hf.import_state_dict
+        handles = {}
+
+        def refill_then_import(model, state_dict):
+            handles[2] = trainer.publish(2, versions[2], fp[2])  # the same buffer, version 2's bytes
+            return real_import(model, state_dict)
+
+        monkeypatch.setattr(hf, "import_state_dict", refill_then_import)
+        engine.update_weights(WeightUpdate(version=1, shared=h1, fingerprint=fp[1]))
+        assert engine.model_version == 1 and engine.weights_fingerprint() == fp[1]
+        monkeypatch.setattr(hf, "import_state_dict", real_import)
+
+        # 2. refilled before the copy: refused, version 1 keeps serving; the next version loads
+        real_open = shared_weights.open_shared
+
+        def refill_then_open(handle, copy=False):
+            # the engine has mapped version 2's buffer; the trainer refills it with version 3 before the copy
+            handles[3] = trainer.publish(3, versions[3], fp[3])
+            return real_open({**handle, "path": handles[3]["path"]}, copy=copy)  # the same pages, renamed
+
+        monkeypatch.setattr(shared_weights, "open_shared", refill_then_open)
+        with pytest.raises(WeightsMismatch, match="version 2"):
+            engine.update_weights(WeightUpdate(version=2, shared=handles[2], fingerprint=fp[2]))
+        assert engine.model_version == 1 and engine.weights_fingerprint() == fp[1]
+        monkeypatch.setattr(shared_weights, "open_shared", real_open)
+        engine.update_weights(WeightUpdate(version=3, shared=handles[3], fingerprint=fp[3]))
+        assert engine.model_version == 3 and engine.weights_fingerprint() == fp[3]
+    finally:
+        trainer.close()

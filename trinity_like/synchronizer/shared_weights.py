@@ -187,10 +187,13 @@ class SharedWeights:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def open_shared(handle: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The tensors of a shared version, as views into the trainer's buffer (read-only on the CPU: copy them, and
-    let go of them, before the next version). Raises ``SharedWeightsUnreachable`` when this process is on
-    another node or GPU, or the buffer was dropped for a newer version."""
+def open_shared(handle: dict[str, Any], copy: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors of a shared version: views into the trainer's buffer, or with ``copy`` views into this
+    process's own copy of it, taken in one pass (on the buffer's device). An engine loads from a copy: the trainer
+    refills its oldest buffer in place, so bytes checked in the buffer may change before they are loaded, while
+    a copy checked against the fingerprint stays what was checked (copy, then verify, then load). Raises
+    ``SharedWeightsUnreachable`` when this process is on another node or GPU, or the buffer was dropped for a
+    newer version."""
     if handle["node"] != node_identity():
         raise SharedWeightsUnreachable(
             f"version {handle['version']} is in shared memory on node {handle['node']}, not on this engine's node "
@@ -208,4 +211,4 @@ def open_shared(handle: dict[str, Any]) -> dict[str, torch.Tensor]:
             raise SharedWeightsUnreachable(
                 f"the shared buffer of version {handle['version']} ({handle['path']}) is gone: the trainer keeps "
                 "only the newest versions (or stopped); load the newest one") from e
-    return unpack(flat, meta)
+    return unpack(flat.clone() if copy else flat, meta)

@@ -109,7 +109,8 @@ class HFEngine(ChatByGenerate):
         elif update.shared is not None:
             from trinity_like.synchronizer.shared_weights import open_shared
 
-            state_dict, self.last_load_bytes = open_shared(update.shared), int(update.shared["size"])
+            # a copy: the trainer may refill its buffer while this engine checks and loads
+            state_dict, self.last_load_bytes = open_shared(update.shared, copy=True), int(update.shared["size"])
         else:
             state_dict = update.state_dict
             self.last_load_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())

@@ -161,7 +161,7 @@ class WeightSyncExtension:
         elif shared is not None:
             from trinity_like.synchronizer.shared_weights import open_shared
 
-            state_dict = open_shared(shared)
+            state_dict = open_shared(shared, copy=True)  # checked and loaded from this copy, which cannot change
         elif staged:
             from safetensors.torch import load
 
