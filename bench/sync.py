@@ -26,7 +26,7 @@ Two weight sets: the tiny model's and a ~100M-parameter Qwen2-shaped state dict 
 gbps is gigabytes per second (1e9 B/s) of weights delivered to one receiver. Medians of ``--repeats``.
 
     .venv/bin/python bench/sync.py [--receivers 2] [--bucket-mb 64] [--repeats 3] [--skip-large]
-        [--methods checkpoint,nccl,memory,ipc] [--device cpu|cuda]
+        [--methods checkpoint,nccl,memory,ipc,fingerprint] [--device cpu|cuda]
 
 ``--smoke`` (``.venv/bin/python bench/sync.py --smoke``) runs the same code path on small sizes in seconds;
 ``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
@@ -98,6 +98,25 @@ def bench_checkpoint(sd: dict[str, torch.Tensor], folder: Path, repeats: int) ->
                 path.unlink()
             assert len(loaded) == len(sd)
     return {"seconds": statistics.median(ours), "raw_seconds": statistics.median(raw)}
+
+
+def bench_fingerprint(sd: dict[str, torch.Tensor], device: str, repeats: int) -> dict[str, float]:
+    """One version's ``weights_fingerprint`` where ``device`` holds the weights: the current scheme (two integer
+    reductions on the device) against the earlier one (a copy to the host and zlib's CRC-32)."""
+    from trinity_like.common.fingerprint import combine_fingerprints, tensor_fingerprints, weights_fingerprint
+
+    on = {k: v.to(device) for k, v in sd.items()}
+    out = {}
+    for scheme, run in (("s1", lambda: weights_fingerprint(on)),
+                        ("crc", lambda: combine_fingerprints(tensor_fingerprints(on, scheme="crc")))):
+        run()  # warm-up (kernels, page faults)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        out[scheme] = statistics.median(times)
+    return out
 
 
 # ------------------------------------------------------------------ nccl (gloo) and memory
@@ -276,8 +295,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--large-hidden", type=int, default=768)
     parser.add_argument("--large-layers", type=int, default=12)
     parser.add_argument("--skip-large", action="store_true")
-    parser.add_argument("--methods", default="checkpoint,nccl,memory,ipc",
-                        help="comma-separated subset of checkpoint,nccl,memory,ipc (nccl and memory run together)")
+    parser.add_argument("--methods", default="checkpoint,nccl,memory,ipc,fingerprint",
+                        help="comma-separated subset of checkpoint,nccl,memory,ipc,fingerprint (nccl and memory run "
+                             "together; fingerprint: one version's fingerprint where --device holds it)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where method ipc keeps the trainer's buffer and the engines' weights")
     add_smoke(parser, "the tiny model only, one timed round of each method")
@@ -333,6 +353,12 @@ def main(argv: list[str] | None = None) -> None:
                              f"gbps={gb / whole:.3f} publish_seconds={ipc['publish']:.4f} "
                              f"receive_seconds={ipc['receive']:.4f} copy_seconds={ipc['raw']:.4f} "
                              f"vs_copy={ipc['raw'] / whole:.3f} vs_copy_receive={ipc['raw'] / ipc['receive']:.3f}")
+            if "fingerprint" in methods:
+                fp = bench_fingerprint(sd, args.device, args.repeats)
+                print(f"  fingerprint({args.device})  s1 {fp['s1']:.3f}s  crc (host copy + zlib) {fp['crc']:.3f}s")
+                lines.append(f"RESULT sync model={name} method=fingerprint device={args.device} "
+                             f"seconds={fp['s1']:.4f} gbps={gb / fp['s1']:.3f} s_per_gb={fp['s1'] / gb:.4f} "
+                             f"crc_seconds={fp['crc']:.4f} vs_crc={fp['crc'] / fp['s1']:.2f}")
     ray.shutdown()
     print("\n".join(lines))
 

@@ -1,22 +1,70 @@
-"""Weight fingerprints: what changes them and what does not (worked against zlib's CRC-32 and by hand)."""
+"""Weight fingerprints: what changes them and what does not (worked by hand, against a plain-Python reference of
+the sums, and against zlib's CRC-32 for the earlier scheme)."""
 
+import struct
 import zlib
 
+import pytest
 import torch
 
 from trinity_like.common.fingerprint import (
     combine_fingerprints,
+    scheme_of,
     tensor_fingerprint,
     tensor_fingerprints,
     weights_fingerprint,
 )
 
+M = 2**64
 
-def test_tensor_fingerprint_is_dtype_shape_and_the_crc32_of_its_bytes():
+
+def _reference(data: bytes) -> str:
+    """Scheme s1 in plain Python over the bytes: the sum of the little-endian 64-bit words, and the sum of each
+    word times its place from 1, modulo 2**64; then the bytes past the last whole word."""
+    n = len(data) // 8
+    words = struct.unpack(f"<{n}q", data[:n * 8])
+    total, placed = sum(words) % M, sum((i + 1) * w for i, w in enumerate(words)) % M
+    return f"s1-{total:016x}{placed:016x}" + data[n * 8:].hex()
+
+
+def test_tensor_fingerprint_is_dtype_shape_and_two_sums_of_its_words():
+    t = torch.arange(6, dtype=torch.int32).reshape(2, 3)  # words 1 << 32, 2 + (3 << 32), 4 + (5 << 32)
+    w = [1 << 32, 2 + (3 << 32), 4 + (5 << 32)]
+    assert tensor_fingerprint(t, scheme="s1") == f"int32:2x3:s1-{sum(w):016x}{w[0] + 2 * w[1] + 3 * w[2]:016x}"
+    ones = torch.ones(4097, dtype=torch.int64)  # a full row of 4096 words and one more
+    assert tensor_fingerprint(ones, scheme="s1") == f"int64:4097:s1-{4097:016x}{4097 * 4098 // 2:016x}"
+    three = torch.tensor([1, 2, 3], dtype=torch.uint8)
+    assert tensor_fingerprint(three, scheme="s1") == "uint8:3:s1-" + "0" * 32 + "010203"
+    assert tensor_fingerprint(torch.empty(0), scheme="s1") == "float32:0:s1-" + "0" * 32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool])
+def test_the_sums_match_a_plain_python_reference(dtype):
+    g = torch.Generator().manual_seed(3)
+    t = (torch.randn(9001, generator=g) * 1e4).to(dtype)  # 2+ rows of 4096 words, negative words, a ragged tail
+    data = t.view(torch.uint8).numpy().tobytes()
+    assert tensor_fingerprint(t, scheme="s1") == f"{str(dtype).removeprefix('torch.')}:9001:{_reference(data)}"
+
+
+def test_a_view_off_an_eight_byte_boundary_and_a_transposed_matrix():
+    flat = torch.arange(33, dtype=torch.uint8)
+    assert tensor_fingerprint(flat[1:], scheme="s1") == tensor_fingerprint(flat[1:].clone(), scheme="s1")
+    m = torch.randn(64, 64)
+    rows = m.clone()
+    rows[[0, 1]] = rows[[1, 0]]
+    for moved in (m.t().contiguous(), rows):  # the same values, other places
+        assert tensor_fingerprint(moved, scheme="s1") != tensor_fingerprint(m, scheme="s1")
+
+
+def test_cpu_tensors_take_zlibs_crc_and_a_receiver_answers_in_the_scheme_it_compares_with():
     t = torch.arange(6, dtype=torch.int32).reshape(2, 3)
     crc = zlib.crc32(b"".join(int(i).to_bytes(4, "little") for i in range(6)))
-    assert tensor_fingerprint(t) == f"int32:2x3:{crc:08x}"
-    assert tensor_fingerprint(torch.empty(0)) == "float32:0:00000000"
+    assert tensor_fingerprint(t, scheme="crc") == f"int32:2x3:{crc:08x}" == tensor_fingerprints({"t": t})["t"]
+    sd = {"a": torch.randn(4, 8), "b": torch.randn(16)}
+    crc_fp = weights_fingerprint(sd)  # all on the CPU: crc
+    s1_fp = combine_fingerprints(tensor_fingerprints(sd, scheme="s1"))  # as a trainer on a GPU publishes
+    assert scheme_of(crc_fp) == "crc" and len(crc_fp) == 16 and scheme_of(s1_fp) == "s1" and s1_fp.startswith("s1-")
+    assert weights_fingerprint(sd, like=s1_fp) == s1_fp and weights_fingerprint(sd, like=crc_fp) == crc_fp
 
 
 def test_one_flipped_byte_a_renamed_or_reshaped_tensor_changes_the_fingerprint():

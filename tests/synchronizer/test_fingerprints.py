@@ -114,3 +114,22 @@ def test_status_names_an_engine_whose_weights_do_not_match():
     assert "engine 1  version 3     FINGERPRINT MISMATCH (bb), 2 load(s) refused by the check" in text
     assert "engine 2  version 0     fingerprint not checked (-)" in text
     assert "engine 3  version -1    fingerprint not checked (cc); STALLED: out of service until it answers" in text
+
+
+@pytest.mark.gpu
+def test_a_gpu_fingerprint_stays_on_the_gpu_and_equals_the_cpus_for_the_same_bytes():
+    """Scheme s1 on CUDA (integer reductions on the device) gives what the CPU gives for the same bytes, for each
+    dtype a model holds; a version fingerprinted on the trainer's GPU is what a CPU engine computes for it."""
+    import torch
+
+    from trinity_like.common.fingerprint import scheme_of, tensor_fingerprint, weights_fingerprint
+
+    g = torch.Generator().manual_seed(0)
+    sd = {f"t.{d}": (torch.randn(1000, 37, generator=g) * 100).to(d)
+          for d in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool)}
+    sd["odd"] = torch.randn(4099 * 8 + 3, generator=g).to(torch.bfloat16)  # rows, a tail and leftover bytes
+    on_gpu = {k: v.cuda() for k, v in sd.items()}
+    for k in sd:
+        assert tensor_fingerprint(on_gpu[k], scheme="s1") == tensor_fingerprint(sd[k], scheme="s1"), k
+    published = weights_fingerprint(on_gpu)
+    assert scheme_of(published) == "s1" and weights_fingerprint(sd, like=published) == published

@@ -9,7 +9,7 @@ Every data-parallel rank holds the full weights (DDP replicas, or FSDP2 after it
 split by size over the ranks and written in parallel, each part atomically (temp file, rename; no fsync: a
 version only carries weights to the engines, and the trainer's checkpoints are the durable copy). A
 version exists for readers only once ``manifest.json`` does; it records each part's size and the fingerprint of
-each of its tensors (``tensor_fingerprint``: dtype, shape and the CRC-32 of its bytes, taken from the tensors the
+each of its tensors (``tensor_fingerprint``: dtype, shape and a checksum of its bytes, taken from the tensors the
 writer had in hand). A reader loads a part, then checks the tensors it loaded against those fingerprints before it
 hands any of them on: it verifies the bytes it will use, not a file it reads again later, and a torn or corrupted
 part is refused (``CorruptWeightsError``) instead of loaded. One pass over the bytes on each side: writing hashes
@@ -39,7 +39,7 @@ CRC_CHUNK = 64 * 2**20
 
 
 class CorruptWeightsError(ValueError):
-    """A published version's files do not match its manifest (size or CRC-32), or cannot be parsed: the
+    """A published version's files do not match its manifest (size, fingerprints or CRC-32), or cannot be parsed: the
     bytes are damaged, and reading them again will not help."""
 
 
@@ -215,13 +215,14 @@ def _check_chunk_crcs(file: Path, expected: list[int]) -> None:
 
 def _check_loaded(file: Path, tensors: dict[str, torch.Tensor], expected: dict[str, str]) -> None:
     """The tensors loaded from ``file`` are exactly those its writer fingerprinted (names, dtypes, shapes, bytes)."""
-    from trinity_like.common.fingerprint import tensor_fingerprints
+    from trinity_like.common.fingerprint import scheme_of, tensor_fingerprints
 
     if set(tensors) != set(expected):
         odd = sorted(set(tensors) ^ set(expected))[:3]
         raise CorruptWeightsError(f"{file}: holds other tensors than the manifest lists (e.g. {', '.join(odd)}); "
                                   "the file is damaged and this version is refused")
-    got = tensor_fingerprints(tensors)
+    schemes = {scheme_of(v) for v in expected.values()}  # one scheme per writer: its code's
+    got = tensor_fingerprints(tensors, scheme=schemes.pop() if len(schemes) == 1 else "s1")
     bad = [n for n in sorted(expected) if got[n] != expected[n]]
     if bad:
         raise CorruptWeightsError(f"{file}: tensor '{bad[0]}' loaded as {got[bad[0]]}, the manifest says "

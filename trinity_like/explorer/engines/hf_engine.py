@@ -116,7 +116,8 @@ class HFEngine(ChatByGenerate):
             self.last_load_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())
         if self.on_received is not None:
             self.on_received(state_dict)
-        received = weights_fingerprint(state_dict)
+        like = update.fingerprint  # computed in the scheme of the published fingerprint (an older version's: crc)
+        received = weights_fingerprint(state_dict, like=like)
         if update.fingerprint:
             check_fingerprint(received, update, self.engine_id, self.model_version, "received")
         with self._lock:
@@ -124,9 +125,9 @@ class HFEngine(ChatByGenerate):
             # what it serves must be what it received, in the engine's own dtype (a bfloat16 engine holds a
             # rounded copy of float32 weights): a load that did not apply them takes the engine out of service
             served_sd = export_state_dict(self.model, copy=False)
-            served = weights_fingerprint(served_sd)
+            served = weights_fingerprint(served_sd, like=like)
             cast = {k: t.dtype for k, t in served_sd.items() if k in state_dict and state_dict[k].dtype != t.dtype}
-            expected = weights_fingerprint(state_dict, cast) if cast else received
+            expected = weights_fingerprint(state_dict, cast, like=like) if cast else received
             if served != expected:
                 self.verified = False
                 raise WeightsMismatch(

@@ -197,7 +197,7 @@ class WeightSyncExtension:
 
         if not state_dict:
             raise ValueError("no weights given")
-        got = weights_fingerprint(state_dict)
+        got = weights_fingerprint(state_dict, like=fingerprint)
         if fingerprint and got != fingerprint:
             return {"fingerprint": got, "applied": False, "tensors": len(state_dict)}
         self.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
@@ -399,7 +399,7 @@ class VLLMEngine(ChatByGenerate):
         from trinity_like.common.fingerprint import weights_fingerprint
 
         if update.fingerprint:
-            check_fingerprint(weights_fingerprint(update.state_dict), update, self.engine_id, self.model_version,
+            check_fingerprint(weights_fingerprint(update.state_dict, like=update.fingerprint), update, self.engine_id, self.model_version,
                               "received")
         # A tied lm_head is the embedding (vLLM skips it anyway); safetensors refuses shared tensors.
         sent = {k: v.detach().to("cpu").contiguous() for k, v in update.state_dict.items()
