@@ -72,15 +72,16 @@ def default_scheme(tensors) -> str:
     return "s1" if any(t.device.type != "cpu" for t in tensors) else "crc"
 
 
-def tensor_fingerprint(t: torch.Tensor, dtype: torch.dtype | None = None, scheme: str = "s1") -> str:
+def tensor_fingerprint(t: torch.Tensor, dtype: torch.dtype | None = None, scheme: str = "") -> str:
     """``dtype:shape:checksum`` of a tensor's bytes, computed where it lives (cast to ``dtype`` first when
-    given). Scheme ``s1``: ``s1-`` and the two sums (module docstring) plus any bytes past the last word;
+    given), in ``scheme`` (by default ``default_scheme``). Scheme ``s1``: ``s1-`` and the two sums (module docstring) plus any bytes past the last word;
     scheme ``crc``: the CRC-32 of the bytes, taken on the host."""
     import torch
 
     t = t.detach()
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
+    scheme = scheme or default_scheme([t])
     head = f"{str(t.dtype).removeprefix('torch.')}:{'x'.join(map(str, t.shape))}"
     if scheme == "crc":
         host = t.to("cpu").contiguous()
