@@ -74,8 +74,8 @@ def default_scheme(tensors) -> str:
 
 def tensor_fingerprint(t: torch.Tensor, dtype: torch.dtype | None = None, scheme: str = "") -> str:
     """``dtype:shape:checksum`` of a tensor's bytes, computed where it lives (cast to ``dtype`` first when
-    given), in ``scheme`` (by default ``default_scheme``). Scheme ``s1``: ``s1-`` and the two sums (module docstring) plus any bytes past the last word;
-    scheme ``crc``: the CRC-32 of the bytes, taken on the host."""
+    given), in ``scheme`` (by default ``default_scheme``). Scheme ``s1``: ``s1-`` and the two sums (module
+    docstring) plus any bytes past the last word; scheme ``crc``: the CRC-32 of the bytes, taken on the host."""
     import torch
 
     t = t.detach()
