@@ -40,11 +40,26 @@ def _ids(samples):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_path):
+    """The engine every test here shares, with vLLM's engine core and worker in processes of their own, as on a
+    GPU (the CPU default runs them in this process): every call into the worker, weight updates included,
+    crosses vLLM's own msgpack serializer, which refuses what is not plain data."""
+    import os
+
     from trinity_like.explorer.engines.vllm_engine import VLLMEngine
 
-    eng = VLLMEngine(tiny_model_path, engine_id="vllm-test", dtype="float32")  # TOLERANCE assumes float32
-    yield eng
-    eng.shutdown()
+    before = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_ALLOW_INSECURE_SERIALIZATION")}
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    os.environ.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)
+    try:
+        eng = VLLMEngine(tiny_model_path, engine_id="vllm-test", dtype="float32")  # TOLERANCE assumes float32
+        yield eng
+        eng.shutdown()
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

@@ -135,6 +135,36 @@ def _worker_classes(on_cpu: bool) -> tuple[type, type]:
                         f"({e}); install vllm>={MIN_VLLM} (pip install 'trinity-like[vllm]')") from None
 
 
+def _refusals() -> tuple[type[BaseException], ...]:
+    from trinity_like.synchronizer.shared_weights import SharedWeightsUnreachable
+    from trinity_like.synchronizer.weights_files import (
+        CorruptWeightsError,
+        IncompleteWeightsError,
+        WeightsAccessError,
+    )
+
+    return (CorruptWeightsError, IncompleteWeightsError, WeightsAccessError, SharedWeightsUnreachable,
+            FileNotFoundError)
+
+
+_REFUSALS = _refusals()
+"""Why a worker may refuse a version's source (damaged or pruned files, a buffer gone): the worker returns the
+reason and the engine raises it again as its own type. Raised in a vLLM worker process, any exception reaches the
+engine as a bare ``Exception`` with the text only, and the fleet, which tells these apart, would not know it."""
+
+
+def _read_source(path: str | None, shared: dict | None) -> dict:
+    """The tensors a worker loads: a version folder checked against its manifest, or its own copy of a shared
+    buffer (checked and loaded from the copy, which cannot change under it)."""
+    if path is not None:
+        from trinity_like.synchronizer.weights_files import read_weights
+
+        return read_weights(path)[0]
+    from trinity_like.synchronizer.shared_weights import open_shared
+
+    return open_shared(shared, copy=True)
+
+
 class WeightSyncExtension:
     """Methods added to vLLM's worker class (``worker_extension_cls``); they run inside each worker, where
     ``self`` is the worker. Called through ``LLM.collective_rpc``."""
@@ -165,14 +195,12 @@ class WeightSyncExtension:
         again. A tied ``lm_head`` receives no weight of its own, so the reload leaves it alone; on the CPU
         backend it keeps a packed copy of the old embedding for its matmul (measured: log-probs off by tens of
         nats after an update), so it is processed again here from the new, shared weight."""
-        if path is not None:
-            from trinity_like.synchronizer.weights_files import read_weights
-
-            state_dict, _ = read_weights(path)  # a version folder is checked against its manifest first
-        elif shared is not None:
-            from trinity_like.synchronizer.shared_weights import open_shared
-
-            state_dict = open_shared(shared, copy=True)  # checked and loaded from this copy, which cannot change
+        if path is not None or shared is not None:
+            try:
+                state_dict = _read_source(path, shared)
+            except _REFUSALS as e:  # returned, not raised: vLLM's worker processes pass on only a message
+                return {"refused": {"type": type(e).__name__, "message": str(e)}, "applied": False,
+                        "fingerprint": "", "tensors": 0}
         elif staged:
             from safetensors.torch import load
 
@@ -425,8 +453,13 @@ class VLLMEngine(ChatByGenerate):
         return {**kwargs, "staged": True, "_chunks": _chunks(data, MAX_RPC_BYTES)}
 
     def _check_results(self, update: WeightUpdate, fingerprint: str, results: list[dict], stage: str) -> None:
-        """Raise ``WeightsMismatch`` when the workers refused the version (the fingerprint of what they were to
-        load, ``stage``, is not ``fingerprint``, the one they were given): nothing was applied."""
+        """Raise what a worker refused the version's source for (``_REFUSALS``, as its own type), or
+        ``WeightsMismatch`` when the fingerprint of what the workers were to load (``stage``) is not
+        ``fingerprint``, the one they were given: nothing was applied."""
+        for r in results:
+            if r.get("refused"):
+                kind = {cls.__name__: cls for cls in _REFUSALS}.get(r["refused"]["type"], RuntimeError)
+                raise kind(r["refused"]["message"])
         check = dataclasses.replace(update, fingerprint=fingerprint, state_dict=None)
         for r in results:
             check_fingerprint(r["fingerprint"], check, self.engine_id, self.model_version, stage)
