@@ -101,14 +101,15 @@ def bench_checkpoint(sd: dict[str, torch.Tensor], folder: Path, repeats: int) ->
 
 
 def bench_fingerprint(sd: dict[str, torch.Tensor], device: str, repeats: int) -> dict[str, float]:
-    """One version's ``weights_fingerprint`` where ``device`` holds the weights: the current scheme (two integer
-    reductions on the device) against the earlier one (a copy to the host and zlib's CRC-32)."""
-    from trinity_like.common.fingerprint import combine_fingerprints, tensor_fingerprints, weights_fingerprint
+    """One version's fingerprint where ``device`` holds the weights, in each scheme: ``s1`` (two integer
+    reductions on the device; what a trainer on a GPU publishes) and ``crc`` (a copy to the host and zlib's
+    CRC-32; what a trainer on the CPU publishes, and every fingerprint did before ``s1``)."""
+    from trinity_like.common.fingerprint import combine_fingerprints, tensor_fingerprints
 
     on = {k: v.to(device) for k, v in sd.items()}
     out = {}
-    for scheme, run in (("s1", lambda: weights_fingerprint(on)),
-                        ("crc", lambda: combine_fingerprints(tensor_fingerprints(on, scheme="crc")))):
+    for scheme in ("s1", "crc"):
+        run = lambda scheme=scheme: combine_fingerprints(tensor_fingerprints(on, scheme=scheme))  # noqa: E731
         run()  # warm-up (kernels, page faults)
         times = []
         for _ in range(repeats):

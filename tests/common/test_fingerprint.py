@@ -56,13 +56,14 @@ def test_a_view_off_an_eight_byte_boundary_and_a_transposed_matrix():
         assert tensor_fingerprint(moved, scheme="s1") != tensor_fingerprint(m, scheme="s1")
 
 
-def test_cpu_tensors_take_zlibs_crc_and_a_receiver_answers_in_the_scheme_it_compares_with():
+def test_the_earlier_scheme_is_still_computed_and_picked_by_what_it_is_compared_with():
     t = torch.arange(6, dtype=torch.int32).reshape(2, 3)
     crc = zlib.crc32(b"".join(int(i).to_bytes(4, "little") for i in range(6)))
-    assert tensor_fingerprint(t, scheme="crc") == f"int32:2x3:{crc:08x}" == tensor_fingerprints({"t": t})["t"]
+    assert tensor_fingerprint(t, scheme="crc") == f"int32:2x3:{crc:08x}"
+    assert tensor_fingerprints({"t": t})["t"] == tensor_fingerprint(t, scheme="s1")  # new ones: s1
     sd = {"a": torch.randn(4, 8), "b": torch.randn(16)}
-    crc_fp = weights_fingerprint(sd)  # all on the CPU: crc
-    s1_fp = combine_fingerprints(tensor_fingerprints(sd, scheme="s1"))  # as a trainer on a GPU publishes
+    crc_fp = combine_fingerprints(tensor_fingerprints(sd, scheme="crc"))  # as an earlier run's manifest holds
+    s1_fp = weights_fingerprint(sd)
     assert scheme_of(crc_fp) == "crc" and len(crc_fp) == 16 and scheme_of(s1_fp) == "s1" and s1_fp.startswith("s1-")
     assert weights_fingerprint(sd, like=s1_fp) == s1_fp and weights_fingerprint(sd, like=crc_fp) == crc_fp
 
