@@ -368,6 +368,36 @@ def test_every_call_into_the_workers_crosses_vllms_encoder_and_none_is_over_the_
     assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
 
 
+def test_a_shared_buffer_refilled_before_the_workers_map_it_is_refused_as_such_and_the_next_loads(
+        engine, prompts, trainer_model, tmp_path):
+    """The trainer keeps one buffer (keep=1) and refills it with version 2 before the engine's worker maps
+    version 1: the worker, in a process of its own, refuses it, and the engine raises the worker's reason as its
+    own type (SharedWeightsUnreachable, not vLLM's bare Exception); version 1 keeps serving, version 2 loads."""
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.synchronizer.shared_weights import SharedWeights, SharedWeightsUnreachable
+
+    original = export_state_dict(trainer_model)
+    eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
+    greedy = SamplingConfig(temperature=0, max_new_tokens=4)
+    seeds = _seeds(len(prompts), 0)
+    before = engine.generate(prompts, greedy, seeds)
+    start = engine.model_version
+    trainer = SharedWeights("test-vllm-refill", keep=1, root=tmp_path)
+    try:
+        h1 = trainer.publish(start + 1, original, weights_fingerprint(original))
+        h2 = trainer.publish(start + 2, eos_weights, weights_fingerprint(eos_weights))  # into h1's buffer
+        with pytest.raises(SharedWeightsUnreachable, match=f"version {start + 1}.*is gone"):
+            engine.update_weights(WeightUpdate(version=start + 1, shared=h1, fingerprint=h1["fingerprint"]))
+        assert engine.model_version == start and _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+        engine.update_weights(WeightUpdate(version=start + 2, shared=h2, fingerprint=h2["fingerprint"]))
+        assert engine.model_version == start + 2 and engine.fingerprint == h2["fingerprint"]
+        assert all(s.response_ids.tolist() == [0] for s in engine.generate(prompts, greedy, seeds))
+    finally:
+        trainer.close()
+        engine.update_weights(WeightUpdate(version=start + 3, state_dict=original))
+    assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+
+
 @pytest.mark.parametrize("async_engine", [True, False])
 def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path, tmp_path, ray_session, async_engine):
     """``explorer.engine=vllm`` passes validation; the fleet builds the engine in a Ray actor (make_engine), the
