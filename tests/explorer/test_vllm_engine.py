@@ -398,6 +398,49 @@ def test_a_shared_buffer_refilled_before_the_workers_map_it_is_refused_as_such_a
     assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
 
 
+def test_with_two_phases_a_version_is_applied_only_after_every_worker_checked_it(
+        engine, prompts, trainer_model, monkeypatch, tmp_path):
+    """An engine over several workers (tensor parallel; this CPU test has one) checks the version on every worker
+    first and applies it on all of them only then (trinity_commit); a refusal drops what the workers checked
+    (trinity_drop) and nothing changes."""
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.explorer.engines.base import WeightsMismatch
+
+    monkeypatch.setattr(engine, "_two_phase", True)
+    calls: list[str] = []
+    real = engine.llm.collective_rpc
+
+    def recorded(method, *args, **kw):
+        calls.append(method)
+        return real(method, *args, **kw)
+
+    monkeypatch.setattr(engine.llm, "collective_rpc", recorded)
+    original = export_state_dict(trainer_model)
+    eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
+    greedy = SamplingConfig(temperature=0, max_new_tokens=4)
+    seeds = _seeds(len(prompts), 0)
+    before = engine.generate(prompts, greedy, seeds)
+    start = engine.model_version
+    from trinity_like.synchronizer.monitor import complete_version
+    from trinity_like.synchronizer.weights_files import write_part
+
+    vdir = complete_version(tmp_path, 1, [write_part(tmp_path / "version-00000001", 0, 1, eos_weights)], keep=2)
+    try:
+        with pytest.raises(WeightsMismatch):  # the workers read the files and find another fingerprint
+            engine.update_weights(WeightUpdate(version=start + 1, path=str(vdir),
+                                               fingerprint=weights_fingerprint(original)))
+        assert calls == ["trinity_load_weights", "trinity_drop"]
+        assert engine.model_version == start and _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+        calls.clear()
+        engine.update_weights(WeightUpdate(version=start + 1, state_dict=eos_weights,
+                                           fingerprint=weights_fingerprint(eos_weights)))
+        assert calls[:2] == ["trinity_load_weights", "trinity_commit"] and engine.model_version == start + 1
+        assert all(s.response_ids.tolist() == [0] for s in engine.generate(prompts, greedy, seeds))
+    finally:
+        engine.update_weights(WeightUpdate(version=start + 2, state_dict=original))
+    assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
+
+
 @pytest.mark.parametrize("async_engine", [True, False])
 def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path, tmp_path, ray_session, async_engine):
     """``explorer.engine=vllm`` passes validation; the fleet builds the engine in a Ray actor (make_engine), the

@@ -183,7 +183,7 @@ class WeightSyncExtension:
 
     def trinity_load_weights(self, path: str | None = None, data: bytes | None = None,
                              tied: bool = False, fingerprint: str = "", shared: dict | None = None,
-                             staged: bool = False) -> dict:
+                             staged: bool = False, commit: bool = True) -> dict:
         """Load new weights (Hugging Face names) in place, from a safetensors file, the bytes of one, or a shared
         buffer on this node that the worker maps itself (method ``ipc``: CUDA IPC on the trainer's GPU, a
         shared-memory file on the CPU), if their fingerprint is ``fingerprint`` (when given); return
@@ -213,7 +213,20 @@ class WeightSyncExtension:
             from safetensors.torch import load
 
             state_dict = load(data)
-        return self._trinity_apply(state_dict, tied, fingerprint)
+        return self._trinity_apply(state_dict, tied, fingerprint, commit)
+
+    def trinity_commit(self) -> dict:
+        """Apply the version the last ``trinity_load_weights(commit=False)`` checked and kept."""
+        pending, self._trinity_pending = getattr(self, "_trinity_pending", None), None
+        if pending is None:
+            raise RuntimeError("no checked version is waiting to be applied")
+        state_dict, tied, got = pending
+        self._trinity_reload(state_dict, tied)
+        return {"fingerprint": got, "applied": True, "tensors": len(state_dict)}
+
+    def trinity_drop(self) -> None:
+        """Forget a checked version that another worker of the engine refused."""
+        self._trinity_pending = None
 
     def trinity_receive_weights(self, spec: dict, tied: bool = False, timeout_s: float = 600.0) -> dict:
         """Method ``nccl``: join the broadcast round ``spec`` from this worker process (NCCL into GPU memory on
@@ -230,8 +243,11 @@ class WeightSyncExtension:
         state_dict, size = receiver.receive(spec, device=device)
         return {**self._trinity_apply(state_dict, tied, spec.get("fingerprint", "")), "bytes": size}
 
-    def _trinity_apply(self, state_dict, tied: bool, fingerprint: str) -> dict:
-        """Apply ``state_dict`` unless its fingerprint differs from the published one (then nothing changes)."""
+    def _trinity_apply(self, state_dict, tied: bool, fingerprint: str, commit: bool = True) -> dict:
+        """Apply ``state_dict`` unless its fingerprint differs from the published one (then nothing changes).
+        With ``commit`` False, only check it and keep it for ``trinity_commit``: an engine over several workers
+        (tensor parallel) applies a version only once every worker has checked its copy, so that no worker
+        serves a version another refused."""
         from trinity_like.common.fingerprint import weights_fingerprint
 
         if not state_dict:
@@ -239,12 +255,18 @@ class WeightSyncExtension:
         got = weights_fingerprint(state_dict, like=fingerprint)
         if fingerprint and got != fingerprint:
             return {"fingerprint": got, "applied": False, "tensors": len(state_dict)}
+        if not commit:
+            self._trinity_pending = (state_dict, tied, got)
+            return {"fingerprint": got, "applied": False, "pending": True, "tensors": len(state_dict)}
+        self._trinity_reload(state_dict, tied)
+        return {"fingerprint": got, "applied": True, "tensors": len(state_dict)}
+
+    def _trinity_reload(self, state_dict, tied: bool) -> None:
         self.reload_weights(weights_iterator=iter(state_dict.items()), is_checkpoint_format=True)
         head = getattr(self.get_model(), "lm_head", None)
         method = getattr(head, "quant_method", None)
         if tied and method is not None and getattr(head, "weight", None) is not None:
             method.process_weights_after_loading(head)
-        return {"fingerprint": got, "applied": True, "tensors": len(state_dict)}
 
 
 def _chunks(data: bytes, most: int):
@@ -371,6 +393,9 @@ class VLLMEngine(ChatByGenerate):
         ))
         self.dtype = dtype
         self.max_model_len = max_model_len
+        self._two_phase = tensor_parallel_size > 1
+        """Check on every worker, then apply on every worker (``trinity_commit``): an engine over several workers
+        never applies a version on some of them only."""
         self.model_version = 0
         """Version of the weights loaded now; stamped on every sample this engine makes."""
         self._lock = threading.Lock()
@@ -408,7 +433,14 @@ class VLLMEngine(ChatByGenerate):
         with self._lock:
             for call in chunks:
                 self.llm.collective_rpc("trinity_stage", kwargs=call)
-            results = self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
+            results = self.llm.collective_rpc("trinity_load_weights", kwargs={**kwargs, "commit": not self._two_phase})
+            if self._two_phase:  # every worker checked its copy: apply everywhere, or nowhere
+                try:
+                    self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
+                except BaseException:
+                    self.llm.collective_rpc("trinity_drop")
+                    raise
+                results = self.llm.collective_rpc("trinity_commit")
             self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
             self._take_version(update, results)
@@ -660,7 +692,15 @@ class AsyncVLLMEngine(VLLMEngine):
         async with self._exclusive():
             for call in chunks:
                 await self.llm.collective_rpc("trinity_stage", kwargs=call)
-            results = await self.llm.collective_rpc("trinity_load_weights", kwargs=kwargs)
+            results = await self.llm.collective_rpc("trinity_load_weights",
+                                                    kwargs={**kwargs, "commit": not self._two_phase})
+            if self._two_phase:  # every worker checked its copy: apply everywhere, or nowhere
+                try:
+                    self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
+                except BaseException:
+                    await self.llm.collective_rpc("trinity_drop")
+                    raise
+                results = await self.llm.collective_rpc("trinity_commit")
             self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
             await self.llm.reset_prefix_cache()
             self._take_version(update, results)
