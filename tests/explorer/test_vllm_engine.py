@@ -38,6 +38,25 @@ def _ids(samples):
     return [s.response_ids.tolist() for s in samples]
 
 
+GREEDY = SamplingConfig(temperature=0, max_new_tokens=4)
+
+
+def _eos(weights):
+    """``weights`` with the final norm zeroed: the hidden state is 0, so every greedy response is token 0."""
+    return dict(weights, **{"model.norm.weight": torch.zeros_like(weights["model.norm.weight"])})
+
+
+def _spy_rpc(engine, monkeypatch, on_call):
+    """Every call into the engine's workers goes through ``on_call(method, kwargs)`` on its way to the real one."""
+    real = engine.llm.collective_rpc
+
+    def spied(method, *args, kwargs=None, **kw):
+        on_call(method, kwargs)
+        return real(method, *args, kwargs=kwargs, **kw)
+
+    monkeypatch.setattr(engine.llm, "collective_rpc", spied)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_path):
     """The engine every test here shares, with vLLM's engine core and worker in processes of their own, as on a
@@ -325,19 +344,12 @@ def test_every_call_into_the_workers_crosses_vllms_encoder_and_none_is_over_the_
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
     bound = 64 * 1024
     monkeypatch.setattr(ve, "MAX_RPC_BYTES", bound)
-    calls: list[tuple[str, int]] = []
-    real = engine.llm.collective_rpc
-
-    def through_the_encoder(method, *args, kwargs=None, **kw):
-        calls.append((method, sum(len(b) for b in MsgpackEncoder().encode(kwargs))))  # TypeError if refused
-        return real(method, *args, kwargs=kwargs, **kw)
-
-    monkeypatch.setattr(engine.llm, "collective_rpc", through_the_encoder)
+    calls: list[tuple[str, int]] = []  # TypeError below if vLLM's encoder refuses what a call carries
+    _spy_rpc(engine, monkeypatch, lambda m, kw: calls.append((m, sum(len(b) for b in MsgpackEncoder().encode(kw)))))
     original = export_state_dict(trainer_model)
-    eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
+    eos_weights = _eos(original)
     vdir = complete_version(tmp_path, 1, [write_part(tmp_path / "version-00000001", 0, 1, eos_weights)], keep=3)
-    greedy = SamplingConfig(temperature=0, max_new_tokens=4)
-    seeds = _seeds(len(prompts), 0)
+    greedy, seeds = GREEDY, _seeds(len(prompts), 0)
     before = engine.generate(prompts, greedy, seeds)
     start = engine.model_version
     shared = SharedWeights("test-vllm-plain", root=tmp_path)
@@ -377,9 +389,8 @@ def test_a_shared_buffer_refilled_before_the_workers_map_it_is_refused_as_such_a
     from trinity_like.synchronizer.shared_weights import SharedWeights, SharedWeightsUnreachable
 
     original = export_state_dict(trainer_model)
-    eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
-    greedy = SamplingConfig(temperature=0, max_new_tokens=4)
-    seeds = _seeds(len(prompts), 0)
+    eos_weights = _eos(original)
+    greedy, seeds = GREEDY, _seeds(len(prompts), 0)
     before = engine.generate(prompts, greedy, seeds)
     start = engine.model_version
     trainer = SharedWeights("test-vllm-refill", keep=1, root=tmp_path)
@@ -405,25 +416,17 @@ def test_with_two_phases_a_version_is_applied_only_after_every_worker_checked_it
     (trinity_drop) and nothing changes."""
     from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.explorer.engines.base import WeightsMismatch
-
-    monkeypatch.setattr(engine, "_two_phase", True)
-    calls: list[str] = []
-    real = engine.llm.collective_rpc
-
-    def recorded(method, *args, **kw):
-        calls.append(method)
-        return real(method, *args, **kw)
-
-    monkeypatch.setattr(engine.llm, "collective_rpc", recorded)
-    original = export_state_dict(trainer_model)
-    eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
-    greedy = SamplingConfig(temperature=0, max_new_tokens=4)
-    seeds = _seeds(len(prompts), 0)
-    before = engine.generate(prompts, greedy, seeds)
-    start = engine.model_version
     from trinity_like.synchronizer.monitor import complete_version
     from trinity_like.synchronizer.weights_files import write_part
 
+    monkeypatch.setattr(engine, "_two_phase", True)
+    calls: list[str] = []
+    _spy_rpc(engine, monkeypatch, lambda method, _kwargs: calls.append(method))
+    original = export_state_dict(trainer_model)
+    eos_weights = _eos(original)
+    greedy, seeds = GREEDY, _seeds(len(prompts), 0)
+    before = engine.generate(prompts, greedy, seeds)
+    start = engine.model_version
     vdir = complete_version(tmp_path, 1, [write_part(tmp_path / "version-00000001", 0, 1, eos_weights)], keep=2)
     try:
         with pytest.raises(WeightsMismatch):  # the workers read the files and find another fingerprint

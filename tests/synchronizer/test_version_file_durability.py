@@ -121,3 +121,18 @@ def test_a_version_an_earlier_writer_left_is_checked_by_its_chunk_crcs(tmp_path)
     part.write_bytes(bytes(data))
     with pytest.raises(CorruptWeightsError, match="CRC-32 of bytes 0.. .*damaged"):
         read_weights(vdir)
+
+
+def test_load_version_returns_the_fingerprint_its_tensors_were_checked_against(tmp_path):
+    """A receiver that compares with the published fingerprint takes this one instead of hashing the tensors
+    again: the manifest's, equal to the tensors' own; "" for a single file, where nothing was checked."""
+    from safetensors.torch import save_file
+
+    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.synchronizer.weights_files import load_version, read_manifest
+
+    vdir = complete_version(tmp_path, 1, [write_part(tmp_path / "version-00000001", 0, 1, STATE)], keep=2)
+    tensors, _, checked = load_version(vdir)
+    assert checked == read_manifest(vdir)["fingerprint"] == weights_fingerprint(tensors) == weights_fingerprint(STATE)
+    save_file(STATE, str(tmp_path / "one.safetensors"))
+    assert load_version(tmp_path / "one.safetensors")[2] == ""

@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+SCHEME = "s1"
+"""The scheme every new fingerprint is made in, on every device (on this CPU 0.068 s for 0.38 GB against zlib's
+0.097 s, bench/sync.py method fingerprint; on a GPU no copy to the host). ``crc`` is only read."""
 SCHEMES = ("s1", "crc")
 _WIDTH = 4096
 _MASK = 2**64 - 1
@@ -64,23 +67,15 @@ def _sums(words: torch.Tensor) -> tuple[int, int]:
     return tuple(v & _MASK for v in torch.stack([total, placed]).cpu().tolist())  # two numbers cross to the host
 
 
-def default_scheme(tensors) -> str:
-    """The scheme a new fingerprint is made in: ``s1``, on every device (``crc`` is only read: fingerprints made
-    before ``s1`` existed). On this CPU ``s1`` took 0.068 s for 0.38 GB against zlib's 0.097 s (bench/sync.py,
-    method fingerprint); on a GPU it never copies to the host."""
-    return "s1"
-
-
-def tensor_fingerprint(t: torch.Tensor, dtype: torch.dtype | None = None, scheme: str = "") -> str:
+def tensor_fingerprint(t: torch.Tensor, dtype: torch.dtype | None = None, scheme: str = SCHEME) -> str:
     """``dtype:shape:checksum`` of a tensor's bytes, computed where it lives (cast to ``dtype`` first when
-    given), in ``scheme`` (by default ``default_scheme``). Scheme ``s1``: ``s1-`` and the two sums (module
+    given), in ``scheme``. Scheme ``s1``: ``s1-`` and the two sums (module
     docstring) plus any bytes past the last word; scheme ``crc``: the CRC-32 of the bytes, taken on the host."""
     import torch
 
     t = t.detach()
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
-    scheme = scheme or default_scheme([t])
     head = f"{str(t.dtype).removeprefix('torch.')}:{'x'.join(map(str, t.shape))}"
     if scheme == "crc":
         host = t.to("cpu").contiguous()
@@ -110,12 +105,11 @@ def combine_fingerprints(entries: dict[str, str]) -> str:
 
 
 def tensor_fingerprints(state_dict: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype] | None = None,
-                        scheme: str = "") -> dict[str, str]:
-    """``tensor_fingerprint`` of every tensor (in ``scheme``; by default ``default_scheme``), in parallel threads
+                        scheme: str = SCHEME) -> dict[str, str]:
+    """``tensor_fingerprint`` of every tensor, in ``scheme``, in parallel threads
     (torch's reductions, zlib and device copies release the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    scheme = scheme or default_scheme(state_dict.values())
     names = sorted(state_dict)
     dtypes = dtypes or {}
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(names)))) as pool:
@@ -128,6 +122,6 @@ def weights_fingerprint(state_dict: dict[str, torch.Tensor], dtypes: dict[str, t
     """The fingerprint of a version: names, dtypes, shapes and a checksum of every tensor's bytes, wherever the
     tensors live. The trainer computes it from what it publishes; an engine from the weights it serves (cast to
     the published ``dtypes``: an engine may hold float32 copies of bfloat16 weights, which cast back exactly),
-    in the scheme of the fingerprint it compares with (``like``; ``default_scheme`` when empty). Also what tests
+    in the scheme of the fingerprint it compares with (``like``; ``SCHEME`` when empty). Also what tests
     and ``status`` use to tell versions apart."""
-    return combine_fingerprints(tensor_fingerprints(state_dict, dtypes, scheme_of(like) if like else ""))
+    return combine_fingerprints(tensor_fingerprints(state_dict, dtypes, scheme_of(like) if like else SCHEME))

@@ -161,6 +161,14 @@ def tensor_names(path: str | Path) -> list[str]:
 def read_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch.Tensor], int]:
     """All tensors of a version and the bytes read, every part's loaded tensors checked against the manifest before
     any is returned."""
+    tensors, size, _ = load_version(path, device)
+    return tensors, size
+
+
+def load_version(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch.Tensor], int, str]:
+    """``read_weights``, plus the fingerprint of the tensors as checked: the manifest's, combined from the
+    per-tensor fingerprints the loaded tensors matched ("" where none were checked: a single file, an earlier
+    writer's manifest). A receiver that compares with the published fingerprint need not hash them again."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -168,7 +176,7 @@ def read_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch
         if not path.is_file():
             raise FileNotFoundError(f"no weights at '{path}'")
         try:
-            return load_file(str(path), device=device), path.stat().st_size
+            return load_file(str(path), device=device), path.stat().st_size, ""
         except OSError as e:
             raise _access_error(path, e) from None
         except Exception as e:  # safetensors raises its own error type for a bad header
@@ -198,7 +206,7 @@ def read_weights(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch
             _check_loaded(file, tensors, part["fingerprints"])
         out.update(tensors)
         total += size
-    return out, total
+    return out, total, parts_fingerprint(manifest["parts"])
 
 
 def _check_chunk_crcs(file: Path, expected: list[int]) -> None:

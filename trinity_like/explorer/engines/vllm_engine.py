@@ -70,6 +70,13 @@ from trinity_like.explorer.engines.base import (
     check_fingerprint,
     check_one_source,
 )
+from trinity_like.synchronizer.shared_weights import SharedWeightsUnreachable, open_shared
+from trinity_like.synchronizer.weights_files import (
+    CorruptWeightsError,
+    IncompleteWeightsError,
+    WeightsAccessError,
+    load_version,
+)
 
 _EXTENSION_CLS = f"{__name__}.WeightSyncExtension"
 
@@ -135,34 +142,21 @@ def _worker_classes(on_cpu: bool) -> tuple[type, type]:
                         f"({e}); install vllm>={MIN_VLLM} (pip install 'trinity-like[vllm]')") from None
 
 
-def _refusals() -> tuple[type[BaseException], ...]:
-    from trinity_like.synchronizer.shared_weights import SharedWeightsUnreachable
-    from trinity_like.synchronizer.weights_files import (
-        CorruptWeightsError,
-        IncompleteWeightsError,
-        WeightsAccessError,
-    )
-
-    return (CorruptWeightsError, IncompleteWeightsError, WeightsAccessError, SharedWeightsUnreachable,
-            FileNotFoundError)
-
-
-_REFUSALS = _refusals()
+_REFUSALS = (CorruptWeightsError, IncompleteWeightsError, WeightsAccessError, SharedWeightsUnreachable,
+             FileNotFoundError)
 """Why a worker may refuse a version's source (damaged or pruned files, a buffer gone): the worker returns the
 reason and the engine raises it again as its own type. Raised in a vLLM worker process, any exception reaches the
 engine as a bare ``Exception`` with the text only, and the fleet, which tells these apart, would not know it."""
 
 
-def _read_source(path: str | None, shared: dict | None) -> dict:
-    """The tensors a worker loads: a version folder checked against its manifest, or its own copy of a shared
-    buffer (checked and loaded from the copy, which cannot change under it)."""
+def _read_source(path: str | None, shared: dict | None) -> tuple[dict, str]:
+    """The tensors a worker loads and the fingerprint they were checked against on the way ("" if none): a version
+    folder checked against its manifest, or its own copy of a shared buffer (checked and loaded from the copy,
+    which cannot change under it)."""
     if path is not None:
-        from trinity_like.synchronizer.weights_files import read_weights
-
-        return read_weights(path)[0]
-    from trinity_like.synchronizer.shared_weights import open_shared
-
-    return open_shared(shared, copy=True)
+        tensors, _, checked = load_version(path)
+        return tensors, checked
+    return open_shared(shared, copy=True), ""
 
 
 class WeightSyncExtension:
@@ -195,9 +189,10 @@ class WeightSyncExtension:
         again. A tied ``lm_head`` receives no weight of its own, so the reload leaves it alone; on the CPU
         backend it keeps a packed copy of the old embedding for its matmul (measured: log-probs off by tens of
         nats after an update), so it is processed again here from the new, shared weight."""
+        checked = ""
         if path is not None or shared is not None:
             try:
-                state_dict = _read_source(path, shared)
+                state_dict, checked = _read_source(path, shared)
             except _REFUSALS as e:  # returned, not raised: vLLM's worker processes pass on only a message
                 return {"refused": {"type": type(e).__name__, "message": str(e)}, "applied": False,
                         "fingerprint": "", "tensors": 0}
@@ -213,7 +208,7 @@ class WeightSyncExtension:
             from safetensors.torch import load
 
             state_dict = load(data)
-        return self._trinity_apply(state_dict, tied, fingerprint, commit)
+        return self._trinity_apply(state_dict, tied, fingerprint, commit, checked)
 
     def trinity_commit(self) -> dict:
         """Apply the version the last ``trinity_load_weights(commit=False)`` checked and kept."""
@@ -243,16 +238,20 @@ class WeightSyncExtension:
         state_dict, size = receiver.receive(spec, device=device)
         return {**self._trinity_apply(state_dict, tied, spec.get("fingerprint", "")), "bytes": size}
 
-    def _trinity_apply(self, state_dict, tied: bool, fingerprint: str, commit: bool = True) -> dict:
+    def _trinity_apply(self, state_dict, tied: bool, fingerprint: str, commit: bool = True,
+                       checked: str = "") -> dict:
         """Apply ``state_dict`` unless its fingerprint differs from the published one (then nothing changes).
         With ``commit`` False, only check it and keep it for ``trinity_commit``: an engine over several workers
         (tensor parallel) applies a version only once every worker has checked its copy, so that no worker
-        serves a version another refused."""
-        from trinity_like.common.fingerprint import weights_fingerprint
+        serves a version another refused. ``checked``: the fingerprint these very tensors were already checked
+        against as they were read (``load_version``); they are not hashed a second time when it is in the
+        published fingerprint's scheme."""
+        from trinity_like.common.fingerprint import scheme_of, weights_fingerprint
 
         if not state_dict:
             raise ValueError("no weights given")
-        got = weights_fingerprint(state_dict, like=fingerprint)
+        same_scheme = checked and (not fingerprint or scheme_of(checked) == scheme_of(fingerprint))
+        got = checked if same_scheme else weights_fingerprint(state_dict, like=fingerprint)
         if fingerprint and got != fingerprint:
             return {"fingerprint": got, "applied": False, "tensors": len(state_dict)}
         if not commit:
