@@ -56,6 +56,19 @@ def test_a_view_off_an_eight_byte_boundary_and_a_transposed_matrix():
         assert tensor_fingerprint(moved, scheme="s1") != tensor_fingerprint(m, scheme="s1")
 
 
+def test_the_one_wait_path_for_accelerators_gives_what_the_threaded_host_path_gives():
+    """``_device_s1`` (taken where tensors sit on a GPU: all sums queued, one copy to the host) run here on CPU
+    tensors: the same entries as the per-tensor path, casts and leftover bytes included."""
+    from trinity_like.common.fingerprint import _device_s1
+
+    g = torch.Generator().manual_seed(5)
+    sd = {"w": torch.randn(300, 70, generator=g), "odd": torch.randn(4097 * 4 + 3, generator=g).to(torch.bfloat16),
+          "ids": torch.arange(5, dtype=torch.uint8), "empty": torch.empty(0)}
+    dtypes = {"w": torch.bfloat16}
+    assert _device_s1(sd, dtypes) == tensor_fingerprints(sd, dtypes) == {
+        k: tensor_fingerprint(v, dtypes.get(k), scheme="s1") for k, v in sd.items()}
+
+
 def test_the_earlier_scheme_is_still_computed_and_picked_by_what_it_is_compared_with():
     t = torch.arange(6, dtype=torch.int32).reshape(2, 3)
     crc = zlib.crc32(b"".join(int(i).to_bytes(4, "little") for i in range(6)))

@@ -122,7 +122,12 @@ def test_a_gpu_fingerprint_stays_on_the_gpu_and_equals_the_cpus_for_the_same_byt
     dtype a model holds; a version fingerprinted on the trainer's GPU is what a CPU engine computes for it."""
     import torch
 
-    from trinity_like.common.fingerprint import scheme_of, tensor_fingerprint, weights_fingerprint
+    from trinity_like.common.fingerprint import (
+        scheme_of,
+        tensor_fingerprint,
+        tensor_fingerprints,
+        weights_fingerprint,
+    )
 
     g = torch.Generator().manual_seed(0)
     sd = {f"t.{d}": (torch.randn(1000, 37, generator=g) * 100).to(d)
@@ -131,5 +136,6 @@ def test_a_gpu_fingerprint_stays_on_the_gpu_and_equals_the_cpus_for_the_same_byt
     on_gpu = {k: v.cuda() for k, v in sd.items()}
     for k in sd:
         assert tensor_fingerprint(on_gpu[k], scheme="s1") == tensor_fingerprint(sd[k], scheme="s1"), k
-    published = weights_fingerprint(on_gpu)
+    published = weights_fingerprint(on_gpu)  # the one-wait path on the device
+    assert tensor_fingerprints(on_gpu) == tensor_fingerprints(sd)
     assert scheme_of(published) == "s1" and weights_fingerprint(sd, like=published) == published

@@ -46,25 +46,43 @@ def _words(t: torch.Tensor) -> tuple[torch.Tensor, bytes]:
         t = t.clone()
     raw = t.reshape(-1).view(torch.uint8)
     n = raw.numel() // 8 * 8
-    return raw[:n].view(torch.int64), bytes(raw[n:].cpu().numpy().tobytes())
+    left = bytes(raw[n:].cpu().numpy().tobytes()) if n < raw.numel() else b""  # read only if any
+    return raw[:n].view(torch.int64), left
 
 
-def _sums(words: torch.Tensor) -> tuple[int, int]:
-    """Modulo 2**64, as unsigned: the sum of the words, and the sum of each word times its place (from 1). The
-    words are read as rows of ``_WIDTH``: word r * W + c weighs r * W + c + 1, so the weighted sum is
-    W * sum(r * row_r) + sum((c + 1) * column_c), from one row-sum and one column-sum pass, plus the short tail."""
+def _sums(words: torch.Tensor) -> torch.Tensor:
+    """Modulo 2**64, as two int64 on the words' device (no wait for it): the sum of the words, and the sum of each
+    word times its place (from 1). The words are read as rows of ``_WIDTH``: word r * W + c weighs r * W + c + 1,
+    so the weighted sum is W * sum(r * row_r) + sum((c + 1) * column_c), from one row-sum and one column-sum pass,
+    plus the short tail."""
     import torch
 
+    dev = words.device
+    if not words.numel():
+        return torch.zeros(2, dtype=torch.int64, device=dev)
     rows = words.numel() // _WIDTH
     body = words[:rows * _WIDTH].view(rows, _WIDTH)
     row_sums, col_sums = body.sum(1), body.sum(0)  # int64 wraps: modulo 2**64
     tail = words[rows * _WIDTH:]
-    dev = words.device
     arange = lambda lo, n: torch.arange(lo, lo + n, dtype=torch.int64, device=dev)  # noqa: E731
     total = row_sums.sum() + tail.sum()
     placed = ((row_sums * arange(0, rows)).sum() * _WIDTH + (col_sums * arange(1, _WIDTH)).sum()
               + (tail * arange(rows * _WIDTH + 1, tail.numel())).sum())
-    return tuple(v & _MASK for v in torch.stack([total, placed]).cpu().tolist())  # two numbers cross to the host
+    return torch.stack([total, placed])
+
+
+def _head(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}:{'x'.join(map(str, t.shape))}"
+
+
+def _s1(head: str, sums: list[int], left: bytes) -> str:
+    total, placed = (v & _MASK for v in sums)
+    return f"{head}:s1-{total:016x}{placed:016x}{left.hex()}"
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    t = t.detach()
+    return t.to(dtype) if dtype is not None and t.dtype != dtype else t
 
 
 def tensor_fingerprint(t: torch.Tensor, dtype: torch.dtype | None = None, scheme: str = SCHEME) -> str:
@@ -73,19 +91,37 @@ def tensor_fingerprint(t: torch.Tensor, dtype: torch.dtype | None = None, scheme
     docstring) plus any bytes past the last word; scheme ``crc``: the CRC-32 of the bytes, taken on the host."""
     import torch
 
-    t = t.detach()
-    if dtype is not None and t.dtype != dtype:
-        t = t.to(dtype)
-    head = f"{str(t.dtype).removeprefix('torch.')}:{'x'.join(map(str, t.shape))}"
+    t = _cast(t, dtype)
     if scheme == "crc":
         host = t.to("cpu").contiguous()
         crc = zlib.crc32(memoryview(host.reshape(-1).view(torch.uint8).numpy())) if host.numel() else 0
-        return f"{head}:{crc:08x}"
+        return f"{_head(t)}:{crc:08x}"
     if scheme != "s1":
         raise ValueError(f"unknown fingerprint scheme {scheme!r}; known: {', '.join(SCHEMES)}")
     words, left = _words(t)
-    total, placed = _sums(words) if words.numel() else (0, 0)
-    return f"{head}:s1-{total:016x}{placed:016x}{left.hex()}"
+    return _s1(_head(t), _sums(words).cpu().tolist(), left)
+
+
+def _device_s1(state_dict: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype]) -> dict[str, str]:
+    """Scheme ``s1`` of tensors on an accelerator: every tensor's sums are queued on its device and cross to the
+    host together, one wait for the lot (per tensor, a wait and ~10 kernel launches from 8 threads took 0.8 ms:
+    3.2 GB/s for a 100M model on an H100, no faster than zlib on the host)."""
+    import torch
+
+    names = sorted(state_dict)
+    heads, sums, lefts = {}, {}, {}
+    for name in names:
+        t = _cast(state_dict[name], dtypes.get(name))
+        words, lefts[name] = _words(t)
+        heads[name], sums[name] = _head(t), _sums(words)
+    by_device: dict[torch.device, list[str]] = {}
+    for name in names:
+        by_device.setdefault(sums[name].device, []).append(name)
+    out = {}
+    for group in by_device.values():
+        values = torch.stack([sums[n] for n in group]).cpu().tolist()
+        out.update({n: _s1(heads[n], v, lefts[n]) for n, v in zip(group, values, strict=True)})
+    return out
 
 
 def scheme_of(fingerprint: str) -> str:
@@ -106,12 +142,14 @@ def combine_fingerprints(entries: dict[str, str]) -> str:
 
 def tensor_fingerprints(state_dict: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype] | None = None,
                         scheme: str = SCHEME) -> dict[str, str]:
-    """``tensor_fingerprint`` of every tensor, in ``scheme``, in parallel threads
-    (torch's reductions, zlib and device copies release the GIL)."""
+    """``tensor_fingerprint`` of every tensor, in ``scheme``: on the CPU in parallel threads (torch's reductions
+    and zlib release the GIL); on an accelerator queued on the device with one wait (``_device_s1``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     names = sorted(state_dict)
     dtypes = dtypes or {}
+    if scheme == "s1" and any(state_dict[n].device.type != "cpu" for n in names):
+        return _device_s1(state_dict, dtypes)
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(names)))) as pool:
         return dict(zip(names, pool.map(lambda n: tensor_fingerprint(state_dict[n], dtypes.get(n), scheme), names),
                         strict=True))
