@@ -3,11 +3,14 @@
 Two weight sets: the tiny model's and a ~100M-parameter Qwen2-shaped state dict (random weights, float32,
 ~0.4 GB; ``--large-hidden``/``--large-layers`` change it). For each:
 
-- checkpoint: trainer side ``write_part`` (safetensors bytes + CRC-32, atomic write: temp file and rename, no
-  fsync, since a version is not the durable copy) by one writer,
-  ``complete_version`` (manifest, pointer, pruning), then the explorer side ``read_weights`` (read, size +
-  CRC check, parse). Raw: a bare ``safetensors.torch.save_file`` + ``load_file`` of the same tensors (no
-  fsync, no checks). ``vs_raw`` = our seconds / raw seconds (target <= 1.5).
+- checkpoint: trainer side ``write_part`` (safetensors bytes written with the tensors' fingerprints taken
+  meanwhile, atomic write: temp file and rename, no fsync, since a version is not the durable copy) by one
+  writer, ``complete_version`` (manifest, pointer; the pruning of older versions follows the timed part, as the
+  CheckpointMonitor prunes after it announced the version), then the explorer side ``read_weights`` (map, parse,
+  size and fingerprint check of the loaded tensors). Raw: a bare ``safetensors.torch.save_file`` + ``load_file``
+  of the same tensors (no fsync, no checks; the two newest files kept, as the versions are). ``vs_raw`` = our
+  seconds / raw seconds (target <= 1.5). ``load_file`` maps the file and reads none of it, while ours reads every
+  byte to check it; ``vs_raw_into_weights`` times both up to the loaded tensors copied into an engine's weights.
 - nccl (gloo on this CPU machine): the trainer's ``WeightBroadcaster`` and ``--receivers`` engines as Ray
   actors, each running the engine's ``WeightReceiver`` inside a Synchronizer round; timed is the transfer
   as the broadcaster records it (group reused from a warm-up round, all slices of ``--bucket-mb``, from the
@@ -78,26 +81,40 @@ def nbytes(sd: dict[str, torch.Tensor]) -> int:
 def bench_checkpoint(sd: dict[str, torch.Tensor], folder: Path, repeats: int) -> dict[str, float]:
     from safetensors.torch import load_file, save_file
 
-    from trinity_like.synchronizer.monitor import complete_version
+    from trinity_like.synchronizer.monitor import complete_version, prune_versions
     from trinity_like.synchronizer.weights_files import read_weights, write_part
 
-    ours, raw = [], []
-    for r in range(repeats):
+    weights = {k: torch.empty_like(v) for k, v in sd.items()}  # an engine's own weights, filled from what it loaded
+
+    def into_weights(loaded: dict[str, torch.Tensor]) -> None:
+        for k, t in weights.items():
+            t.copy_(loaded[k])
+
+    out: dict[str, list[float]] = {"ours": [], "raw": [], "ours_into": [], "raw_into": []}
+    for r in range(-2, repeats):  # rounds -2 and -1 untimed: until two files of each kind are kept, the kernel
+        # hands out fresh pages (0.3-0.4 s a write here), later it reuses those of the files deleted
         for order in ((0, 1) if r % 2 == 0 else (1, 0)):
             start = time.perf_counter()
             if order == 0:
-                part = write_part(folder / f"version-{r + 1:08d}", 0, 1, sd)
-                vdir = complete_version(folder, r + 1, [part], keep=2)
+                part = write_part(folder / f"version-{r + 3:08d}", 0, 1, sd)
+                vdir = complete_version(folder, r + 3, [part], keep=2, prune=False)
                 loaded, _ = read_weights(vdir)
-                ours.append(time.perf_counter() - start)
+                out["ours"].append(time.perf_counter() - start)
+                into_weights(loaded)
+                out["ours_into"].append(time.perf_counter() - start)
+                prune_versions(folder, 2, r + 3)  # as the CheckpointMonitor does: after the version is announced
             else:
                 path = folder / f"raw-{r}.safetensors"
                 save_file(sd, str(path))
                 loaded = load_file(str(path))
-                raw.append(time.perf_counter() - start)
-                path.unlink()
+                out["raw"].append(time.perf_counter() - start)
+                into_weights(loaded)
+                out["raw_into"].append(time.perf_counter() - start)
+                (folder / f"raw-{r - 2}.safetensors").unlink(missing_ok=True)  # two kept, like the versions
             assert len(loaded) == len(sd)
-    return {"seconds": statistics.median(ours), "raw_seconds": statistics.median(raw)}
+    for path in folder.glob("raw-*"):
+        path.unlink()
+    return {k: statistics.median(v[2:]) for k, v in out.items()}
 
 
 def bench_fingerprint(sd: dict[str, torch.Tensor], device: str, repeats: int) -> dict[str, float]:
@@ -329,9 +346,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: {params / 1e6:.1f}M params, {size / 2**20:.1f} MiB")
             if "checkpoint" in methods:
                 ck = bench_checkpoint(sd, Path(tmp) / f"ck-{name}", args.repeats)
-                print(f"  checkpoint  ours {ck['seconds']:.3f}s  raw save+load {ck['raw_seconds']:.3f}s")
-                lines.append(f"RESULT sync model={name} method=checkpoint seconds={ck['seconds']:.4f} "
-                             f"gbps={gb / ck['seconds']:.3f} vs_raw={ck['seconds'] / ck['raw_seconds']:.3f}")
+                print(f"  checkpoint  ours {ck['ours']:.3f}s  raw save+load {ck['raw']:.3f}s  into an engine's weights: "
+                      f"ours {ck['ours_into']:.3f}s  raw {ck['raw_into']:.3f}s")
+                lines.append(f"RESULT sync model={name} method=checkpoint seconds={ck['ours']:.4f} "
+                             f"gbps={gb / ck['ours']:.3f} vs_raw={ck['ours'] / ck['raw']:.3f} "
+                             f"into_weights_seconds={ck['ours_into']:.4f} "
+                             f"vs_raw_into_weights={ck['ours_into'] / ck['raw_into']:.3f}")
             if methods & {"nccl", "memory"}:
                 bc = bench_broadcast(sd, args.receivers, args.bucket_mb, args.repeats,
                                      f"bench-sync-{name}-{os.getpid()}")

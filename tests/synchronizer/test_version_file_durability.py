@@ -136,3 +136,48 @@ def test_load_version_returns_the_fingerprint_its_tensors_were_checked_against(t
     assert checked == read_manifest(vdir)["fingerprint"] == weights_fingerprint(tensors) == weights_fingerprint(STATE)
     save_file(STATE, str(tmp_path / "one.safetensors"))
     assert load_version(tmp_path / "one.safetensors")[2] == ""
+
+
+def test_a_part_is_a_safetensors_file_that_safetensors_itself_reads(tmp_path):
+    """Parts are written by our own writer (it lets the fingerprints run beside the write); safetensors' reader
+    takes them: every dtype a model or its buffers hold, scalars, empty and non-contiguous tensors."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from trinity_like.synchronizer.weights_files import write_safetensors
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {f"t.{d}".removeprefix("t.torch."): (torch.randn(5, 7, generator=g) * 50).to(d)
+               for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
+                         torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn)}
+    tensors |= {"scalar": torch.tensor(2.5), "empty": torch.empty(0, 3), "transposed": torch.randn(4, 6).t()}
+    write_safetensors(tmp_path / "x.safetensors", tensors)
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert back.keys() == tensors.keys()
+    for k, t in tensors.items():
+        assert back[k].dtype == t.dtype and back[k].shape == t.shape, k
+        assert torch.equal(back[k].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), k  # bit for bit
+    with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as f:
+        assert sorted(f.keys()) == sorted(tensors)
+
+
+def test_a_tensor_without_a_safetensors_dtype_is_refused_by_name_and_leaves_no_file(tmp_path):
+    with pytest.raises(TypeError, match="tensor 'z': dtype torch.complex64 has no safetensors name"):
+        write_part(tmp_path / "version-00000001", 0, 1, {"a": torch.ones(3), "z": torch.ones(2, dtype=torch.complex64)})
+    assert list((tmp_path / "version-00000001").iterdir()) == []
+
+
+def test_the_temporary_file_is_created_by_the_writer_not_made_beforehand(tmp_path):
+    """A temp file made first (mkstemp) and then opened for writing is truncated, and ext4 then writes it back
+    to disk when it is closed (0.1-0.5 s more per 0.4 GB version here): the writer gets a name no file has."""
+    from trinity_like.common.fs import atomic_write_with
+
+    seen = []
+
+    def write(tmp):
+        seen.append((tmp.name, tmp.exists()))
+        tmp.write_bytes(b"x")
+
+    atomic_write_with(tmp_path / "part.safetensors", write, durable=False)
+    assert seen[0][0].startswith(".part.safetensors.tmp-") and seen[0][1] is False
+    assert [p.name for p in tmp_path.iterdir()] == ["part.safetensors"]

@@ -141,18 +141,26 @@ def combine_fingerprints(entries: dict[str, str]) -> str:
 
 
 def tensor_fingerprints(state_dict: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype] | None = None,
-                        scheme: str = SCHEME) -> dict[str, str]:
-    """``tensor_fingerprint`` of every tensor, in ``scheme``: on the CPU in parallel threads (torch's reductions
-    and zlib release the GIL); on an accelerator queued on the device with one wait (``_device_s1``)."""
+                        scheme: str = SCHEME, threads: int = 8) -> dict[str, str]:
+    """``tensor_fingerprint`` of every tensor, in ``scheme``: on the CPU the large ones in up to ``threads``
+    threads, no more than the machine's cores (torch's reductions and zlib release the GIL), those under 1 MiB in
+    the calling thread (handing them to threads made the tiny model's 26 tensors 4x slower: 7.4 ms against 1.7);
+    on an accelerator queued on the device with one wait (``_device_s1``)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    names = sorted(state_dict)
     dtypes = dtypes or {}
-    if scheme == "s1" and any(state_dict[n].device.type != "cpu" for n in names):
+    if scheme == "s1" and any(t.device.type != "cpu" for t in state_dict.values()):
         return _device_s1(state_dict, dtypes)
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(names)))) as pool:
-        return dict(zip(names, pool.map(lambda n: tensor_fingerprint(state_dict[n], dtypes.get(n), scheme), names),
-                        strict=True))
+    one = lambda n: tensor_fingerprint(state_dict[n], dtypes.get(n), scheme)  # noqa: E731
+    large = [n for n, t in state_dict.items() if t.numel() * t.element_size() >= 2**20]
+    out = {n: one(n) for n in state_dict.keys() - set(large)}
+    workers = max(1, min(threads, os.cpu_count() or 1, len(large)))
+    if workers == 1:
+        out.update({n: one(n) for n in large})
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            out.update(zip(large, pool.map(one, large), strict=True))
+    return dict(sorted(out.items()))
 
 
 def weights_fingerprint(state_dict: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype] | None = None,

@@ -78,13 +78,15 @@ def prune_versions(root: Path, keep: int, latest: int) -> None:
             d.unlink(missing_ok=True)
 
 
-def complete_version(root: Path, version: int, parts: list[dict], keep: int) -> Path:
-    """Make a version visible: its manifest, then the ``latest`` pointer, then pruning. Returns its folder."""
+def complete_version(root: Path, version: int, parts: list[dict], keep: int, prune: bool = True) -> Path:
+    """Make a version visible: its manifest, then the ``latest`` pointer, then (``prune``) the pruning of older
+    versions. Returns its folder."""
     vdir = version_dir(root, version)
     write_manifest(vdir, version, parts)
     if version >= _version_pointer_or_0(root):
         _write_version_pointer(root, version)
-    prune_versions(root, keep, version)
+    if prune:
+        prune_versions(root, keep, version)
     return vdir
 
 
@@ -194,14 +196,18 @@ class CheckpointMonitor:
         self._parts[key].append(part or {})
         if len(self._parts[key]) < self._expected[key]:
             return
-        if is_state_dict:
-            await self._complete_version(step, self._parts[key])
-        else:
+        if not is_state_dict:
             self.update_latest_checkpoint_step(step)
+            self._event(key).set()
+            return
+        await self._complete_version(step, self._parts[key])
         self._event(key).set()
+        # older versions are deleted once the new one is announced and its writers released: deleting a version's
+        # files (0.08 s for 0.4 GB on the development VM) is not on the way from the trainer to the engines
+        await asyncio.to_thread(prune_versions, self.state_dict_root, self.keep_state_dicts, step)
 
     async def _complete_version(self, step: int, parts: list[dict]) -> None:
-        vdir = complete_version(self.state_dict_root, step, parts, self.keep_state_dicts)
+        vdir = complete_version(self.state_dict_root, step, parts, self.keep_state_dicts, prune=False)
         self.latest_state_dict_step = max(self.latest_state_dict_step, step)
         if self.namespace is not None:
             sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)

@@ -103,17 +103,52 @@ def file_crc32s(path: str | Path) -> list[int]:
                 view.release()
 
 
-def write_part(vdir: str | Path, rank: int, world: int, tensors: dict[str, torch.Tensor]) -> dict:
-    """Write one writer's tensors atomically; return the part's manifest entry."""
-    from safetensors.torch import save_file
+_SAFETENSORS_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2", "uint16": "U16", "uint32": "U32", "uint64": "U64"}
+"""torch's dtype names -> the safetensors format's (https://huggingface.co/docs/safetensors, "Format")."""
 
+
+def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
+    """``tensors`` as one safetensors file at ``path``, written straight from each tensor's memory (one tensor on
+    the host at a time where they live on a GPU). The format's own writer holds the GIL while it writes, which
+    kept the writer's fingerprinting from running beside it (0.35 s against 0.31 s at 0.4 GB, bench/sync.py);
+    a file write does not. Header: 8 bytes little-endian length, then JSON padded with spaces to 8 bytes."""
+    import torch
+
+    names = sorted(tensors)
+    header, offset = {}, 0
+    for name in names:
+        t = tensors[name]
+        kind = _SAFETENSORS_DTYPES.get(str(t.dtype).removeprefix("torch."))
+        if kind is None:
+            raise TypeError(f"tensor '{name}': dtype {t.dtype} has no safetensors name; cast it before publishing")
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": kind, "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for name in names:
+            t = tensors[name].detach().to("cpu").contiguous()
+            if t.numel():
+                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+
+
+def write_part(vdir: str | Path, rank: int, world: int, tensors: dict[str, torch.Tensor]) -> dict:
+    """Write one writer's tensors atomically, fingerprinting them meanwhile in one thread (the write keeps a core:
+    0.109 s against 0.103 s for the write alone at 0.4 GB on the 2-core development VM; 0.129 s with two
+    fingerprinting threads); return the part's manifest entry."""
     from trinity_like.common.fingerprint import tensor_fingerprints
 
     name = f"part-{rank:05d}-of-{world:05d}.safetensors"
-    path = atomic_write_with(Path(vdir) / name, lambda tmp: save_file(
-        {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp)), durable=False)
-    return {"file": name, "bytes": path.stat().st_size, "tensors": sorted(tensors),
-            "fingerprints": tensor_fingerprints(tensors)}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fingerprints = pool.submit(tensor_fingerprints, tensors, threads=1)
+        path = atomic_write_with(Path(vdir) / name, lambda tmp: write_safetensors(tmp, tensors), durable=False)
+        return {"file": name, "bytes": path.stat().st_size, "tensors": sorted(tensors),
+                "fingerprints": fingerprints.result()}
 
 
 def parts_fingerprint(parts: list[dict]) -> str:
