@@ -278,7 +278,7 @@ def evaluate_all(cfg, weights: list[str | None]) -> list[dict[str, float]]:
     from trinity_like.explorer.fleet import EngineFleet
     from trinity_like.explorer.workflow_base import explorer_context
     from trinity_like.runtime.run_dir import prepare_eval_tasksets
-    from trinity_like.synchronizer.messages import WeightsInfo
+    from trinity_like.weights.messages import WeightsInfo
 
     (ev,) = cfg.explorer.eval_tasksets
     tasks = prepare_eval_tasksets(cfg)[ev.name]

@@ -11,7 +11,7 @@ Two weight sets: the tiny model's and a ~100M-parameter Qwen2-shaped state dict 
   of the same tensors (no fsync, no checks; the two newest files kept, as the versions are). ``vs_raw`` = our
   seconds / raw seconds (target <= 1.5). ``load_file`` maps the file and reads none of it, while ours reads every
   byte to check it; ``vs_raw_into_weights`` times both up to the loaded tensors copied into an engine's weights.
-- nccl (gloo on this CPU machine): the trainer's ``WeightBroadcaster`` and ``--receivers`` engines as Ray
+- broadcast (gloo on this CPU machine): the trainer's ``WeightBroadcaster`` and ``--receivers`` engines as Ray
   actors, each running the engine's ``WeightReceiver`` inside a Synchronizer round; timed is the transfer
   as the broadcaster records it (group reused from a warm-up round, all slices of ``--bucket-mb``, from the
   moment the round is fixed, so the receivers' arrival is included), after the snapshot copy, which is
@@ -29,7 +29,7 @@ Two weight sets: the tiny model's and a ~100M-parameter Qwen2-shaped state dict 
 gbps is gigabytes per second (1e9 B/s) of weights delivered to one receiver. Medians of ``--repeats``.
 
     .venv/bin/python bench/sync.py [--receivers 2] [--bucket-mb 64] [--repeats 3] [--skip-large]
-        [--methods checkpoint,nccl,memory,ipc,fingerprint] [--device cpu|cuda]
+        [--methods checkpoint,broadcast,memory,ipc,fingerprint] [--device cpu|cuda]
 
 ``--smoke`` (``.venv/bin/python bench/sync.py --smoke``) runs the same code path on small sizes in seconds;
 ``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
@@ -81,8 +81,7 @@ def nbytes(sd: dict[str, torch.Tensor]) -> int:
 def bench_checkpoint(sd: dict[str, torch.Tensor], folder: Path, repeats: int) -> dict[str, float]:
     from safetensors.torch import load_file, save_file
 
-    from trinity_like.synchronizer.monitor import complete_version, prune_versions
-    from trinity_like.synchronizer.weights_files import read_weights, write_part
+    from trinity_like.weights.files import complete_version, prune_versions, read_weights, write_part
 
     weights = {k: torch.empty_like(v) for k, v in sd.items()}  # an engine's own weights, filled from what it loaded
 
@@ -121,7 +120,7 @@ def bench_fingerprint(sd: dict[str, torch.Tensor], device: str, repeats: int) ->
     """One version's fingerprint where ``device`` holds the weights, in each scheme: ``s1`` (two integer
     reductions on the device; what a trainer on a GPU publishes) and ``crc`` (a copy to the host and zlib's
     CRC-32; what a trainer on the CPU publishes, and every fingerprint did before ``s1``)."""
-    from trinity_like.common.fingerprint import combine_fingerprints, tensor_fingerprints
+    from trinity_like.weights.fingerprint import combine_fingerprints, tensor_fingerprints
 
     on = {k: v.to(device) for k, v in sd.items()}
     out = {}
@@ -137,17 +136,17 @@ def bench_fingerprint(sd: dict[str, torch.Tensor], device: str, repeats: int) ->
     return out
 
 
-# ------------------------------------------------------------------ nccl (gloo) and memory
+# ------------------------------------------------------------------ broadcast (gloo) and memory
 @ray.remote(num_cpus=0)
 class Receiver:
     def __init__(self, namespace: str, key: str) -> None:
-        from trinity_like.synchronizer.collective import WeightReceiver
+        from trinity_like.weights.broadcast import WeightReceiver
 
         self.namespace, self.key = namespace, key
         self.receiver = WeightReceiver(timeout_s=300)
 
     def round(self, min_version: int) -> float:
-        from trinity_like.synchronizer.messages import SYNCHRONIZER_NAME
+        from trinity_like.weights.messages import SYNCHRONIZER_NAME
         sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
         spec = ray.get(sync.collective_ready.remote(self.key, min_version, 300))
         start = time.perf_counter()
@@ -173,7 +172,7 @@ class Receiver:
 
 def bench_broadcast(sd, receivers: int, bucket_mb: float, repeats: int, namespace: str) -> dict[str, float]:
     from trinity_like.synchronizer import get_synchronizer
-    from trinity_like.synchronizer.collective import WeightBroadcaster
+    from trinity_like.weights.broadcast import WeightBroadcaster
 
     sync = get_synchronizer(namespace)
     broadcaster = WeightBroadcaster(sync, bucket_mb, timeout_s=300)
@@ -252,7 +251,7 @@ class Mapper:
             torch.cuda.synchronize(self.device)
 
     def receive(self, handle: dict) -> float:
-        from trinity_like.synchronizer.shared_weights import open_shared
+        from trinity_like.weights.shared import open_shared
 
         self._sync()
         start = time.perf_counter()
@@ -277,7 +276,7 @@ class Mapper:
 
 
 def bench_ipc(sd, receivers: int, repeats: int, device: str) -> dict[str, float]:
-    from trinity_like.synchronizer.shared_weights import SharedWeights
+    from trinity_like.weights.shared import SharedWeights
 
     if device == "cuda":
         sd = {k: v.cuda() for k, v in sd.items()}
@@ -313,8 +312,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--large-hidden", type=int, default=768)
     parser.add_argument("--large-layers", type=int, default=12)
     parser.add_argument("--skip-large", action="store_true")
-    parser.add_argument("--methods", default="checkpoint,nccl,memory,ipc,fingerprint",
-                        help="comma-separated subset of checkpoint,nccl,memory,ipc,fingerprint (nccl and memory run "
+    parser.add_argument("--methods", default="checkpoint,broadcast,memory,ipc,fingerprint",
+                        help="comma-separated subset of checkpoint,broadcast,memory,ipc,fingerprint (broadcast and memory run "
                              "together; fingerprint: one version's fingerprint where --device holds it)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where method ipc keeps the trainer's buffer and the engines' weights")
@@ -352,14 +351,14 @@ def main(argv: list[str] | None = None) -> None:
                              f"gbps={gb / ck['ours']:.3f} vs_raw={ck['ours'] / ck['raw']:.3f} "
                              f"into_weights_seconds={ck['ours_into']:.4f} "
                              f"vs_raw_into_weights={ck['ours_into'] / ck['raw_into']:.3f}")
-            if methods & {"nccl", "memory"}:
+            if methods & {"broadcast", "memory"}:
                 bc = bench_broadcast(sd, args.receivers, args.bucket_mb, args.repeats,
                                      f"bench-sync-{name}-{os.getpid()}")
-                print(f"  nccl(gloo)  transfer {bc['ours']:.3f}s  raw flat broadcast {bc['raw']:.3f}s  "
+                print(f"  broadcast(gloo)  transfer {bc['ours']:.3f}s  raw flat broadcast {bc['raw']:.3f}s  "
                       f"one-param-at-a-time {bc['per_param']:.3f}s  snapshot copy {bc['snapshot']:.3f}s  whole "
                       f"round from ready {bc['round']:.3f}s")
                 print(f"  memory      put + get in {args.receivers} actors {bc['memory']:.3f}s")
-                lines.append(f"RESULT sync model={name} method=nccl seconds={bc['ours']:.4f} "
+                lines.append(f"RESULT sync model={name} method=broadcast seconds={bc['ours']:.4f} "
                              f"gbps={gb / bc['ours']:.3f} vs_raw={bc['raw'] / bc['ours']:.3f} "
                              f"per_param_seconds={bc['per_param']:.4f} vs_per_param={bc['per_param'] / bc['ours']:.2f} "
                              f"snapshot_seconds={bc['snapshot']:.4f} round_seconds={bc['round']:.4f}")

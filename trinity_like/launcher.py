@@ -45,7 +45,7 @@ from trinity_like.runtime.paths import RunPaths, namespace_of
 from trinity_like.runtime.ray_cluster import check_ray_address, init_ray
 from trinity_like.runtime.run_dir import explorer_needs_run_dir, prepare_run_dir
 from trinity_like.runtime.schedule import Schedule
-from trinity_like.synchronizer.messages import MONITOR_NAME
+from trinity_like.weights.messages import MONITOR_NAME
 
 TRAINER_NAME = "trainer"
 """The trainer role's actor name in the run's namespace (one trainer per run)."""

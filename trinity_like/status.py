@@ -43,7 +43,7 @@ def _connect(address: str | None, namespace: str) -> str | None:
 def _synchronizer_status(namespace: str) -> dict[str, Any] | None:
     import ray
 
-    from trinity_like.synchronizer.messages import SYNCHRONIZER_NAME
+    from trinity_like.weights.messages import SYNCHRONIZER_NAME
     try:
         actor = ray.get_actor(SYNCHRONIZER_NAME, namespace=namespace)
         return ray.get(actor.status.remote(), timeout=30)

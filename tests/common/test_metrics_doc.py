@@ -23,7 +23,7 @@ HOLE = "<*>"
 
 NOT_EMITTED = {
     # the NCCL broadcaster's last_round; the trainer logs these renamed as sync/broadcast_<name>
-    "sync/receivers": "trinity_like/synchronizer/collective.py",
+    "sync/receivers": "trinity_like/weights/broadcast.py",
 }
 """Scanned literals that look like metric keys but never reach a record as such, with where they live."""
 

@@ -27,7 +27,7 @@ def test_registry_backed_choices_are_the_registries_names():
     from trinity_like.common.tasks import TASKSET_GENERATORS
     from trinity_like.trainer.parallel import STRATEGIES
     from trinity_like.trainer.ppo import TRAINERS
-    from trinity_like.trainer.publish import PUBLISHERS
+    from trinity_like.weights.publish import PUBLISHERS
 
     fields = dict(_choice_fields(Config))
     expected = {

@@ -124,7 +124,7 @@ def _check_sync_without_files(cfg, records, method, failures: bool = False):
     assert any(r.get("sync/bytes", 0) > 0 for r in explorer)  # the engines received weights
     if method == "ipc":  # the shared-memory buffers went with the trainer
         from trinity_like.runtime.paths import namespace_of
-        from trinity_like.synchronizer.shared_weights import shared_root
+        from trinity_like.weights.shared import shared_root
 
         assert not (shared_root() / f"trinity_like-{namespace_of(cfg).replace('/', '_')}").exists()
 
@@ -167,7 +167,7 @@ def test_async_over_the_redis_transport_with_two_data_parallel_trainer_workers_p
         tmp_path, tiny_model_path, ray_session, redis_server):
     """Two things one run proves (each run is ~20 worker-seconds of start-up): the Redis transport, and two
     data-parallel trainer workers publishing by `ipc`, whose broadcaster (the shared buffer) lives in rank 0's
-    worker. Each sync method runs end to end once: `memory` in the shared async run, `nccl` (gloo here) in the
+    worker. Each sync method runs end to end once: `memory` in the shared async run, `broadcast` (gloo) in the
     stalled-engine run below, `checkpoint` in the shared sync run; two workers writing one version's parts by
     `checkpoint`: tests/synchronizer/test_synchronizer.py."""
     cfg = _cfg(tmp_path, tiny_model_path, "redis-dp", "mode=async", "buffer.transport=redis",
@@ -239,7 +239,7 @@ def test_a_run_whose_engine_is_stopped_mid_sync_completes_on_the_other_engine(tm
                                                                                ray_session):
     """SIGSTOP one of two engines as soon as both wait for a broadcast round: the round (or the engine's next
     call) fails at its deadline, the engine is left out, and the run completes with every experience trained
-    once; the trainer is never held up by the stalled engine. The run is also the end-to-end one of `nccl` (gloo
+    once; the trainer is never held up by the stalled engine. The run is also the end-to-end one of `broadcast` (gloo
     here) with two trainer workers: the broadcaster lives in rank 0's worker, and no weight file is written."""
     import os
     import signal
@@ -250,7 +250,7 @@ def test_a_run_whose_engine_is_stopped_mid_sync_completes_on_the_other_engine(tm
     from trinity_like.synchronizer import get_synchronizer
 
     cfg = _cfg(tmp_path, tiny_model_path, "sigstop", "mode=async", "explorer.num_engines=2",
-               "synchronizer.method=nccl", "synchronizer.sync_timeout_s=3", "explorer.call_timeout_s=8",
+               "synchronizer.method=broadcast", "synchronizer.sync_timeout_s=3", "explorer.call_timeout_s=8",
                "explorer.task_timeout_s=60", "trainer.num_workers=2")
     ns = namespace_of(cfg)
     outcome: dict = {}
@@ -280,7 +280,7 @@ def test_a_run_whose_engine_is_stopped_mid_sync_completes_on_the_other_engine(tm
             os.kill(stopped, signal.SIGCONT)
     assert stopped is not None, "the run ended before the engines waited for a round together"
     summary = outcome["summary"]
-    _check_sync_without_files(cfg, _check_run(cfg, summary), "nccl", failures=True)
+    _check_sync_without_files(cfg, _check_run(cfg, summary), "broadcast", failures=True)
     explorer = [r for r in _records(cfg) if r["role"] == "explorer"]
     assert max(r.get("rollout/engine_restarts", 0) for r in explorer) == 0  # left out, not restarted
     assert max(r.get("sync/failures", 0) for r in explorer) >= 1  # the round with the stopped engine failed

@@ -38,7 +38,7 @@ def two_nodes(tmp_path):
 
 def test_explorer_on_a_second_node_without_the_run_directory(tmp_path, tiny_model_path, two_nodes, redis_server_at):
     redis = redis_server_at(two_nodes.node_ip)
-    common = {"buffer__transport": "redis", "buffer__redis_url": redis.url, "synchronizer__method": "nccl",
+    common = {"buffer__transport": "redis", "buffer__redis_url": redis.url, "synchronizer__method": "broadcast",
               "trainer__total_steps": 4, "trainer__node": {"resources": {"trainer_node": 0.01}}}
     head, second, blind_node = (tmp_path / d for d in ("head", "second-node", "blind-node"))
     for d in (head, second, blind_node):

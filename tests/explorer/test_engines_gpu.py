@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from trinity_like.common.experience import Experience
-from trinity_like.common.fingerprint import weights_fingerprint
 from trinity_like.common.modeling import load_causal_lm
 from trinity_like.common.tokenizer import hf_tokenizer
 from trinity_like.config import SamplingConfig, load_config
 from trinity_like.explorer.engines.base import WeightUpdate
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
+from trinity_like.weights.fingerprint import weights_fingerprint
 
 pytestmark = pytest.mark.gpu
 

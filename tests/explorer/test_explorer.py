@@ -149,7 +149,7 @@ def test_admission_holds_the_explorer_back_until_the_trainer_publishes(tmp_path,
     from trinity_like.runtime.paths import namespace_of
     from trinity_like.runtime.run_dir import prepare_run_dir
     from trinity_like.synchronizer import get_synchronizer
-    from trinity_like.synchronizer.messages import WeightsInfo
+    from trinity_like.weights.messages import WeightsInfo
     cfg = _cfg(tmp_path, tiny_model_path, "name=admission", "mode=async", "synchronizer.max_staleness=0",
                "explorer.batch_size=2", "explorer.repeat_times=2")
     prepare_run_dir(cfg)

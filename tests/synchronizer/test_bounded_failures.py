@@ -6,8 +6,7 @@ import time
 import pytest
 import torch
 
-from trinity_like.synchronizer.messages import WeightsInfo
-from trinity_like.synchronizer.weights_files import (
+from trinity_like.weights.files import (
     MANIFEST,
     CorruptWeightsError,
     IncompleteWeightsError,
@@ -17,6 +16,7 @@ from trinity_like.synchronizer.weights_files import (
     write_manifest,
     write_part,
 )
+from trinity_like.weights.messages import WeightsInfo
 
 
 def _version(tmp_path, version=1):
@@ -58,7 +58,7 @@ def test_weight_file_errors_say_what_is_wrong(tmp_path):
 def test_broadcaster_gives_up_on_an_unreachable_synchronizer_after_its_deadline(ray_session):
     """It used to retry forever, logging a warning every second."""
     from trinity_like.synchronizer import get_synchronizer
-    from trinity_like.synchronizer.collective import BroadcasterStopped, WeightBroadcaster
+    from trinity_like.weights.broadcast import BroadcasterStopped, WeightBroadcaster
 
     sync = get_synchronizer("bounded/broadcast", run_id="run-b")
     broadcaster = WeightBroadcaster(sync, bucket_mb=1.0, timeout_s=2.0)
@@ -86,12 +86,12 @@ def test_an_engine_stopped_in_a_broadcast_round_fails_it_within_the_deadline_and
     import os
     import signal
 
-    from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.config import SamplingConfig, load_config
     from trinity_like.explorer.fleet import EngineFleet, WeightsLoadFailed
     from trinity_like.runtime.paths import namespace_of
     from trinity_like.synchronizer import get_synchronizer
     from trinity_like.trainer.ppo import PPOTrainer
+    from trinity_like.weights.fingerprint import weights_fingerprint
 
     deadline_s = 4.0
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
@@ -99,7 +99,7 @@ def test_an_engine_stopped_in_a_broadcast_round_fails_it_within_the_deadline_and
                              "project=bounded",
                              "name=sigstop", "explorer.sampling.max_new_tokens=4", "explorer.batch_size=2",
                              "explorer.repeat_times=3", "explorer.num_engines=2", "trainer.optimizer.lr=0.01",
-                             "synchronizer.method=nccl", f"synchronizer.sync_timeout_s={deadline_s}",
+                             "synchronizer.method=broadcast", f"synchronizer.sync_timeout_s={deadline_s}",
                              "synchronizer.timeout_s=60"])
     sync = get_synchronizer(namespace_of(cfg))
     trainer = PPOTrainer(cfg, sync)
@@ -123,7 +123,7 @@ def test_an_engine_stopped_in_a_broadcast_round_fails_it_within_the_deadline_and
             v1 = await fleet.slots[0].actor.weights_fingerprint.remote()
 
             # both engines wait for version 2; engine 1 is stopped: it becomes a member that never joins
-            update = asyncio.ensure_future(fleet.update_weights(WeightsInfo(version=2, method="nccl")))
+            update = asyncio.ensure_future(fleet.update_weights(WeightsInfo(version=2, method="broadcast")))
             await waiting(2)
             os.kill(pid, signal.SIGSTOP)
             trainer.train_step(batch_exps)
@@ -133,7 +133,7 @@ def test_an_engine_stopped_in_a_broadcast_round_fails_it_within_the_deadline_and
             with pytest.raises(WeightsLoadFailed, match="did not finish loading version 2"):
                 await update
             elapsed = time.monotonic() - start
-            assert elapsed < fleet._load_deadline(WeightsInfo(version=2, method="nccl")) + 10
+            assert elapsed < fleet._load_deadline(WeightsInfo(version=2, method="broadcast")) + 10
             assert trainer.publisher.broadcaster.failures == 1  # the round failed at its deadline, not later
             assert stopped.stalled and fleet.version == 1
             assert fleet.engine_versions()[1]["stalled"] is True

@@ -10,13 +10,12 @@ import time
 import pytest
 import ray
 
-from trinity_like.common.fingerprint import weights_fingerprint
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import SamplingConfig, load_config
 from trinity_like.runtime.paths import namespace_of
-from trinity_like.synchronizer import CorruptWeightsError, read_weights
-from trinity_like.synchronizer.messages import WeightsInfo
-from trinity_like.synchronizer.weights_files import split_for_writers, write_part
+from trinity_like.weights.files import CorruptWeightsError, read_weights, split_for_writers, write_part
+from trinity_like.weights.fingerprint import weights_fingerprint
+from trinity_like.weights.messages import WeightsInfo
 
 
 def _cfg(tmp_path, model_path, name, *overrides):
@@ -33,7 +32,7 @@ def test_version_files_split_over_writers_and_refuse_damage(tmp_path, tiny_model
     assert sorted(n for s in shares for n in s) == sorted(sd)  # every tensor exactly once
     sizes = [sum(sd[n].numel() for n in s) for s in shares]
     assert max(sizes) - min(sizes) <= max(t.numel() for t in sd.values())  # balanced within one tensor
-    from trinity_like.synchronizer.monitor import complete_version
+    from trinity_like.weights.files import complete_version
 
     parts = [write_part(tmp_path / "version-00000001", r, 3, {n: sd[n] for n in s}) for r, s in enumerate(shares)]
     with pytest.raises(FileNotFoundError, match="never completed"):
@@ -53,13 +52,13 @@ def test_version_files_split_over_writers_and_refuse_damage(tmp_path, tiny_model
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["checkpoint", "nccl"])
+@pytest.mark.parametrize("method", ["checkpoint", "broadcast"])
 def test_two_explorers_with_two_engines_receive_versions(tmp_path, tiny_model_path, ray_session, batch_exps, method):
     from trinity_like.explorer.fleet import EngineFleet
     from trinity_like.synchronizer import CheckpointMonitor, get_synchronizer
     from trinity_like.trainer.ppo import PPOTrainer
 
-    # nccl here is gloo (no GPU): the same rounds, groups and slicing
+    # broadcast here is gloo (no GPU): the same rounds, groups and slicing
     cfg = _cfg(tmp_path, tiny_model_path, f"fleets-{method}", "explorer.num_engines=2", "explorer.repeat_times=3",
                "trainer.optimizer.lr=0.01", f"synchronizer.method={method}", "synchronizer.bucket_mb=0.25")
     sync = get_synchronizer(namespace_of(cfg))
@@ -87,7 +86,7 @@ def test_two_explorers_with_two_engines_receive_versions(tmp_path, tiny_model_pa
                     assert [h["model_version"] for h in await f.health()] == [info.version] * 2
                 digests.append(want)
             assert digests[0] != digests[1]
-            if method == "nccl":
+            if method == "broadcast":
                 collective = (await sync.status.remote())["collective"]
                 # one round per version with all four engines; the same members reuse the first group
                 assert collective["rounds"] == 2 and collective["generation"] == 1
@@ -218,7 +217,7 @@ def test_explorer_restarted_mid_run_rejoins_with_the_latest_version_and_the_dead
     from trinity_like.explorer.role import ExplorerRole
     from trinity_like.runtime.run_dir import prepare_run_dir
     from trinity_like.synchronizer import get_synchronizer
-    from trinity_like.synchronizer.messages import WeightsInfo
+    from trinity_like.weights.messages import WeightsInfo
     cfg = _cfg(tmp_path, tiny_model_path, "rejoin", "mode=async", "synchronizer.max_staleness=4",
                "synchronizer.interval=2", "synchronizer.method=memory")
     prepare_run_dir(cfg)
@@ -271,7 +270,7 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
     from trinity_like.trainer.ppo import PPOTrainer
 
     cfg = _cfg(tmp_path, tiny_model_path, "cutoff", "explorer.num_engines=2", "explorer.repeat_times=3",
-               "trainer.optimizer.lr=0.01", "synchronizer.method=nccl", "synchronizer.timeout_s=8",
+               "trainer.optimizer.lr=0.01", "synchronizer.method=broadcast", "synchronizer.timeout_s=8",
                "synchronizer.sync_timeout_s=15")  # the cut-off round fails at this deadline (default 120 s)
     sync = get_synchronizer(namespace_of(cfg))
     trainer = PPOTrainer(cfg, sync)
@@ -290,7 +289,7 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
         try:
             trainer.train_step(batch_exps)
             trainer.sync_weight()
-            await fleet.update_weights(WeightsInfo(version=1, method="nccl"))
+            await fleet.update_weights(WeightsInfo(version=1, method="broadcast"))
             v1 = await fleet.slots[0].actor.weights_fingerprint.remote()
 
             # a third engine waits for version 2 and its process is killed: it becomes a member of the round
@@ -300,7 +299,7 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
             doomed.receive_weights.remote(2)
             await waiting(1)
             os.kill(doomed_pid, signal.SIGKILL)
-            update = asyncio.ensure_future(fleet.update_weights(WeightsInfo(version=2, method="nccl")))
+            update = asyncio.ensure_future(fleet.update_weights(WeightsInfo(version=2, method="broadcast")))
             await waiting(3)
             trainer.train_step(batch_exps)
             trainer.sync_weight()  # offers version 2
@@ -311,7 +310,7 @@ def test_broadcast_cut_off_by_a_killed_engine_keeps_the_previous_version_and_rec
             samples = await fleet.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=3), [0])
             assert samples[0].model_version == 1  # still serving the intact previous version
 
-            await fleet.update_weights(WeightsInfo(version=2, method="nccl"))  # retried: a new group without the dead engine
+            await fleet.update_weights(WeightsInfo(version=2, method="broadcast"))  # retried: a new group without the dead engine
             want = weights_fingerprint(trainer.policy_state_dict())
             assert await asyncio.gather(*(s.actor.weights_fingerprint.remote() for s in fleet.slots)) == [want, want]
             assert trainer.publisher.broadcaster.failures == 1
@@ -407,7 +406,7 @@ def test_short_steps_and_dropped_rows_are_explored_again(ray_session):
 
 def test_resumed_trainer_may_go_back_once_and_a_stale_synchronizer_is_replaced(ray_session):
     from trinity_like.synchronizer import get_synchronizer
-    from trinity_like.synchronizer.messages import WeightsInfo
+    from trinity_like.weights.messages import WeightsInfo
     sync = get_synchronizer("sync/resume", run_id="run-a")
     try:
         for v in (1, 2, 3):

@@ -249,7 +249,7 @@ def test_gpus_per_engine_above_one_is_vllm_tensor_parallelism_with_rules(tmp_pat
         _cfg(tmp_path, tiny_model_path, *base, "explorer.gpus_per_engine=1.5")
     with pytest.raises(ConfigError, match="explorer.gpus_per_engine=2 with explorer.engine=hf: only vLLM"):
         _cfg(tmp_path, tiny_model_path, "explorer.gpus_per_engine=2")
-    for method in ("nccl", "ipc"):
+    for method in ("broadcast", "ipc"):
         with pytest.raises(ConfigError, match=f"synchronizer.method={method}: .*use synchronizer.method checkpoint"):
             _cfg(tmp_path, tiny_model_path, "explorer.engine=vllm", f"synchronizer.method={method}",
                  "explorer.gpus_per_engine=2")

@@ -324,8 +324,8 @@ def test_lora_step_changes_only_adapter_weights(tmp_path, tiny_model_path, batch
     assert merged.keys() == merged_before.keys() == export_state_dict(load_causal_lm(tiny_model_path)).keys()
     assert any(not torch.equal(merged[k], merged_before[k]) for k in merged)  # what explorers get moved
     engine = HFEngine(tiny_model_path, device="cpu")
-    from trinity_like.common.fingerprint import weights_fingerprint
     from trinity_like.explorer.engines.base import WeightsMismatch
+    from trinity_like.weights.fingerprint import weights_fingerprint
 
     # the version's fingerprint is of the merged weights: weights whose adapters were never applied (the base
     # alone) do not verify, and the engine keeps the version it has
@@ -385,8 +385,8 @@ def test_fsdp2_checkpoint_resumes_exactly_and_loads_in_transformers(tmp_path, ti
     from transformers import AutoModelForCausalLM
 
     from trinity_like.common.errors import UserError
-    from trinity_like.synchronizer import read_weights
     from trinity_like.trainer.workers import DataParallelTrainer
+    from trinity_like.weights.files import read_weights
 
     overrides = ["algorithm.adv_estimator=gae", "trainer.micro_batch_size=2", "trainer.num_workers=2",
                  "trainer.strategy=fsdp2", "trainer.optimizer.warmup_steps=3"]

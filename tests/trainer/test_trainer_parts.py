@@ -8,10 +8,11 @@ from trinity_like.algorithms.losses import POLICY_LOSSES
 from trinity_like.config import load_config
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths
-from trinity_like.synchronizer.weights_files import read_weights, version_of
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
 from trinity_like.trainer.ppo import PPOTrainer
-from trinity_like.trainer.publish import (
+from trinity_like.trainer.workers import DataParallelTrainer
+from trinity_like.weights.files import read_weights, version_of
+from trinity_like.weights.publish import (
     PUBLISHERS,
     BroadcastPublisher,
     FilePublisher,
@@ -19,7 +20,6 @@ from trinity_like.trainer.publish import (
     SharedMemoryPublisher,
     WeightPublisher,
 )
-from trinity_like.trainer.workers import DataParallelTrainer
 
 
 def _trainer(tmp_path, model_path, *overrides):
@@ -32,8 +32,8 @@ def _trainer(tmp_path, model_path, *overrides):
 
 
 def test_one_publisher_per_method_behind_one_interface():
-    assert PUBLISHERS.names() == ("checkpoint", "ipc", "memory", "nccl")
-    classes = {"checkpoint": FilePublisher, "memory": ObjectStorePublisher, "nccl": BroadcastPublisher,
+    assert PUBLISHERS.names() == ("broadcast", "checkpoint", "ipc", "memory")
+    classes = {"checkpoint": FilePublisher, "memory": ObjectStorePublisher, "broadcast": BroadcastPublisher,
                "ipc": SharedMemoryPublisher}
     for name, cls in classes.items():
         assert PUBLISHERS.get(name) is cls and issubclass(cls, WeightPublisher)

@@ -359,11 +359,12 @@ class AutoStalenessConfig:
 
 @dataclass
 class SynchronizerConfig:
-    method: str = _registered("checkpoint", "trinity_like.trainer.publish:PUBLISHERS")
+    method: str = _registered("checkpoint", "trinity_like.weights.publish:PUBLISHERS")
     """How new weights reach the explorers: `checkpoint` (version folders of safetensors parts, written in
-    parallel by the trainer ranks), `nccl` (collective broadcast from trainer rank 0 to every engine: NCCL
-    on GPU, gloo on CPU), `memory` (Ray object store), `ipc` (a shared buffer on the trainer's node that the
-    engines map: CUDA IPC when they share the trainer's GPU, a shared-memory file otherwise; engines on the
+    parallel by the trainer ranks), `broadcast` (collective broadcast from trainer rank 0 to every engine; it runs
+    over gloo from the trainer's host copy on every device today, and `status` names it; `nccl`, its earlier
+    name, is taken with a warning), `memory` (Ray object store), `ipc` (a shared buffer on the trainer's node that
+    the engines map: CUDA IPC when they share the trainer's GPU, a shared-memory file otherwise; engines on the
     trainer's node only)."""
     interval: int = _at_least(1, 1)
     """Publish new weights every N trainer steps; the explorer loads new weights before step k (k = steps
@@ -394,7 +395,7 @@ class SynchronizerConfig:
     """A role silent for this long is reported dead; the explorer steps it had claimed are redone by another
     explorer."""
     bucket_mb: float = _at_least(64.0, 0.001)
-    """Method `nccl`: size of the slices the flat weight buffer is broadcast in (MiB)."""
+    """Method `broadcast`: size of the slices the flat weight buffer is broadcast in (MiB)."""
     node: NodeConfig = field(default_factory=NodeConfig)
     """The node of the Synchronizer and CheckpointMonitor actors (made by whichever role starts first); best a
     node that stays up for the whole run, such as the head."""

@@ -11,8 +11,27 @@ from trinity_like.common.errors import ConfigError
 from trinity_like.config.schema import Config, allowed_values
 
 
+OLD_METHOD_NAMES = {"nccl": "broadcast"}
+"""``synchronizer.method`` names of earlier releases: ``nccl`` named a broadcast that runs over gloo from the
+trainer's host copy on every device."""
+
+
+def _rename_old_values(cfg: Config) -> None:
+    """Values earlier releases named otherwise are taken under their name now, with one warning saying so."""
+    import logging
+
+    method = cfg.synchronizer.method
+    if method in OLD_METHOD_NAMES:
+        cfg.synchronizer.method = OLD_METHOD_NAMES[method]
+        logging.getLogger(__name__).warning(
+            "synchronizer.method %s is now called %s: its rounds run over gloo from the trainer's host copy of the "
+            "weights, also on GPUs (NCCL between GPUs is not built yet); running %s", method,
+            cfg.synchronizer.method, cfg.synchronizer.method)
+
+
 def validate(cfg: Config) -> None:
     """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem."""
+    _rename_old_values(cfg)
     _check_fields(cfg, "")
     _validate_algorithm(cfg)
     _validate_monitor(cfg)
@@ -161,7 +180,7 @@ def _validate_tensor_parallel(cfg: Config) -> None:
         raise ConfigError(f"explorer.gpus_per_engine={gpus:g} with explorer.engine={ex.engine}: only vLLM splits a "
                           "model over several GPUs (tensor parallelism); set explorer.engine=vllm, or "
                           "gpus_per_engine to 1 or less")
-    if gpus > 1 and cfg.synchronizer.method in ("nccl", "ipc"):
+    if gpus > 1 and cfg.synchronizer.method in ("broadcast", "ipc"):
         raise ConfigError(f"explorer.gpus_per_engine={gpus:g} (tensor parallelism) with synchronizer.method="
                           f"{cfg.synchronizer.method}: a broadcast round and a shared buffer reach one worker per "
                           "engine, and each of its workers needs the whole version; use synchronizer.method "

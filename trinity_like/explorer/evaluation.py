@@ -18,7 +18,7 @@ from trinity_like.common.tasks import Task, limit_prompts
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
 from trinity_like.explorer.workflow_base import Workflow, WorkflowContext, explorer_context
 from trinity_like.explorer.workflows import SingleTurnWorkflow, load_workflow
-from trinity_like.synchronizer.messages import WeightsInfo
+from trinity_like.weights.messages import WeightsInfo
 
 
 def apply_prompt_limit(cfg: Config, tokenizer, tasks: list[Task], source: str) -> list[Task]:

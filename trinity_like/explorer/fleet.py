@@ -17,7 +17,8 @@ from typing import Any
 
 from trinity_like.config import Config, SamplingConfig
 from trinity_like.explorer.engines.base import Sample, WeightsMismatch, WeightUpdate
-from trinity_like.synchronizer.messages import WeightsInfo
+from trinity_like.weights.messages import WeightsInfo
+from trinity_like.weights.receive import receiver_for
 
 logger = logging.getLogger(__name__)
 
@@ -84,26 +85,26 @@ class EngineActor:
                 "fingerprint": getattr(self.engine, "fingerprint", "")}
 
     def receive_weights(self, min_version: int) -> dict[str, Any]:
-        """Method ``nccl``: join the next broadcast round of a version >= ``min_version`` and load it. The
+        """Method ``broadcast``: join the next broadcast round of a version >= ``min_version`` and load it. The
         engine receives every slice into a staging buffer first and applies the version only when all are
         in, so a cut-off transfer leaves the previous version serving."""
         import ray
 
-        from trinity_like.synchronizer.collective import WeightReceiver
+        from trinity_like.weights.broadcast import WeightReceiver
         spec = ray.get(self._synchronizer().collective_ready.remote(self.key, min_version, self.timeout_s))
         if hasattr(self.engine, "receive_collective"):  # vLLM: its worker process joins the group
             size = self.engine.receive_collective(spec, self.sync_timeout_s)
         else:
             self.receiver = self.receiver or WeightReceiver(self.sync_timeout_s)
             state_dict, size = self.receiver.receive(spec, device="cpu")
-            self.engine.update_weights(WeightUpdate(version=spec["version"], state_dict=state_dict,
-                                                    fingerprint=spec.get("fingerprint", "")))
+            self.engine.update_weights(WeightUpdate(version=spec.version, state_dict=state_dict,
+                                                    fingerprint=spec.fingerprint))
         return self._loaded(size)
 
     def _synchronizer(self):
         import ray
 
-        from trinity_like.synchronizer.messages import SYNCHRONIZER_NAME
+        from trinity_like.weights.messages import SYNCHRONIZER_NAME
         return ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
 
     def health(self) -> dict[str, Any]:
@@ -268,7 +269,7 @@ class EngineFleet:
             errors = [(s.index, r) for s, r in zip(live, results, strict=True) if isinstance(r, BaseException)]
             for index, err in errors:
                 logger.error("engine %d could not load version %d from %s: %s", index, info.version,
-                             info.path or info.method or "memory", err)
+                             info.path or info.method, err)
                 if isinstance(err, WeightsMismatch) and "refuses requests" in str(err):
                     self.slots[index].version = -1  # loaded but not applied: reload a verified version first
             if errors:
@@ -280,9 +281,8 @@ class EngineFleet:
             return sum(results)
 
     def _load_deadline(self, info: WeightsInfo) -> float:
-        """How long one engine's load may take: ``sync_timeout_s``; by broadcast twice that and a margin (a
-        round under way, perhaps failing at its own deadline, may hold the broadcaster before ours starts)."""
-        return 2 * self.sync_timeout_s + 10 if info.method == "nccl" else self.sync_timeout_s
+        """How long one engine's load may take: as its method's receiver says (``weights.receive``)."""
+        return receiver_for(info).deadline_s(self.sync_timeout_s)
 
     async def _bounded_sync(self, slot: _Slot, info: WeightsInfo) -> int:
         deadline = self._load_deadline(info)
@@ -313,19 +313,12 @@ class EngineFleet:
         info = info or self._weights
         if slot.version >= info.version:
             return 0
-        if not (info.path or info.refs or info.shared or info.method == "nccl"):  # version 0: the initial model
-            slot.version = (await slot.actor.health.remote())["model_version"]  # a restarted engine starts there
-            return 0
         try:
-            if info.method == "nccl":
-                loaded = await slot.actor.receive_weights.remote(info.version)
-            else:
-                loaded = await slot.actor.update_weights.remote(info.version, info.path, info.refs, info.fingerprint,
-                                                                info.shared)
+            loaded = await receiver_for(info).deliver(slot.actor, info)
         except WeightsMismatch:
             slot.mismatches += 1
             raise
-        slot.version, slot.fingerprint = loaded["version"], loaded["fingerprint"]
+        slot.version, slot.fingerprint = loaded["version"], loaded.get("fingerprint", slot.fingerprint)
         return loaded["bytes"]
 
     @property

@@ -5,7 +5,7 @@ weights from checkpoint files (``synchronizer.method: checkpoint``): every explo
 trainer's run directory at the same path (a shared filesystem), and an explorer that sees another one stops at
 start, saying what to mount (``get_synchronizer`` compares the run ids).
 
-Otherwise (``redis`` experiences, ``nccl`` or ``memory`` weights) it needs none. The trainer publishes what an
+Otherwise (``redis`` experiences, ``broadcast`` or ``memory`` weights) it needs none. The trainer publishes what an
 explorer would read from the run directory (its id, the config, the task sets) to the Synchronizer
 (``publish_run_home``); the explorer takes it from there (``join_run_home``) and checks that it runs the same
 config. The lines it appends to run-directory files (``metrics.jsonl``, ``failed_tasks.jsonl``) go to its own

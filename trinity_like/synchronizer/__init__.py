@@ -1,15 +1,8 @@
-"""Weight synchronisation between trainer and explorers: the Synchronizer actor, the CheckpointMonitor and the
-on-disk version format."""
+"""The actors of weight synchronisation: the Synchronizer (the published version, the explorers' steps, the
+broadcast rounds) and the CheckpointMonitor (completes a version once its last writer is in). How a version
+travels (messages, version files, shared buffers, broadcast, fingerprints, publishers) is ``trinity_like.weights``."""
 
-from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
-from trinity_like.synchronizer.monitor import STATE_DICT_DIR, CheckpointMonitor, SaveStrategy
+from trinity_like.synchronizer.monitor import CheckpointMonitor, SaveStrategy
 from trinity_like.synchronizer.synchronizer import Heartbeat, Synchronizer, get_synchronizer
-from trinity_like.synchronizer.weights_files import (
-    CorruptWeightsError,
-    IncompleteWeightsError,
-    WeightsAccessError,
-    read_weights,
-)
 
-__all__ = ["MONITOR_NAME", "STATE_DICT_DIR", "SYNCHRONIZER_NAME", "CheckpointMonitor", "SaveStrategy", "CorruptWeightsError", "IncompleteWeightsError", "WeightsAccessError",
-           "Heartbeat", "Synchronizer", "WeightsInfo", "get_synchronizer", "read_weights"]
+__all__ = ["CheckpointMonitor", "Heartbeat", "SaveStrategy", "Synchronizer", "get_synchronizer"]

@@ -26,17 +26,17 @@ from pathlib import Path
 
 import ray
 
-from trinity_like.runtime.checkpoints import CheckpointPointerError, read_pointer, write_pointer
-from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
-from trinity_like.synchronizer.weights_files import (
-    MANIFEST,
+from trinity_like.runtime.checkpoints import read_pointer, write_pointer
+from trinity_like.weights.files import (
+    STATE_DICT_DIR,
+    complete_version,
     parts_fingerprint,
-    version_dir,
+    prune_versions,
     version_of,
-    write_manifest,
+    version_pointer_or_0,
+    write_version_pointer,
 )
-
-STATE_DICT_DIR = "state_dict"
+from trinity_like.weights.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
 
 logger = logging.getLogger(__name__)
 
@@ -44,50 +44,6 @@ logger = logging.getLogger(__name__)
 def _pointer_or_0(path: Path) -> int:
     step = read_pointer(path)
     return 0 if step is None else step
-
-
-def _version_pointer_or_0(root: Path) -> int:
-    """``state_dict/latest``, written without fsync like the versions it names (``write_part``): after a power
-    loss it may be empty. It is then read as 0, since the versions are made again (a resumed trainer publishes
-    its checkpoint's step), unlike the checkpoints' pointer, whose damage the user must see."""
-    try:
-        return _pointer_or_0(root / "latest")
-    except CheckpointPointerError as e:
-        logger.warning("%s; taken as no version (versions are published again)", e)
-        return 0
-
-
-def _write_version_pointer(root: Path, version: int) -> None:
-    """Point ``state_dict/latest`` at ``version``: atomic, not durable (see ``_version_pointer_or_0``)."""
-    write_pointer(root / "latest", version, durable=False)
-
-
-def prune_versions(root: Path, keep: int, latest: int) -> None:
-    """Keep the newest ``keep`` complete versions under ``root``; delete older ones, and incomplete folders
-    older than ``latest`` (left by a writer that died)."""
-    complete, partial = [], []
-    for d in root.glob("version-*"):
-        v = version_of(d)
-        if v is not None:
-            (complete if (d / MANIFEST).is_file() or d.is_file() else partial).append((v, d))
-    complete.sort()
-    for _, d in complete[:-keep] + [(v, d) for v, d in partial if v < latest]:
-        if d.is_dir():
-            shutil.rmtree(d, ignore_errors=True)
-        else:
-            d.unlink(missing_ok=True)
-
-
-def complete_version(root: Path, version: int, parts: list[dict], keep: int, prune: bool = True) -> Path:
-    """Make a version visible: its manifest, then the ``latest`` pointer, then (``prune``) the pruning of older
-    versions. Returns its folder."""
-    vdir = version_dir(root, version)
-    write_manifest(vdir, version, parts)
-    if version >= _version_pointer_or_0(root):
-        _write_version_pointer(root, version)
-    if prune:
-        prune_versions(root, keep, version)
-    return vdir
 
 
 class SaveStrategy(enum.StrEnum):
@@ -132,7 +88,7 @@ class CheckpointMonitor:
         self.keep_state_dicts = max(1, keep_state_dicts)
         self.namespace = namespace
         self.latest_checkpoint_step = _pointer_or_0(self.dir / "latest")
-        self.latest_state_dict_step = _version_pointer_or_0(self.state_dict_root)
+        self.latest_state_dict_step = version_pointer_or_0(self.state_dict_root)
         self._expected: dict[tuple[int, bool], int] = {}
         self._parts: dict[tuple[int, bool], list[dict]] = {}
         self._done: dict[tuple[int, bool], asyncio.Event] = {}
@@ -147,7 +103,7 @@ class CheckpointMonitor:
 
     def update_latest_state_dict_step(self, step: int) -> None:
         if step >= self.latest_state_dict_step:
-            _write_version_pointer(self.state_dict_root, step)
+            write_version_pointer(self.state_dict_root, step)
             self.latest_state_dict_step = step
         prune_versions(self.state_dict_root, self.keep_state_dicts, self.latest_state_dict_step)
 
@@ -161,7 +117,7 @@ class CheckpointMonitor:
         if self.latest_state_dict_step > step:
             self.latest_state_dict_step = step
             if self.state_dict_root.is_dir():
-                _write_version_pointer(self.state_dict_root, step)
+                write_version_pointer(self.state_dict_root, step)
         for key in [k for k in self._expected if k[0] > step]:  # steps of the replaced run, not yet complete
             self._expected.pop(key), self._parts.pop(key, None), self._done.pop(key, None)
 

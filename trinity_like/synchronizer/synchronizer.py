@@ -39,7 +39,7 @@ from typing import Any
 import ray
 
 from trinity_like.runtime.schedule import Schedule
-from trinity_like.synchronizer.messages import MONITOR_NAME, SYNCHRONIZER_NAME, WeightsInfo
+from trinity_like.weights.messages import MONITOR_NAME, SYNCHRONIZER_NAME, BroadcastRound, WeightsInfo
 
 HEARTBEAT_S = 1.0
 """How often roles send a heartbeat."""
@@ -129,7 +129,7 @@ class Synchronizer:
         self.heartbeat_timeout_s, self.exit_grace_s = heartbeat_timeout_s, exit_grace_s
         self._watchdog: asyncio.Task | None = None
         self._empty_since: float | None = None
-        # collective rounds (method nccl): engines waiting, and the members of the current generation
+        # collective rounds (method broadcast): engines waiting, and the members of the current generation
         self._ready: dict[str, tuple[int, asyncio.Future]] = {}
         self._ready_event = asyncio.Event()
         self._members: tuple[str, ...] = ()
@@ -205,11 +205,10 @@ class Synchronizer:
                     pass
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
-    # ------------------------------------------------------------ collective rounds (method nccl)
-    async def collective_ready(self, engine_key: str, min_version: int, timeout_s: float) -> dict[str, Any]:
-        """An engine waits to receive a version >= ``min_version`` by broadcast; returns its round: version,
-        generation, rank, world size, the trainer's store address, slice size, backend, and the parameter
-        metadata when the generation is new."""
+    # ------------------------------------------------------------ collective rounds (method broadcast)
+    async def collective_ready(self, engine_key: str, min_version: int, timeout_s: float) -> BroadcastRound:
+        """An engine waits to receive a version >= ``min_version`` by broadcast; returns its round (its own
+        rank in it; the parameter metadata when the generation is new)."""
         old = self._ready.pop(engine_key, None)
         if old is not None and not old[1].done():
             old[1].cancel()
@@ -230,7 +229,7 @@ class Synchronizer:
 
     async def collective_next_round(self, version: int, meta: list[dict], addr: str, port: int, bucket_bytes: int,
                                     backend: str, wait_s: float, failed_generation: int = -1,
-                                    fingerprint: str = "") -> dict | None:
+                                    fingerprint: str = "") -> BroadcastRound | None:
         """The trainer's broadcaster asks for the next round of ``version``: None if no engine waits for it
         within ``wait_s``, or at once if an engine waits for a newer version (the broadcaster should take its
         newer snapshot); otherwise the engines that are ready (after a short gathering window) become the
@@ -256,12 +255,12 @@ class Synchronizer:
             self._generation += 1
             self._members, self._sender = members, (addr, port)
         self._round += 1
-        spec = {"round": self._round, "version": version, "generation": self._generation, "world": len(members) + 1,
-                "addr": addr, "port": port, "bucket_bytes": bucket_bytes, "backend": backend,
-                "meta": meta if new else None, "fingerprint": fingerprint}
+        spec = BroadcastRound(round=self._round, version=version, generation=self._generation,
+                              world=len(members) + 1, addr=addr, port=port, bucket_bytes=bucket_bytes,
+                              backend=backend, meta=meta if new else None, fingerprint=fingerprint)
         for rank, key in enumerate(members, start=1):
             _, fut = self._ready.pop(key)
-            fut.set_result({**spec, "rank": rank})
+            fut.set_result(spec.for_rank(rank))
         return spec
 
     def _fail_waiting(self, reason: str) -> None:
@@ -525,7 +524,7 @@ def _refuse_live_run(actor, namespace: str, run_id: str, run_dir: str) -> None:
         f"directory {run_dir or '?'} holds run id {run_id[:8]}: if it should join that run, its node does not see "
         "the run directory: mount the trainer's run directory here at the same path (buffer.transport file and "
         "synchronizer.method checkpoint need a shared filesystem), or use buffer.transport=redis with "
-        "synchronizer.method nccl or memory, which need none; if it is another run, give it another name")
+        "synchronizer.method broadcast or memory, which need none; if it is another run, give it another name")
 
 
 class Heartbeat:

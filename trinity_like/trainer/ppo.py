@@ -48,7 +48,7 @@ from trinity_like.trainer.checkpoint import Checkpointer
 from trinity_like.trainer.critic import compute_values
 from trinity_like.trainer.device import autocast, resolve_device, to_host
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
-from trinity_like.trainer.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
+from trinity_like.weights.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
 
 
 def preference_pairs(exps: list[Experience]) -> list[Experience]:
@@ -84,7 +84,7 @@ class PPOTrainer(TrainEngineWrapper):
         self.monitor = None
         """The run's CheckpointMonitor when running under Ray with a synchronizer."""
         self.publisher = PUBLISHERS.get(cfg.synchronizer.method)(self)
-        """Publishes each version by ``synchronizer.method`` (``trinity_like.trainer.publish``)."""
+        """Publishes each version by ``synchronizer.method`` (``trinity_like.weights.publish``)."""
         self.checkpointer = Checkpointer(self)
 
     # ------------------------------------------------------------ setup
@@ -504,7 +504,7 @@ class PPOTrainer(TrainEngineWrapper):
             return float(micro_mask.sum() / mini_mask.sum().clamp(min=1.0))
         return float((micro_mask.sum(-1) > 0).sum() / (mini_mask.sum(-1) > 0).sum().clamp(min=1))
 
-    # ------------------------------------------------------------ weights out (trinity_like.trainer.publish)
+    # ------------------------------------------------------------ weights out (trinity_like.weights.publish)
     def weights_for_export(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """The plain policy's full tensors on the CPU (on the trainer's device with ``on_device``) in
         ``trainer.weights_dtype``: not copied when they are already there (FSDP2: gathered, so every rank calls

@@ -27,7 +27,7 @@ from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redi
 from trinity_like.runtime.run_home import RelayDrain, publish_run_home, written_explore_steps
 from trinity_like.runtime.schedule import Schedule
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
-from trinity_like.trainer.publish import PUBLISHERS
+from trinity_like.weights.publish import PUBLISHERS
 
 logger = logging.getLogger(__name__)
 

@@ -223,7 +223,7 @@ class DataParallelTrainer(TrainEngineWrapper):
     def sync_weight(self) -> dict[str, float]:
         """Every rank publishes (rank 0's metrics come back); when each rank writes a part of the files, the
         bytes written are the sum over ranks."""
-        from trinity_like.trainer.publish import PUBLISHERS
+        from trinity_like.weights.publish import PUBLISHERS
 
         results = self.group.execute_all("call", "sync_weight")
         if not PUBLISHERS.get(self.cfg.synchronizer.method).writes_files:

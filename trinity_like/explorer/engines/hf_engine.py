@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from trinity_like.common.fingerprint import weights_fingerprint
 from trinity_like.common.modeling import (
     export_state_dict,
     import_state_dict,
@@ -37,6 +36,7 @@ from trinity_like.explorer.engines.base import (
     check_fingerprint,
     check_one_source,
 )
+from trinity_like.weights.fingerprint import weights_fingerprint
 
 
 def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -103,11 +103,11 @@ class HFEngine(ChatByGenerate):
         load are fingerprinted again (a load that did not apply them takes the engine out of service)."""
         check_one_source(update)
         if update.path is not None:
-            from trinity_like.synchronizer.weights_files import read_weights
+            from trinity_like.weights.files import read_weights
 
             state_dict, self.last_load_bytes = read_weights(update.path)  # checked against its manifest
         elif update.shared is not None:
-            from trinity_like.synchronizer.shared_weights import open_shared
+            from trinity_like.weights.shared import open_shared
 
             # a copy: the trainer may refill its buffer while this engine checks and loads
             state_dict, self.last_load_bytes = open_shared(update.shared, copy=True), int(update.shared["size"])

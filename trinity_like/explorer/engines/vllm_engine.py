@@ -70,13 +70,14 @@ from trinity_like.explorer.engines.base import (
     check_fingerprint,
     check_one_source,
 )
-from trinity_like.synchronizer.shared_weights import SharedWeightsUnreachable, open_shared
-from trinity_like.synchronizer.weights_files import (
+from trinity_like.weights.files import (
     CorruptWeightsError,
     IncompleteWeightsError,
     WeightsAccessError,
     load_version,
 )
+from trinity_like.weights.messages import BroadcastRound
+from trinity_like.weights.shared import SharedWeightsUnreachable, open_shared
 
 _EXTENSION_CLS = f"{__name__}.WeightSyncExtension"
 
@@ -224,19 +225,20 @@ class WeightSyncExtension:
         self._trinity_pending = None
 
     def trinity_receive_weights(self, spec: dict, tied: bool = False, timeout_s: float = 600.0) -> dict:
-        """Method ``nccl``: join the broadcast round ``spec`` from this worker process (NCCL into GPU memory on
-        GPU, gloo on CPU), receive the whole version into a staging buffer, then load it if it has the round's
+        """Method ``broadcast``: join the round ``spec`` (``BroadcastRound.plain()``) from this worker process
+        (NCCL into GPU memory where the round runs over NCCL, else gloo into host memory), receive the whole version into a staging buffer, then load it if it has the round's
         fingerprint; return ``trinity_load_weights``'s dict plus the bytes."""
         import torch
 
-        from trinity_like.synchronizer.collective import WeightReceiver
+        from trinity_like.weights.broadcast import WeightReceiver
 
         receiver = getattr(self, "_trinity_receiver", None)
         if receiver is None:
             receiver = self._trinity_receiver = WeightReceiver(timeout_s)
-        device = "cuda" if spec["backend"] == "nccl" and torch.cuda.is_available() else "cpu"
-        state_dict, size = receiver.receive(spec, device=device)
-        return {**self._trinity_apply(state_dict, tied, spec.get("fingerprint", "")), "bytes": size}
+        round_ = BroadcastRound.from_plain(spec)  # plain data across vLLM's serializer, typed again here
+        device = "cuda" if round_.backend == "nccl" and torch.cuda.is_available() else "cpu"
+        state_dict, size = receiver.receive(round_, device=device)
+        return {**self._trinity_apply(state_dict, tied, round_.fingerprint), "bytes": size}
 
     def _trinity_apply(self, state_dict, tied: bool, fingerprint: str, commit: bool = True,
                        checked: str = "") -> dict:
@@ -246,7 +248,7 @@ class WeightSyncExtension:
         serves a version another refused. ``checked``: the fingerprint these very tensors were already checked
         against as they were read (``load_version``); they are not hashed a second time when it is in the
         published fingerprint's scheme."""
-        from trinity_like.common.fingerprint import scheme_of, weights_fingerprint
+        from trinity_like.weights.fingerprint import scheme_of, weights_fingerprint
 
         if not state_dict:
             raise ValueError("no weights given")
@@ -453,7 +455,7 @@ class VLLMEngine(ChatByGenerate):
             self.last_load_bytes = int(update.shared["size"])
             return {"shared": update.shared, "tied": self._tied, "fingerprint": update.fingerprint}
         if update.path is not None:
-            from trinity_like.synchronizer.weights_files import read_manifest, tensor_names
+            from trinity_like.weights.files import read_manifest, tensor_names
 
             if not Path(update.path).exists():
                 raise FileNotFoundError(f"no weights at '{update.path}'")
@@ -466,7 +468,7 @@ class VLLMEngine(ChatByGenerate):
         # (measured: they arrive as lists), bytes go through whole; the worker loads them onto its device.
         from safetensors.torch import save
 
-        from trinity_like.common.fingerprint import weights_fingerprint
+        from trinity_like.weights.fingerprint import weights_fingerprint
 
         if update.fingerprint:
             check_fingerprint(weights_fingerprint(update.state_dict, like=update.fingerprint), update, self.engine_id, self.model_version,
@@ -505,16 +507,16 @@ class VLLMEngine(ChatByGenerate):
         self.model_version = update.version
         self.fingerprint = update.fingerprint or results[0]["fingerprint"]
 
-    def _receive_kwargs(self, spec: dict, timeout_s: float) -> dict[str, Any]:
-        if spec.get("meta") is not None:
-            self._check_names(m["name"] for m in spec["meta"])
-        return {"spec": spec, "tied": self._tied, "timeout_s": timeout_s}
+    def _receive_kwargs(self, round_: BroadcastRound, timeout_s: float) -> dict[str, Any]:
+        if round_.meta is not None:
+            self._check_names(m["name"] for m in round_.meta)
+        return {"spec": round_.plain(), "tied": self._tied, "timeout_s": timeout_s}
 
-    def receive_collective(self, spec: dict, timeout_s: float) -> int:
-        """Method ``nccl``: the worker joins the round and loads the version; requests wait meanwhile. Only
+    def receive_collective(self, round_: BroadcastRound, timeout_s: float) -> int:
+        """Method ``broadcast``: the worker joins the round and loads the version; requests wait meanwhile. Only
         one worker per engine (tensor parallel size 1) takes part in a round."""
-        kwargs = self._receive_kwargs(spec, timeout_s)
-        update = WeightUpdate(version=spec["version"], fingerprint=spec.get("fingerprint", ""))
+        kwargs = self._receive_kwargs(round_, timeout_s)
+        update = WeightUpdate(version=round_.version, fingerprint=round_.fingerprint)
         with self._lock:
             results = self.llm.collective_rpc("trinity_receive_weights", kwargs=kwargs)
             self._check_results(update, update.fingerprint, results, "received by broadcast")
@@ -704,9 +706,9 @@ class AsyncVLLMEngine(VLLMEngine):
             await self.llm.reset_prefix_cache()
             self._take_version(update, results)
 
-    async def areceive_collective(self, spec: dict, timeout_s: float) -> int:
-        kwargs = self._receive_kwargs(spec, timeout_s)
-        update = WeightUpdate(version=spec["version"], fingerprint=spec.get("fingerprint", ""))
+    async def areceive_collective(self, round_: BroadcastRound, timeout_s: float) -> int:
+        kwargs = self._receive_kwargs(round_, timeout_s)
+        update = WeightUpdate(version=round_.version, fingerprint=round_.fingerprint)
         async with self._exclusive():
             results = await self.llm.collective_rpc("trinity_receive_weights", kwargs=kwargs)
             self._check_results(update, update.fingerprint, results, "received by broadcast")

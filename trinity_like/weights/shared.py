@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from trinity_like.synchronizer.collective import TensorMeta, describe, flat_size, pack, unpack
+from trinity_like.weights.broadcast import TensorMeta, describe, flat_size, pack, unpack
 
 
 class SharedWeightsUnreachable(RuntimeError):
@@ -110,12 +110,12 @@ def _import_cuda(cuda: dict[str, Any]) -> torch.Tensor:
         raise SharedWeightsUnreachable(
             "the trainer published this version in GPU memory (CUDA IPC) and this engine sees no GPU: with "
             "synchronizer.method ipc, engines share the trainer's GPU (explorer.gpus_per_engine between 0 and 1); "
-            "engines on the CPU or other GPUs take synchronizer.method nccl or memory")
+            "engines on the CPU or other GPUs take synchronizer.method broadcast or memory")
     local = [i for i in range(torch.cuda.device_count()) if _device_uuid(i) == cuda["device_uuid"]]
     if not local:
         raise SharedWeightsUnreachable(
             f"the trainer's GPU ({cuda['device_uuid']}) is not visible to this engine: CUDA IPC works only on the "
-            "same GPU; engines on other GPUs take synchronizer.method nccl")
+            "same GPU; engines on other GPUs take synchronizer.method broadcast")
     return rebuild_cuda_tensor(*cuda_handle_from_plain(cuda["handle"], local[0]))
 
 
@@ -198,7 +198,7 @@ def open_shared(handle: dict[str, Any], copy: bool = False) -> dict[str, torch.T
         raise SharedWeightsUnreachable(
             f"version {handle['version']} is in shared memory on node {handle['node']}, not on this engine's node "
             f"({node_identity()}): synchronizer.method ipc needs the engines on the trainer's node; engines on "
-            "other nodes take synchronizer.method nccl or memory")
+            "other nodes take synchronizer.method broadcast or memory")
     meta = [TensorMeta(**{**m, "shape": tuple(m["shape"])}) for m in handle["meta"]]
     if handle["kind"] == "cuda":
         flat = _import_cuda(handle["cuda"])

@@ -8,8 +8,8 @@ import pytest
 import ray
 import torch
 
-from trinity_like.common.fingerprint import weights_fingerprint
-from trinity_like.synchronizer.shared_weights import SharedWeights, SharedWeightsUnreachable, open_shared
+from trinity_like.weights.fingerprint import weights_fingerprint
+from trinity_like.weights.shared import SharedWeights, SharedWeightsUnreachable, open_shared
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:
@@ -23,8 +23,8 @@ def _open_elsewhere(handle):
     """In another process: map the version, return its fingerprint and a copy of one tensor."""
     import os
 
-    from trinity_like.common.fingerprint import weights_fingerprint
-    from trinity_like.synchronizer.shared_weights import open_shared
+    from trinity_like.weights.fingerprint import weights_fingerprint
+    from trinity_like.weights.shared import open_shared
 
     sd = open_shared(handle)
     return os.getpid(), weights_fingerprint(sd), sd["a.weight"].clone()
@@ -80,10 +80,10 @@ def test_a_handle_from_another_host_or_gpu_is_refused_naming_the_method_to_use(t
     try:
         handle = shared.publish(1, _weights(1))
         # fakes of what this machine lacks: a second host, a GPU buffer
-        with pytest.raises(SharedWeightsUnreachable, match="not on this engine's node.*nccl or memory"):
+        with pytest.raises(SharedWeightsUnreachable, match="not on this engine's node.*broadcast or memory"):
             open_shared({**handle, "node": "another-host:fake-boot-id"})
         cuda = {**handle, "kind": "cuda", "cuda": {"handle": {}, "device_uuid": "GPU-fake"}}
-        with pytest.raises(SharedWeightsUnreachable, match="nccl"):
+        with pytest.raises(SharedWeightsUnreachable, match="broadcast"):
             open_shared(cuda)
     finally:
         shared.close()
@@ -103,7 +103,7 @@ def test_a_cuda_ipc_handle_crosses_as_plain_data_and_rebuilds_the_same_arguments
     index of the GPU."""
     import msgpack
 
-    from trinity_like.synchronizer.shared_weights import cuda_handle_from_plain, cuda_handle_to_plain
+    from trinity_like.weights.shared import cuda_handle_from_plain, cuda_handle_to_plain
 
     args = _cuda_ipc_args_of_a_gpu_buffer()
     with pytest.raises(TypeError):
@@ -141,12 +141,12 @@ def test_cuda_ipc_between_two_actors_on_one_gpu(ray_session):
     @ray.remote(num_gpus=0.5, num_cpus=0)
     class Publisher:
         def __init__(self):
-            from trinity_like.synchronizer.shared_weights import SharedWeights
+            from trinity_like.weights.shared import SharedWeights
 
             self.shared = SharedWeights("test-cuda")
 
         def publish(self, version, weights):
-            from trinity_like.common.fingerprint import weights_fingerprint
+            from trinity_like.weights.fingerprint import weights_fingerprint
 
             sd = {k: v.cuda() for k, v in weights.items()}
             return self.shared.publish(version, sd, weights_fingerprint(sd))
@@ -156,8 +156,8 @@ def test_cuda_ipc_between_two_actors_on_one_gpu(ray_session):
 
     @ray.remote(num_gpus=0.5, num_cpus=0)
     def receive(handle):
-        from trinity_like.common.fingerprint import weights_fingerprint
-        from trinity_like.synchronizer.shared_weights import open_shared
+        from trinity_like.weights.fingerprint import weights_fingerprint
+        from trinity_like.weights.shared import open_shared
 
         sd = open_shared(handle)
         assert all(t.device.type == "cuda" for t in sd.values())

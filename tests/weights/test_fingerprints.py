@@ -10,14 +10,14 @@ import pytest
 import ray
 import torch
 
-from trinity_like.common.fingerprint import weights_fingerprint
 from trinity_like.config import SamplingConfig, load_config
 from trinity_like.runtime.paths import namespace_of
 from trinity_like.status import format_status
+from trinity_like.weights.fingerprint import weights_fingerprint
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["checkpoint", "memory", "nccl", "ipc"])
+@pytest.mark.parametrize("method", ["checkpoint", "memory", "broadcast", "ipc"])
 def test_a_byte_flipped_in_transfer_is_refused_counted_shown_and_the_previous_version_keeps_serving(
         tmp_path, tiny_model_path, ray_session, batch_exps, method, caplog):
     from trinity_like.explorer.fleet import EngineFleet, WeightsLoadFailed
@@ -122,7 +122,7 @@ def test_a_gpu_fingerprint_stays_on_the_gpu_and_equals_the_cpus_for_the_same_byt
     dtype a model holds; a version fingerprinted on the trainer's GPU is what a CPU engine computes for it."""
     import torch
 
-    from trinity_like.common.fingerprint import (
+    from trinity_like.weights.fingerprint import (
         scheme_of,
         tensor_fingerprint,
         tensor_fingerprints,

@@ -1,4 +1,4 @@
-"""Weights by collective broadcast (``synchronizer.method: nccl``). The trainer exports its weights to the CPU
+"""Weights by collective broadcast (``synchronizer.method: broadcast``). The trainer exports its weights to the CPU
 and engines load them there, so rounds run over gloo today, also on a GPU machine (the round's ``backend``
 travels in its spec; a receiver puts NCCL rounds on the GPU, gloo rounds on the CPU).
 
@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from trinity_like.common.logs import RateLimitedLog
+from trinity_like.weights.messages import BroadcastRound
 
 logger = logging.getLogger(__name__)
 
@@ -213,25 +214,25 @@ class WeightBroadcaster:
         with self._cond:
             self._cond.wait_for(lambda: self._stop or self._snapshot[0] != version, timeout=timeout_s)
 
-    def _run_round(self, spec: dict, flat: torch.Tensor) -> None:
+    def _run_round(self, spec: BroadcastRound, flat: torch.Tensor) -> None:
         start = time.perf_counter()
         try:
-            if self._group is None or self._group[0] != spec["generation"]:
+            if self._group is None or self._group[0] != spec.generation:
                 self._group = None
-                self._group = (spec["generation"], make_group(self.store, spec["generation"], 0, spec["world"],
+                self._group = (spec.generation, make_group(self.store, spec.generation, 0, spec.world,
                                                               self.backend, self.round_timeout_s))
             broadcast_flat(self._group[1], flat, self.bucket_bytes, self.round_timeout_s)
             self.rounds += 1
             seconds = time.perf_counter() - start
-            self.last_round = {"sync/version": float(spec["version"]), "sync/seconds": seconds,
-                               "sync/bytes": float(flat.numel()), "sync/receivers": float(spec["world"] - 1)}
+            self.last_round = {"sync/version": float(spec.version), "sync/seconds": seconds,
+                               "sync/bytes": float(flat.numel()), "sync/receivers": float(spec.world - 1)}
         except Exception as e:
             self.failures += 1
             self._group = None  # the next round forms a new group, under a new generation
-            self._failed_generation = spec["generation"]
+            self._failed_generation = spec.generation
             logger.error("broadcast of version %d to %d engines failed after %.1fs (deadline %.0fs, "
                          "synchronizer.sync_timeout_s): %s; the engines keep their previous version and the next "
-                         "round forms a new group", spec["version"], spec["world"] - 1, time.perf_counter() - start,
+                         "round forms a new group", spec.version, spec.world - 1, time.perf_counter() - start,
                          self.round_timeout_s, e)
 
     def close(self) -> None:
@@ -251,31 +252,31 @@ class WeightReceiver:
         self._meta: tuple[int, list[TensorMeta]] | None = None
         self._staging: torch.Tensor | None = None
 
-    def receive(self, spec: dict, device: str | None = None) -> tuple[dict[str, torch.Tensor], int]:
+    def receive(self, spec: BroadcastRound, device: str | None = None) -> tuple[dict[str, torch.Tensor], int]:
         """The tensors of the round's version (views into a staging buffer: copy them before the next
         round) and the bytes received. Raises on a failed transfer; nothing is applied here."""
         import torch.distributed as dist
 
-        device = device or device_of_backend(spec["backend"])
-        generation = spec["generation"]
-        if spec.get("meta") is not None:
-            self._meta = (generation, [TensorMeta(**{**m, "shape": tuple(m["shape"])}) for m in spec["meta"]])
+        device = device or device_of_backend(spec.backend)
+        generation = spec.generation
+        if spec.meta is not None:
+            self._meta = (generation, [TensorMeta(**{**m, "shape": tuple(m["shape"])}) for m in spec.meta])
         if self._meta is None or self._meta[0] != generation:
             raise RuntimeError(f"round of generation {generation} came without parameter metadata")
-        addr = (spec["addr"], spec["port"])
+        addr = (spec.addr, spec.port)
         if self._store_addr != addr:
-            self._store = dist.TCPStore(spec["addr"], spec["port"], is_master=False, timeout=_timeout(self.timeout_s))
+            self._store = dist.TCPStore(spec.addr, spec.port, is_master=False, timeout=_timeout(self.timeout_s))
             self._store_addr, self._group = addr, None
         if self._group is None or self._group[0] != generation:
             self._group = None
-            self._group = (generation, make_group(self._store, generation, spec["rank"], spec["world"],
-                                                  spec["backend"], self.timeout_s))
+            self._group = (generation, make_group(self._store, generation, spec.rank, spec.world,
+                                                  spec.backend, self.timeout_s))
         meta = self._meta[1]
         size = flat_size(meta)
         if self._staging is None or self._staging.numel() != size or self._staging.device.type != device:
             self._staging = torch.empty(size, dtype=torch.uint8, device=device)
         try:
-            broadcast_flat(self._group[1], self._staging, spec["bucket_bytes"], self.timeout_s)
+            broadcast_flat(self._group[1], self._staging, spec.bucket_bytes, self.timeout_s)
         except Exception:
             self._group = None
             raise

@@ -10,8 +10,7 @@ import torch
 
 from trinity_like.common.fs import atomic_write_json, atomic_write_text
 from trinity_like.runtime.checkpoints import CheckpointPointerError, latest_checkpoint, write_pointer
-from trinity_like.synchronizer.monitor import complete_version
-from trinity_like.synchronizer.weights_files import CorruptWeightsError, read_weights, write_part
+from trinity_like.weights.files import CorruptWeightsError, complete_version, read_weights, write_part
 
 STATE = {"a.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b.bias": torch.ones(5)}
 
@@ -80,7 +79,7 @@ def test_a_reader_checks_the_tensors_it_loaded_and_names_the_damaged_one(tmp_pat
 
     from safetensors import safe_open
 
-    from trinity_like.common.fingerprint import tensor_fingerprint
+    from trinity_like.weights.fingerprint import tensor_fingerprint
 
     parts = [write_part(tmp_path / "version-00000001", 0, 1, STATE)]
     assert parts[0]["fingerprints"] == {k: tensor_fingerprint(v) for k, v in STATE.items()}
@@ -103,7 +102,7 @@ def test_a_version_an_earlier_writer_left_is_checked_by_its_chunk_crcs(tmp_path)
     are still read, and still refused when damaged."""
     import json
 
-    from trinity_like.synchronizer.weights_files import file_crc32s
+    from trinity_like.weights.files import file_crc32s
 
     parts = [write_part(tmp_path / "version-00000001", 0, 1, STATE)]
     vdir = complete_version(tmp_path, 1, parts, keep=2)
@@ -128,8 +127,8 @@ def test_load_version_returns_the_fingerprint_its_tensors_were_checked_against(t
     again: the manifest's, equal to the tensors' own; "" for a single file, where nothing was checked."""
     from safetensors.torch import save_file
 
-    from trinity_like.common.fingerprint import weights_fingerprint
-    from trinity_like.synchronizer.weights_files import load_version, read_manifest
+    from trinity_like.weights.files import load_version, read_manifest
+    from trinity_like.weights.fingerprint import weights_fingerprint
 
     vdir = complete_version(tmp_path, 1, [write_part(tmp_path / "version-00000001", 0, 1, STATE)], keep=2)
     tensors, _, checked = load_version(vdir)
@@ -144,7 +143,7 @@ def test_a_part_is_a_safetensors_file_that_safetensors_itself_reads(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from trinity_like.synchronizer.weights_files import write_safetensors
+    from trinity_like.weights.files import write_safetensors
 
     g = torch.Generator().manual_seed(0)
     tensors = {f"t.{d}".removeprefix("t.torch."): (torch.randn(5, 7, generator=g) * 50).to(d)

@@ -5,7 +5,7 @@ Synchronizer a ``WeightsInfo`` for the version it publishes.
   (``weights_files``); the CheckpointMonitor completes the version once the last part is in and publishes
   it; rank 0 waits for that (bounded by ``synchronizer.timeout_s``).
 - ``memory``: rank 0 puts the state dict in Ray's object store and publishes the reference.
-- ``nccl``: rank 0 snapshots the weights into a ``WeightBroadcaster``, whose thread sends them to the engines
+- ``broadcast``: rank 0 snapshots the weights into a ``WeightBroadcaster``, whose thread sends them to the engines
   by collective broadcast when they come for it, while training goes on.
 - ``ipc``: rank 0 packs the weights into a shared buffer on its node (``shared_weights``): in its GPU memory as
   a CUDA IPC handle when the engines share its GPU, else a shared-memory file; engines map it and copy.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trinity_like.common.registry import Registry
-from trinity_like.synchronizer.messages import WeightsInfo
+from trinity_like.weights.messages import WeightsInfo
 
 PUBLISHERS: Registry = Registry("weight publication method")
 """``synchronizer.method`` -> a WeightPublisher class taking the engine."""
@@ -63,8 +63,13 @@ def write_state_dict(engine) -> tuple[Path, int]:
     """Write this rank's share of the current version into ``state_dict/version-<k>/``; with a monitor, report
     the part to it (it completes the version when the last part is in), else complete it here (a single
     writer, standalone use). Returns the version folder and the bytes written."""
-    from trinity_like.synchronizer.monitor import STATE_DICT_DIR, complete_version
-    from trinity_like.synchronizer.weights_files import split_for_writers, version_dir, write_part
+    from trinity_like.weights.files import (
+        STATE_DICT_DIR,
+        complete_version,
+        split_for_writers,
+        version_dir,
+        write_part,
+    )
 
     root = engine.paths.checkpoint_dir / STATE_DICT_DIR
     version = engine.train_step_num
@@ -86,7 +91,7 @@ def upload_state_dict(engine) -> tuple[Any, int, str]:
     their fingerprint (empty on ranks that do not write)."""
     import ray
 
-    from trinity_like.common.fingerprint import weights_fingerprint
+    from trinity_like.weights.fingerprint import weights_fingerprint
 
     if not engine.gathers():
         return None, 0, ""
@@ -128,7 +133,7 @@ class ObjectStorePublisher(WeightPublisher):
                 "sync/bytes": float(self.last_bytes)}
 
 
-@PUBLISHERS.register("nccl")
+@PUBLISHERS.register("broadcast")
 class BroadcastPublisher(WeightPublisher):
     def __init__(self, engine) -> None:
         super().__init__(engine)
@@ -136,8 +141,8 @@ class BroadcastPublisher(WeightPublisher):
         """Rank 0's WeightBroadcaster, started at the first publication."""
 
     def publish(self) -> dict[str, float]:
-        from trinity_like.common.fingerprint import weights_fingerprint
-        from trinity_like.synchronizer.collective import WeightBroadcaster
+        from trinity_like.weights.broadcast import WeightBroadcaster
+        from trinity_like.weights.fingerprint import weights_fingerprint
 
         e = self.engine
         start = time.perf_counter()
@@ -152,7 +157,7 @@ class BroadcastPublisher(WeightPublisher):
         fingerprint = weights_fingerprint(sd)
         self.last_bytes = self.broadcaster.offer(e.train_step_num, sd, fingerprint)
         _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, bytes=self.last_bytes,
-                                                           method="nccl", fingerprint=fingerprint)))
+                                                           method="broadcast", fingerprint=fingerprint)))
         last = {f"sync/broadcast_{k.split('/')[1]}": v for k, v in self.broadcaster.last_round.items()}
         return {"sync/version": float(e.train_step_num), "sync/seconds": time.perf_counter() - start,
                 "sync/bytes": float(self.last_bytes), **last,
@@ -177,9 +182,9 @@ class SharedMemoryPublisher(WeightPublisher):
         return self.engine.device.type == "cuda" and 0 < gpus < 1
 
     def publish(self) -> dict[str, float]:
-        from trinity_like.common.fingerprint import weights_fingerprint
         from trinity_like.runtime.paths import namespace_of
-        from trinity_like.synchronizer.shared_weights import SharedWeights
+        from trinity_like.weights.fingerprint import weights_fingerprint
+        from trinity_like.weights.shared import SharedWeights
 
         e = self.engine
         start = time.perf_counter()

@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from trinity_like.common.fingerprint import (
+from trinity_like.weights.fingerprint import (
     combine_fingerprints,
     scheme_of,
     tensor_fingerprint,
@@ -59,7 +59,7 @@ def test_a_view_off_an_eight_byte_boundary_and_a_transposed_matrix():
 def test_the_one_wait_path_for_accelerators_gives_what_the_threaded_host_path_gives():
     """``_device_s1`` (taken where tensors sit on a GPU: all sums queued, one copy to the host) run here on CPU
     tensors: the same entries as the per-tensor path, casts and leftover bytes included."""
-    from trinity_like.common.fingerprint import _device_s1
+    from trinity_like.weights.fingerprint import _device_s1
 
     g = torch.Generator().manual_seed(5)
     sd = {"w": torch.randn(300, 70, generator=g), "odd": torch.randn(4097 * 4 + 3, generator=g).to(torch.bfloat16),
