@@ -52,6 +52,11 @@ def test_watch_redraws_each_report_with_the_trainers_progress(monkeypatch):
     assert "trainer [#####-------------------] 2/10" in text and "trainer [############------------] 5/10" in text
     assert "trainer  trainer-1" in text and "latest published version 5" in text
 
+    from trinity_like.status import format_status
+
+    said = format_status({**_report(5), "latest_method": "broadcast", "latest_transport": "gloo"})
+    assert "latest published version 5 (by broadcast over gloo)" in said
+
     monkeypatch.setenv("COLUMNS", "200")
     reports = iter([_report(2), _report(5)])
     screen = io.StringIO()

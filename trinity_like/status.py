@@ -105,6 +105,8 @@ def gather_status(config: str | None, namespace: str | None, address: str | None
     report["roles"] = [{"role_id": rid, **r} for rid, r in roles.items()]
     if sync is not None:
         report["latest_version"] = sync["latest_version"]
+        report["latest_method"] = sync.get("latest_method", "")
+        report["latest_transport"] = sync.get("latest_transport", "")
         report["explore_steps"] = sync.get("explore_steps")
         report["staleness"] = sync.get("staleness")
     if paths is None:  # --namespace only: the roles say where the run directory is
@@ -157,7 +159,11 @@ def format_status(report: dict[str, Any]) -> str:
             lines.extend(_engine_line(e) for e in r.get("engine_versions") or [])
     if "latest_version" in report:
         steps = report.get("explore_steps") or {}
-        lines.append(f"latest published version {report['latest_version']}   explorer steps handed out "
+        how = report.get("latest_method") or ""
+        if how and report.get("latest_transport"):
+            how += f" over {report['latest_transport']}"
+        lines.append(f"latest published version {report['latest_version']}{f' (by {how})' if how else ''}   "
+                     "explorer steps handed out "
                      f"{steps.get('next', 0)}, running {steps.get('claimed', [])}, to redo {steps.get('returned', [])}")
     st = report.get("staleness")
     if st:  # max_staleness: auto

@@ -81,3 +81,14 @@ def test_loading_a_config_with_default_choices_does_not_import_torch(tmp_path):
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_earlier_name_of_the_broadcast_method_is_taken_with_a_warning(caplog):
+    import logging
+
+    from trinity_like.config import load_config
+
+    with caplog.at_level(logging.WARNING):
+        cfg = load_config(None, ["synchronizer.method=nccl"])
+    assert cfg.synchronizer.method == "broadcast"
+    assert "synchronizer.method nccl is now called broadcast: its rounds run over gloo" in caplog.text

@@ -54,6 +54,8 @@ def test_a_byte_flipped_in_transfer_is_refused_counted_shown_and_the_previous_ve
         trainer.sync_weight()
         info = await sync.latest.remote()
         assert info.version == trainer.train_step_num and info.method == method
+        assert info.transport == {"checkpoint": "files", "memory": "object store", "broadcast": "gloo",
+                                  "ipc": "shared memory"}[method]  # what it ran over here, on the CPU
         assert info.fingerprint == weights_fingerprint(trainer.policy_state_dict())  # of what was published
         return info
 

@@ -10,7 +10,6 @@ from typing import Any
 from trinity_like.common.errors import ConfigError
 from trinity_like.config.schema import Config, allowed_values
 
-
 OLD_METHOD_NAMES = {"nccl": "broadcast"}
 """``synchronizer.method`` names of earlier releases: ``nccl`` named a broadcast that runs over gloo from the
 trainer's host copy on every device."""

@@ -168,7 +168,8 @@ class CheckpointMonitor:
         if self.namespace is not None:
             sync = ray.get_actor(SYNCHRONIZER_NAME, namespace=self.namespace)
             await sync.publish.remote(WeightsInfo(version=step, path=str(vdir), bytes=sum(p["bytes"] for p in parts),
-                                                  method="checkpoint", fingerprint=parts_fingerprint(parts)))
+                                                  method="checkpoint", transport="files",
+                                                  fingerprint=parts_fingerprint(parts)))
 
     async def monitor_step(self, step: int, is_state_dict: bool = False, timeout_s: float | None = None) -> bool:
         """Wait until every writer of ``step`` has finished; False if ``timeout_s`` passed first."""

@@ -275,6 +275,8 @@ class Synchronizer:
             "run_id": self.run_id,
             "latest_version": self._latest.version,
             "latest_path": self._latest.path,
+            "latest_method": self._latest.method,
+            "latest_transport": self._latest.transport,
             "ended": dict(self._ended),
             "explore_steps": {"next": self._steps.next, "rows_written": self._steps.rows_written,
                               "claimed": sorted(self._steps.claims), "returned": list(self._steps.returned)},

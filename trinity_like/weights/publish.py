@@ -128,7 +128,8 @@ class ObjectStorePublisher(WeightPublisher):
         if not e.writes():
             return {}
         _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, refs=[ref], bytes=self.last_bytes,
-                                                           method="memory", fingerprint=fingerprint)))
+                                                           method="memory", transport="object store",
+                                                           fingerprint=fingerprint)))
         return {"sync/version": float(e.train_step_num), "sync/seconds": time.perf_counter() - start,
                 "sync/bytes": float(self.last_bytes)}
 
@@ -157,7 +158,8 @@ class BroadcastPublisher(WeightPublisher):
         fingerprint = weights_fingerprint(sd)
         self.last_bytes = self.broadcaster.offer(e.train_step_num, sd, fingerprint)
         _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, bytes=self.last_bytes,
-                                                           method="broadcast", fingerprint=fingerprint)))
+                                                           method="broadcast", transport=self.broadcaster.backend,
+                                                           fingerprint=fingerprint)))
         last = {f"sync/broadcast_{k.split('/')[1]}": v for k, v in self.broadcaster.last_round.items()}
         return {"sync/version": float(e.train_step_num), "sync/seconds": time.perf_counter() - start,
                 "sync/bytes": float(self.last_bytes), **last,
@@ -200,7 +202,8 @@ class SharedMemoryPublisher(WeightPublisher):
         self.last_bytes = handle["size"]
         _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, shared=handle,
                                                            bytes=self.last_bytes, method="ipc",
-                                                           fingerprint=fingerprint)))
+                                                           transport="CUDA IPC" if handle["kind"] == "cuda"
+                                                           else "shared memory", fingerprint=fingerprint)))
         return {"sync/version": float(e.train_step_num), "sync/seconds": time.perf_counter() - start,
                 "sync/bytes": float(self.last_bytes)}
 
