@@ -177,11 +177,12 @@ class BenchStep:
 QWEN_TRAIN = ("--device", "cuda", "--dtype", "bfloat16", "--batch", "64", "--micro", "8", "--response-len", "1008",
               "--repeats", "3")
 VLLM_TESTS = "tests/explorer/test_vllm_engine.py"
+GPU_TESTS = ("tests/trainer", "tests/synchronizer", "tests/weights", "tests/explorer")
+"""The test folders whose code runs on a GPU where one is there."""
 STEPS = (
-    PytestStep("pytest -m gpu", ("tests/trainer", "tests/synchronizer", "tests/explorer"), "gpu", budget_s=150),
-    PytestStep("trainer, synchronizer and explorer tests with CUDA visible",
-               ("tests/trainer", "tests/synchronizer", "tests/explorer"), "not gpu", budget_s=150, workers=12,
-               ignore=(VLLM_TESTS,)),
+    PytestStep("pytest -m gpu", GPU_TESTS, "gpu", budget_s=150),
+    PytestStep("trainer, synchronizer, weights and explorer tests with CUDA visible", GPU_TESTS, "not gpu",
+               budget_s=150, workers=12, ignore=(VLLM_TESTS,)),
     PytestStep("vLLM engine tests on CUDA (skipped unless vLLM was carried: docs/vllm-on-a-lease.md)",
                (VLLM_TESTS,), "not gpu", budget_s=20, needs="vllm"),
     BenchStep("bench/trainer.py Qwen2.5-0.5B shape, bf16", "trainer.py", ("--shape", "qwen2.5-0.5b", *QWEN_TRAIN),

@@ -130,7 +130,10 @@ def test_an_engine_stopped_in_a_broadcast_round_fails_it_within_the_deadline_and
             start = time.monotonic()
             trainer.sync_weight()  # offers version 2 and returns: the round runs in the broadcaster's thread
             assert time.monotonic() - start < 2.0
-            with pytest.raises(WeightsLoadFailed, match="did not finish loading version 2"):
+            # engine 1 stalls; engine 0 fails with it, at the group's deadline, when the round needed a new group
+            # (the version-1 round split in two under load: the stopped engine never joins the new one)
+            with pytest.raises(WeightsLoadFailed, match=r"engines could not load version 2: (EngineStalled: "
+                               r"engine 1 did not finish loading version 2|DistStoreError: wait timeout)"):
                 await update
             elapsed = time.monotonic() - start
             assert elapsed < fleet._load_deadline(WeightsInfo(version=2, method="broadcast")) + 10
