@@ -48,6 +48,11 @@ class TensorMeta:
     offset: int
     nbytes: int
 
+    @classmethod
+    def from_plain(cls, plain: dict) -> TensorMeta:
+        """From its fields as they travel (``m.__dict__``; the shape a list after msgpack or JSON)."""
+        return cls(**{**plain, "shape": tuple(plain["shape"])})
+
 
 def describe(state_dict: dict[str, torch.Tensor]) -> list[TensorMeta]:
     """Byte layout of the flat buffer: tensors in name order, each aligned to 16 bytes."""
@@ -260,7 +265,7 @@ class WeightReceiver:
         device = device or device_of_backend(spec.backend)
         generation = spec.generation
         if spec.meta is not None:
-            self._meta = (generation, [TensorMeta(**{**m, "shape": tuple(m["shape"])}) for m in spec.meta])
+            self._meta = (generation, [TensorMeta.from_plain(m) for m in spec.meta])
         if self._meta is None or self._meta[0] != generation:
             raise RuntimeError(f"round of generation {generation} came without parameter metadata")
         addr = (spec.addr, spec.port)

@@ -285,8 +285,7 @@ def version_pointer_or_0(root: Path) -> int:
     loss it may be empty. It is then read as 0, since the versions are made again (a resumed trainer publishes
     its checkpoint's step), unlike the checkpoints' pointer, whose damage the user must see."""
     try:
-        step = read_pointer(root / "latest")
-        return 0 if step is None else step
+        return read_pointer(root / "latest") or 0
     except CheckpointPointerError as e:
         logger.warning("%s; taken as no version (versions are published again)", e)
         return 0

@@ -2,12 +2,12 @@
 Synchronizer a ``WeightsInfo`` for the version it publishes.
 
 - ``checkpoint``: every data-parallel rank writes its share of the tensors into ``state_dict/version-<k>/``
-  (``weights_files``); the CheckpointMonitor completes the version once the last part is in and publishes
+  (``weights.files``); the CheckpointMonitor completes the version once the last part is in and publishes
   it; rank 0 waits for that (bounded by ``synchronizer.timeout_s``).
 - ``memory``: rank 0 puts the state dict in Ray's object store and publishes the reference.
 - ``broadcast``: rank 0 snapshots the weights into a ``WeightBroadcaster``, whose thread sends them to the engines
   by collective broadcast when they come for it, while training goes on.
-- ``ipc``: rank 0 packs the weights into a shared buffer on its node (``shared_weights``): in its GPU memory as
+- ``ipc``: rank 0 packs the weights into a shared buffer on its node (``weights.shared``): in its GPU memory as
   a CUDA IPC handle when the engines share its GPU, else a shared-memory file; engines map it and copy.
 
 A publisher works on an engine that exposes ``train_step_num``, ``dp_rank``, ``dp_world``, ``monitor``,

@@ -66,3 +66,17 @@ class JoinRound(Receiver):
 
 def receiver_for(info: WeightsInfo) -> Receiver:
     return RECEIVERS.get(info.method)()
+
+
+def read_source(path: str | None, shared: dict[str, Any] | None) -> tuple[dict, int, str]:
+    """Inside an engine (or a vLLM worker): the tensors of a version it reads itself, the bytes, and the
+    fingerprint they were checked against as they were read ("" where none was): a version folder, each part's
+    tensors checked against its manifest (``files.load_version``), or this process's own copy of a shared buffer
+    (``shared.open_shared``), which the caller checks: the copy cannot change under it, the buffer can."""
+    if path is not None:
+        from trinity_like.weights.files import load_version
+
+        return load_version(path)
+    from trinity_like.weights.shared import open_shared
+
+    return open_shared(shared, copy=True), int(shared["size"]), ""

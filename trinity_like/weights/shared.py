@@ -1,6 +1,6 @@
 """Weights through shared memory (``synchronizer.method: ipc``), for engines on the trainer's node.
 
-Trainer rank 0 packs each version into one flat buffer (the byte layout of the broadcast, ``collective.describe``)
+Trainer rank 0 packs each version into one flat buffer (the byte layout of the broadcast, ``broadcast.describe``)
 that engines on its node map instead of receiving a copy:
 
 - on a GPU, when the engines share the trainer's GPU (``explorer.gpus_per_engine`` below 1): a buffer in the
@@ -199,7 +199,7 @@ def open_shared(handle: dict[str, Any], copy: bool = False) -> dict[str, torch.T
             f"version {handle['version']} is in shared memory on node {handle['node']}, not on this engine's node "
             f"({node_identity()}): synchronizer.method ipc needs the engines on the trainer's node; engines on "
             "other nodes take synchronizer.method broadcast or memory")
-    meta = [TensorMeta(**{**m, "shape": tuple(m["shape"])}) for m in handle["meta"]]
+    meta = [TensorMeta.from_plain(m) for m in handle["meta"]]
     if handle["kind"] == "cuda":
         flat = _import_cuda(handle["cuda"])
     else:

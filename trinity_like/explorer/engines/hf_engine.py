@@ -36,7 +36,8 @@ from trinity_like.explorer.engines.base import (
     check_fingerprint,
     check_one_source,
 )
-from trinity_like.weights.fingerprint import weights_fingerprint
+from trinity_like.weights.fingerprint import received_fingerprint, weights_fingerprint
+from trinity_like.weights.receive import read_source
 
 
 def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -102,22 +103,16 @@ class HFEngine(ChatByGenerate):
         (a damaged transfer is refused, the previous version keeps serving), and the weights served after the
         load are fingerprinted again (a load that did not apply them takes the engine out of service)."""
         check_one_source(update)
-        if update.path is not None:
-            from trinity_like.weights.files import read_weights
-
-            state_dict, self.last_load_bytes = read_weights(update.path)  # checked against its manifest
-        elif update.shared is not None:
-            from trinity_like.weights.shared import open_shared
-
-            # a copy: the trainer may refill its buffer while this engine checks and loads
-            state_dict, self.last_load_bytes = open_shared(update.shared, copy=True), int(update.shared["size"])
+        if update.state_dict is None:  # files checked against their manifest, or a copy of a shared buffer
+            state_dict, self.last_load_bytes, checked = read_source(update.path, update.shared)
         else:
-            state_dict = update.state_dict
+            state_dict, checked = update.state_dict, ""
             self.last_load_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())
         if self.on_received is not None:
             self.on_received(state_dict)
+            checked = ""  # the hook may have changed them since
         like = update.fingerprint  # computed in the scheme of the published fingerprint (an older version's: crc)
-        received = weights_fingerprint(state_dict, like=like)
+        received = received_fingerprint(state_dict, like, checked)
         if update.fingerprint:
             check_fingerprint(received, update, self.engine_id, self.model_version, "received")
         with self._lock:

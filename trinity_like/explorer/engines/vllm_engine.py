@@ -57,6 +57,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,10 @@ from trinity_like.weights.files import (
     CorruptWeightsError,
     IncompleteWeightsError,
     WeightsAccessError,
-    load_version,
 )
 from trinity_like.weights.messages import BroadcastRound
-from trinity_like.weights.shared import SharedWeightsUnreachable, open_shared
+from trinity_like.weights.receive import read_source
+from trinity_like.weights.shared import SharedWeightsUnreachable
 
 _EXTENSION_CLS = f"{__name__}.WeightSyncExtension"
 
@@ -150,16 +151,6 @@ reason and the engine raises it again as its own type. Raised in a vLLM worker p
 engine as a bare ``Exception`` with the text only, and the fleet, which tells these apart, would not know it."""
 
 
-def _read_source(path: str | None, shared: dict | None) -> tuple[dict, str]:
-    """The tensors a worker loads and the fingerprint they were checked against on the way ("" if none): a version
-    folder checked against its manifest, or its own copy of a shared buffer (checked and loaded from the copy,
-    which cannot change under it)."""
-    if path is not None:
-        tensors, _, checked = load_version(path)
-        return tensors, checked
-    return open_shared(shared, copy=True), ""
-
-
 class WeightSyncExtension:
     """Methods added to vLLM's worker class (``worker_extension_cls``); they run inside each worker, where
     ``self`` is the worker. Called through ``LLM.collective_rpc``."""
@@ -193,7 +184,7 @@ class WeightSyncExtension:
         checked = ""
         if path is not None or shared is not None:
             try:
-                state_dict, checked = _read_source(path, shared)
+                state_dict, _, checked = read_source(path, shared)
             except _REFUSALS as e:  # returned, not raised: vLLM's worker processes pass on only a message
                 return {"refused": {"type": type(e).__name__, "message": str(e)}, "applied": False,
                         "fingerprint": "", "tensors": 0}
@@ -248,12 +239,11 @@ class WeightSyncExtension:
         serves a version another refused. ``checked``: the fingerprint these very tensors were already checked
         against as they were read (``load_version``); they are not hashed a second time when it is in the
         published fingerprint's scheme."""
-        from trinity_like.weights.fingerprint import scheme_of, weights_fingerprint
+        from trinity_like.weights.fingerprint import received_fingerprint
 
         if not state_dict:
             raise ValueError("no weights given")
-        same_scheme = checked and (not fingerprint or scheme_of(checked) == scheme_of(fingerprint))
-        got = checked if same_scheme else weights_fingerprint(state_dict, like=fingerprint)
+        got = received_fingerprint(state_dict, fingerprint, checked)
         if fingerprint and got != fingerprint:
             return {"fingerprint": got, "applied": False, "tensors": len(state_dict)}
         if not commit:
@@ -268,6 +258,29 @@ class WeightSyncExtension:
         method = getattr(head, "quant_method", None)
         if tied and method is not None and getattr(head, "weight", None) is not None:
             method.process_weights_after_loading(head)
+
+
+def _drive(calls: Iterator, rpc: Callable) -> Any:
+    """Run a sequence of worker calls (``VLLMEngine._load_calls``) through ``rpc`` (``LLM.collective_rpc``): each
+    call's results go back into the sequence; returns what it returns."""
+    results = None
+    try:
+        while True:
+            method, kwargs = calls.send(results)
+            results = rpc(method, kwargs=kwargs)
+    except StopIteration as done:
+        return done.value
+
+
+async def _adrive(calls: Iterator, rpc: Callable) -> Any:
+    """``_drive`` with an async ``rpc`` (``AsyncLLM.collective_rpc``)."""
+    results = None
+    try:
+        while True:
+            method, kwargs = calls.send(results)
+            results = await rpc(method, kwargs=kwargs)
+    except StopIteration as done:
+        return done.value
 
 
 def _chunks(data: bytes, most: int):
@@ -429,31 +442,39 @@ class VLLMEngine(ChatByGenerate):
     def update_weights(self, update: WeightUpdate) -> None:
         """Load new weights in place and take their version. Weights whose names do not match the model's
         checkpoint are refused before anything is loaded."""
-        kwargs = self._load_kwargs(update)
-        chunks = kwargs.pop("_chunks", ())
+        kwargs, chunks = self._load_kwargs(update)
         with self._lock:
-            for call in chunks:
-                self.llm.collective_rpc("trinity_stage", kwargs=call)
-            results = self.llm.collective_rpc("trinity_load_weights", kwargs={**kwargs, "commit": not self._two_phase})
-            if self._two_phase:  # every worker checked its copy: apply everywhere, or nowhere
-                try:
-                    self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
-                except BaseException:
-                    self.llm.collective_rpc("trinity_drop")
-                    raise
-                results = self.llm.collective_rpc("trinity_commit")
-            self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
+            results = _drive(self._load_calls(update, kwargs, chunks), self.llm.collective_rpc)
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
             self._take_version(update, results)
 
-    def _load_kwargs(self, update: WeightUpdate) -> dict[str, Any]:
+    def _load_calls(self, update: WeightUpdate, kwargs: dict[str, Any], chunks) -> Iterator:
+        """One update's calls into the workers, in order, as ``(method, kwargs)``, each sent back its results
+        (``_drive``, ``_adrive``: the same sequence for this engine and the async one); returns the results to
+        take the version from. Raises, with nothing applied, when a worker refused the version."""
+        for call in chunks:
+            yield "trinity_stage", call
+        stage = self._load_stage(update)
+        results = yield "trinity_load_weights", {**kwargs, "commit": not self._two_phase}
+        if self._two_phase:  # every worker checked its copy: apply everywhere, or nowhere
+            try:
+                self._check_results(update, kwargs["fingerprint"], results, stage)
+            except BaseException:
+                yield "trinity_drop", None
+                raise
+            results = yield "trinity_commit", None
+        self._check_results(update, kwargs["fingerprint"], results, stage)
+        return results
+
+    def _load_kwargs(self, update: WeightUpdate) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
         """What the workers' ``trinity_load_weights`` gets for ``update``, after the checks that need no worker
-        (names; a state dict's fingerprint)."""
+        (names; a state dict's fingerprint), and the ``trinity_stage`` calls that go first (a state dict over
+        ``MAX_RPC_BYTES``; none otherwise)."""
         check_one_source(update)
         if update.shared is not None:  # the workers map the trainer's buffer themselves: nothing is copied here
             self._check_names(m["name"] for m in update.shared["meta"])
             self.last_load_bytes = int(update.shared["size"])
-            return {"shared": update.shared, "tied": self._tied, "fingerprint": update.fingerprint}
+            return {"shared": update.shared, "tied": self._tied, "fingerprint": update.fingerprint}, iter(())
         if update.path is not None:
             from trinity_like.weights.files import read_manifest, tensor_names
 
@@ -462,7 +483,7 @@ class VLLMEngine(ChatByGenerate):
             self._check_names(tensor_names(update.path))
             path = Path(update.path)
             self.last_load_bytes = read_manifest(path)["bytes"] if path.is_dir() else path.stat().st_size
-            return {"path": str(update.path), "tied": self._tied, "fingerprint": update.fingerprint}
+            return {"path": str(update.path), "tied": self._tied, "fingerprint": update.fingerprint}, iter(())
         self._check_names(update.state_dict)
         # Sent as the bytes of a safetensors file: vLLM's RPC to worker processes does not carry tensors
         # (measured: they arrive as lists), bytes go through whole; the worker loads them onto its device.
@@ -482,8 +503,8 @@ class VLLMEngine(ChatByGenerate):
         whole = len(sent) == len(update.state_dict)
         kwargs = {"tied": self._tied, "fingerprint": update.fingerprint if whole else ""}
         if len(data) <= MAX_RPC_BYTES:
-            return {**kwargs, "data": data}
-        return {**kwargs, "staged": True, "_chunks": _chunks(data, MAX_RPC_BYTES)}
+            return {**kwargs, "data": data}, iter(())
+        return {**kwargs, "staged": True}, _chunks(data, MAX_RPC_BYTES)
 
     def _check_results(self, update: WeightUpdate, fingerprint: str, results: list[dict], stage: str) -> None:
         """Raise what a worker refused the version's source for (``_REFUSALS``, as its own type), or
@@ -507,21 +528,21 @@ class VLLMEngine(ChatByGenerate):
         self.model_version = update.version
         self.fingerprint = update.fingerprint or results[0]["fingerprint"]
 
-    def _receive_kwargs(self, round_: BroadcastRound, timeout_s: float) -> dict[str, Any]:
+    def _receive_calls(self, round_: BroadcastRound, timeout_s: float) -> Iterator:
+        """``_load_calls`` for a broadcast round: the worker joins it and loads the version if intact."""
         if round_.meta is not None:
             self._check_names(m["name"] for m in round_.meta)
-        return {"spec": round_.plain(), "tied": self._tied, "timeout_s": timeout_s}
+        results = yield "trinity_receive_weights", {"spec": round_.plain(), "tied": self._tied, "timeout_s": timeout_s}
+        self._check_results(WeightUpdate(version=round_.version), round_.fingerprint, results, "received by broadcast")
+        return results
 
     def receive_collective(self, round_: BroadcastRound, timeout_s: float) -> int:
         """Method ``broadcast``: the worker joins the round and loads the version; requests wait meanwhile. Only
         one worker per engine (tensor parallel size 1) takes part in a round."""
-        kwargs = self._receive_kwargs(round_, timeout_s)
-        update = WeightUpdate(version=round_.version, fingerprint=round_.fingerprint)
         with self._lock:
-            results = self.llm.collective_rpc("trinity_receive_weights", kwargs=kwargs)
-            self._check_results(update, update.fingerprint, results, "received by broadcast")
+            results = _drive(self._receive_calls(round_, timeout_s), self.llm.collective_rpc)
             self.llm.reset_prefix_cache()
-            self._take_version(update, results)
+            self._take_version(WeightUpdate(version=round_.version, fingerprint=round_.fingerprint), results)
         self.last_load_bytes = int(results[0]["bytes"])
         return self.last_load_bytes
 
@@ -688,32 +709,17 @@ class AsyncVLLMEngine(VLLMEngine):
 
     # ------------------------------------------------------------ weights
     async def aupdate_weights(self, update: WeightUpdate) -> None:
-        kwargs = await asyncio.to_thread(self._load_kwargs, update)  # checks and serialises off the loop
-        chunks = kwargs.pop("_chunks", ())
+        kwargs, chunks = await asyncio.to_thread(self._load_kwargs, update)  # checks and serialises off the loop
         async with self._exclusive():
-            for call in chunks:
-                await self.llm.collective_rpc("trinity_stage", kwargs=call)
-            results = await self.llm.collective_rpc("trinity_load_weights",
-                                                    kwargs={**kwargs, "commit": not self._two_phase})
-            if self._two_phase:  # every worker checked its copy: apply everywhere, or nowhere
-                try:
-                    self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
-                except BaseException:
-                    await self.llm.collective_rpc("trinity_drop")
-                    raise
-                results = await self.llm.collective_rpc("trinity_commit")
-            self._check_results(update, kwargs["fingerprint"], results, self._load_stage(update))
+            results = await _adrive(self._load_calls(update, kwargs, chunks), self.llm.collective_rpc)
             await self.llm.reset_prefix_cache()
             self._take_version(update, results)
 
     async def areceive_collective(self, round_: BroadcastRound, timeout_s: float) -> int:
-        kwargs = self._receive_kwargs(round_, timeout_s)
-        update = WeightUpdate(version=round_.version, fingerprint=round_.fingerprint)
         async with self._exclusive():
-            results = await self.llm.collective_rpc("trinity_receive_weights", kwargs=kwargs)
-            self._check_results(update, update.fingerprint, results, "received by broadcast")
+            results = await _adrive(self._receive_calls(round_, timeout_s), self.llm.collective_rpc)
             await self.llm.reset_prefix_cache()
-            self._take_version(update, results)
+            self._take_version(WeightUpdate(version=round_.version, fingerprint=round_.fingerprint), results)
         self.last_load_bytes = int(results[0]["bytes"])
         return self.last_load_bytes
 
