@@ -79,6 +79,48 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources:
     )
 
 
+def widths(batch: TensorDict) -> tuple[int, int]:
+    """The batch's prompt and response widths (P, R)."""
+    width_r = batch["responses"].shape[1]
+    return batch["input_ids"].shape[1] - width_r, width_r
+
+
+def row_widths(batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's real prompt and response lengths, (B,) each (left-padded prompts, right-padded responses)."""
+    width_p, _ = widths(batch)
+    mask = batch["attention_mask"]
+    return mask[:, :width_p].sum(-1), mask[:, width_p:].sum(-1)
+
+
+def trim(batch: TensorDict) -> TensorDict:
+    """``batch`` cut to its own widest prompt and widest response: the columns that are padding in every row go
+    (a micro-batch of short rows no longer carries the width of the longest row of the whole batch). Keys of the
+    sequence's width (B, P+R) lose leading and trailing columns, keys of the response's width (B, R) trailing
+    ones; per-row keys stay. Log-probs, losses and gradients over the kept columns are the same: the cut columns
+    are masked out everywhere."""
+    width_p, width_r = widths(batch)
+    prompt_len, response_len = row_widths(batch)
+    p, r = int(prompt_len.max()), max(int(response_len.max()), 1)
+    if p == width_p and r == width_r:
+        return batch
+    lo, hi = width_p - p, width_p + r
+    out = {}
+    for key, value in batch.items():
+        if value.dim() >= 2 and value.shape[1] == width_p + width_r:
+            value = value[:, lo:hi]
+        elif value.dim() >= 2 and value.shape[1] == width_r:
+            value = value[:, :r]
+        out[key] = value
+    return TensorDict(out, batch_size=batch.batch_size, device=batch.device)
+
+
+def pad_responses(values: torch.Tensor, width_r: int) -> torch.Tensor:
+    """(b, r) response values widened to (b, ``width_r``) with zeros on the right (undoes ``trim``'s cut)."""
+    if values.shape[1] == width_r:
+        return values
+    return torch.nn.functional.pad(values, (0, width_r - values.shape[1]))
+
+
 def _reward_baseline(e: Experience) -> float:
     """The row's ReMax baseline, ``info["reward_baseline"]``; NaN when it has none."""
     value = e.info.get("reward_baseline")
@@ -89,9 +131,10 @@ class ResponseScorer(torch.nn.Module):
     """A causal LM that returns the log-probs (and entropy) of a batch's response tokens.
 
     The decoder runs once over prompt + response; the output layer and the float32 log-softmax then run over
-    the response positions only, ``chunk_tokens`` tokens at a time, each chunk recomputed in the backward pass
-    (``torch.utils.checkpoint``), so float32 logits of at most ``chunk_tokens x vocabulary`` exist at once
-    instead of ``batch x length x vocabulary`` (with a 151,936-token vocabulary, 8 x 2,048 tokens are ~10 GB).
+    the real response tokens only (padding scores 0), ``chunk_tokens`` tokens at a time, each chunk recomputed
+    in the backward pass (``torch.utils.checkpoint``), so float32 logits of at most ``chunk_tokens x vocabulary``
+    exist at once instead of ``batch x length x vocabulary`` (with a 151,936-token vocabulary, 8 x 2,048 tokens
+    are ~10 GB).
     ``chunk_tokens`` 0 = one chunk, nothing recomputed. It is the module a trainer trains (and wraps in DDP or
     shards with FSDP2), so every pass goes through its forward. Models whose output layer does more than a
     linear map (final logit soft-capping, a logit scale) are scored by their own forward, unchunked."""
@@ -115,8 +158,11 @@ class ResponseScorer(torch.nn.Module):
                                        use_cache=False).last_hidden_state
         hidden = hidden[:, width_p - 1:width_p + width_r - 1]  # (B, R, H): the states that predict the response
         head = self.lm.get_output_embeddings()
-        rows, n = hidden.shape[0], hidden.shape[0] * width_r
-        flat_h, flat_t = hidden.reshape(n, -1), responses.reshape(n)
+        hidden.shape[0]
+        # only the real response tokens go through the output layer (padding scores 0)
+        real = attention_mask[:, width_p:].bool()  # (B, R)
+        flat_h, flat_t = hidden[real], responses[real]  # (n, H), (n,)
+        n = flat_t.shape[0]
         if not self.chunk_tokens or n <= self.chunk_tokens:
             out = _score(head, flat_h, flat_t, temperature, with_entropy)
         else:
@@ -130,8 +176,13 @@ class ResponseScorer(torch.nn.Module):
                              else _score(*args))
             out = tuple(torch.cat(p) for p in zip(*parts, strict=True)) if with_entropy else torch.cat(parts)
         if with_entropy:
-            return out[0].view(rows, width_r), out[1].view(rows, width_r)
-        return out.view(rows, width_r)
+            return _scatter(out[0], real), _scatter(out[1], real)
+        return _scatter(out, real)
+
+
+def _scatter(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """``values`` (n,) placed at the true positions of ``where`` (B, R), zeros elsewhere (differentiable)."""
+    return torch.zeros(where.shape, dtype=values.dtype, device=values.device).masked_scatter(where, values)
 
 
 def _score(head, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool):

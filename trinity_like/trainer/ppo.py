@@ -43,7 +43,15 @@ from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths
 from trinity_like.trainer import parallel
-from trinity_like.trainer.batch import ResponseScorer, compute_log_probs, experiences_to_batch
+from trinity_like.trainer.batch import (
+    ResponseScorer,
+    compute_log_probs,
+    experiences_to_batch,
+    pad_responses,
+    row_widths,
+    trim,
+    widths,
+)
 from trinity_like.trainer.checkpoint import Checkpointer
 from trinity_like.trainer.critic import compute_values
 from trinity_like.trainer.device import autocast, resolve_device, to_host
@@ -217,8 +225,9 @@ class PPOTrainer(TrainEngineWrapper):
                 algo.kl_penalty)
             metrics.update(kl_metrics)
         if self.critic is not None:
-            with torch.no_grad(), self._autocast():
-                batch["values"] = compute_values(self.critic_module, batch) * mask  # (B, R)
+            with torch.no_grad():
+                batch["values"] = self._in_micro_batches(
+                    batch, lambda micro: compute_values(self.critic_module, micro)) * mask  # (B, R)
         compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
                           norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, opmd_baseline=algo.opmd_baseline,
                           tau=algo.tau)  # writes advantages and returns
@@ -268,9 +277,9 @@ class PPOTrainer(TrainEngineWrapper):
     @torch.no_grad()
     def _ref_log_probs(self, batch, temperature: float) -> torch.Tensor:
         if self.ref_scorer is not None:
-            return self._score(self.ref_scorer, batch, temperature)
+            return self._score_all(self.ref_scorer, batch, temperature)
         with self.module.disable_adapter():
-            return self._score(self.scorer, batch, temperature)
+            return self._score_all(self.scorer, batch, temperature)
 
     def _autocast(self):
         """Forward passes under ``trainer.dtype`` (bf16 autocast; under FSDP2 the MixedPrecisionPolicy does it)."""
@@ -280,6 +289,24 @@ class PPOTrainer(TrainEngineWrapper):
         """Response log-probs (and entropy), float32 (B, R), from ``scorer`` (or the DDP wrapper around it)."""
         with self._autocast():
             return compute_log_probs(scorer, batch, temperature, with_entropy)
+
+    def _in_micro_batches(self, batch, fn) -> torch.Tensor:
+        """``fn`` (a no-grad pass giving (b, r) per-response values) over ``batch`` micro-batch by micro-batch,
+        each cut to its own widths, under the same budget as training: its memory is a micro-batch's, whatever
+        the batch's size. Returns (B, R) in the batch's row order, zeros on padding."""
+        _, width_r = widths(batch)
+        out = None
+        for part in self._micro_batches(batch):
+            with self._autocast():
+                values = pad_responses(fn(trim(batch[part])), width_r)  # (b, R)
+            if out is None:
+                out = torch.zeros((batch.batch_size[0], width_r), dtype=values.dtype, device=values.device)
+            out[part] = values
+        return out
+
+    def _score_all(self, scorer, batch, temperature: float) -> torch.Tensor:
+        """Response log-probs (B, R) of the whole batch from ``scorer``, micro-batch by micro-batch (no grad)."""
+        return self._in_micro_batches(batch, lambda micro: compute_log_probs(scorer, micro, temperature))
 
     def plain_policy(self):
         """The policy as a plain transformers model: the module itself, or a copy with LoRA merged in."""
@@ -342,7 +369,7 @@ class PPOTrainer(TrainEngineWrapper):
             shard = self._shard(mb)
             parts = self._micro_batches(shard)
             for i, part in enumerate(parts):
-                micro = shard[part]
+                micro = trim(shard[part])
                 with self._autocast():
                     vpreds = compute_values(self.critic, micro)
                 vf_loss, vf_clipfrac = compute_value_loss(vpreds, micro["returns"], micro["values"],
@@ -389,22 +416,32 @@ class PPOTrainer(TrainEngineWrapper):
         k = self.needs.rows_per_unit
         return (units.unsqueeze(1) * k + torch.arange(k)).reshape(-1)  # (U * k,)
 
-    def _micro_batches(self, mb) -> list[slice]:
-        """Slices of ``mb``: by ``micro_batch_size``, or packed up to ``max_token_len_per_micro_batch`` tokens."""
-        rows = mb.batch_size[0]
+    def _micro_batches(self, mb) -> list[torch.Tensor]:
+        """Row indices of ``mb``'s micro-batches: ``micro_batch_size`` rows each, or as many as fit
+        ``max_token_len_per_micro_batch`` counted as the micro-batch will be computed (rows x (its widest prompt
+        + its widest response), ``trim``). Rows go in order of length (whole units: a DPO pair stays together),
+        so each micro-batch holds rows of like length and little padding; the weights of ``_micro_weight`` make
+        the accumulated gradient independent of the split."""
+        k = self.needs.rows_per_unit
+        units = mb.batch_size[0] // k
+        prompt_len, response_len = (w.view(units, k).amax(-1).tolist() for w in row_widths(mb))
+        order = sorted(range(units), key=lambda u: (prompt_len[u] + response_len[u], u), reverse=True)
         budget = self.cfg.trainer.max_token_len_per_micro_batch
+        groups: list[list[int]] = []
         if not budget:
-            size = self.cfg.trainer.micro_batch_size
-            return [slice(lo, lo + size) for lo in range(0, rows, size)]
-        tokens = mb["attention_mask"].sum(-1).tolist()
-        out, lo, used = [], 0, 0
-        for i, n in enumerate(tokens):
-            if i > lo and used + n > budget:
-                out.append(slice(lo, i))
-                lo, used = i, 0
-            used += n
-        out.append(slice(lo, rows))
-        return out
+            size = max(self.cfg.trainer.micro_batch_size // k, 1)
+            groups = [order[lo:lo + size] for lo in range(0, units, size)]
+        else:
+            group, wide_p, wide_r = [], 0, 0
+            for u in order:
+                p, r = max(wide_p, prompt_len[u]), max(wide_r, max(response_len[u], 1))
+                if group and (len(group) + 1) * k * (p + r) > budget:
+                    groups.append(group)
+                    group, p, r = [], prompt_len[u], max(response_len[u], 1)
+                group.append(u)
+                wide_p, wide_r = p, r
+            groups.append(group)
+        return [self._rows_of_units(torch.tensor(sorted(g))).to(mb.device) for g in groups]
 
     def _accumulate(self, mb, temperature: float) -> dict[str, float]:
         """Gradients of one mini-batch (zeroed first), accumulated over its micro-batches with weights that
@@ -424,8 +461,8 @@ class PPOTrainer(TrainEngineWrapper):
         shard = self._shard(mb)
         parts = self._micro_batches(shard)
         for i, part in enumerate(parts):
-            micro = shard[part]
-            m_mask = micro["response_mask"]  # (b, R)
+            micro = trim(shard[part])
+            m_mask = micro["response_mask"]  # (b, r)
             m_sft = micro["sft"].unsqueeze(-1)  # (b, 1)
             m_pg_mask = m_mask * ~m_sft  # (b, R)
             out = self._score(self.model, micro, temperature, with_entropy=algo.entropy_coeff > 0)
@@ -480,7 +517,7 @@ class PPOTrainer(TrainEngineWrapper):
         if correction == "none" and bool(known.all()):
             return {}
         with torch.no_grad():
-            proximal = self._score(self.scorer, batch, temperature)  # (B, R)
+            proximal = self._score_all(self.scorer, batch, temperature)  # (B, R)
         behaviour = torch.where(known.unsqueeze(-1), batch["old_log_probs"], proximal)
         if correction == "none":
             batch["old_log_probs"] = behaviour
