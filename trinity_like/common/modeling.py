@@ -34,8 +34,8 @@ def resolve_device(setting: str, role: str = "trainer") -> torch.device:
     return torch.device("cpu")
 
 
-def load_causal_lm(path: str | Path, train: bool = False):
-    """Load a causal LM from a local folder in float32 on CPU."""
+def load_causal_lm(path: str | Path, train: bool = False, dtype: torch.dtype = torch.float32):
+    """Load a causal LM from a local folder on the CPU, in float32 unless ``dtype`` says otherwise."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -44,7 +44,7 @@ def load_causal_lm(path: str | Path, train: bool = False):
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model path '{path}' has no config.json; set model.path to a Hugging Face "
                                 "model folder or run `trinity-like make-tiny-model DIR`")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.train(train)
     return model
 

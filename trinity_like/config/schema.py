@@ -271,14 +271,17 @@ class TrainerConfig:
     micro_batch_size: int = _at_least(8, 1)
     """Experiences per forward/backward pass; gradients accumulate so the result does not depend on it."""
     max_token_len_per_micro_batch: int = _at_least(0, 0)
-    """Form micro-batches by a token budget (prompt + response tokens) instead of `micro_batch_size`;
-    0 = by count."""
+    """Form micro-batches by a token budget instead of `micro_batch_size`; 0 = by count. Counted as memory sees
+    it: rows x (the micro-batch's widest prompt + widest response). Either way rows are grouped by length and
+    each micro-batch is cut to its own widths; the no-grad passes (proximal and reference log-probs, values)
+    use the same micro-batches."""
     ppo_epochs: int = _at_least(1, 1)
     """Passes over each batch, reshuffled each time (seeded)."""
     mini_batch_size: int | None = field(default=None, metadata={"min": 1})
     """Experiences per optimizer update; empty = the whole batch (one update per epoch)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less memory, more compute."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in the backward pass (non-reentrant): less memory, more compute; empty = auto: on
+    when the trainer computes on a GPU, off on the CPU."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters (needs the `peft` package)."""
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -310,12 +313,14 @@ class TrainerConfig:
     """How the workers' placement group places them: `pack` onto as few nodes as possible, `spread` over nodes."""
     node: NodeConfig = field(default_factory=NodeConfig)
     """The nodes of the trainer role actor and its workers (the run directory lives on the trainer's node)."""
-    dtype: str = _choices("float32", ("float32", "bfloat16"))
+    dtype: str = _choices("auto", ("auto", "float32", "bfloat16"))
     """Compute precision: `bfloat16` runs forward and backward in bf16 (autocast; FSDP2's
-    MixedPrecisionPolicy under `fsdp2`) with float32 master weights, optimizer state, log-probs and loss."""
-    weights_dtype: str = _choices("float32", ("float32", "bfloat16", "float16"))
+    MixedPrecisionPolicy under `fsdp2`) with float32 master weights, optimizer state, log-probs and loss; the
+    reference model is held in it. `auto` = bfloat16 on a GPU, float32 on the CPU."""
+    weights_dtype: str = _choices("auto", ("auto", "float32", "bfloat16", "float16"))
     """dtype of the weights handed to the explorers and of the Hugging Face model in checkpoints (the trainer
-    state for resume keeps float32)."""
+    state for resume keeps float32). `auto` = the engines' dtype: `explorer.dtype`, whose `auto` is bfloat16
+    for engines on GPUs (`explorer.gpus_per_engine` > 0) and float32 on the CPU."""
     logprob_chunk_tokens: int = _at_least(1024, 0)
     """Tokens per chunk of the output layer and log-softmax: the float32 logits of at most this many tokens
     exist at once (recomputed in the backward pass), instead of batch x length x vocabulary; 0 = one chunk."""

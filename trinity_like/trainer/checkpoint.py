@@ -63,13 +63,15 @@ class Checkpointer:
         if not e.gathers():
             return path
         plain = e.plain_policy()
-        master = to_host(export_state_dict(plain), "float32")
-        dtype = e.cfg.trainer.weights_dtype
+        # straight to the host: no copy of the model on its GPU first (on the CPU these are the model's own
+        # tensors, written out below before anything changes them)
+        master = to_host(e.policy_weights(copy=False), "float32")
+        dtype = e.weights_dtype
         weights = master if dtype == "float32" else to_host(master, dtype)
         optimizer = parallel.optimizer_state(e.module, e.optimizer)
         critic = None
         if e.critic is not None:
-            critic = {"model": to_host(export_state_dict(e.critic_module), "float32"),
+            critic = {"model": to_host(export_state_dict(e.critic_module, copy=False), "float32"),
                       "optimizer": parallel.optimizer_state(e.critic_module, e.critic_optimizer)}
         if not e.writes():
             return path
@@ -77,7 +79,16 @@ class Checkpointer:
         def fill(tmp: Path) -> None:
             if e.cfg.trainer.lora.enabled:
                 e.module.save_pretrained(tmp / "adapter")  # the trainable state, for resume
-            plain.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
+            if e.cfg.trainer.lora.enabled:  # the base model still wears PEFT's wrappers: write the merged weights
+                from safetensors.torch import save_file
+
+                (tmp / "model").mkdir()
+                plain.config.save_pretrained(tmp / "model")
+                if getattr(plain, "generation_config", None) is not None:
+                    plain.generation_config.save_pretrained(tmp / "model")
+                save_file(weights, str(tmp / "model" / "model.safetensors"), metadata={"format": "pt"})
+            else:
+                plain.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
             if weights is not master and not e.cfg.trainer.lora.enabled:
                 from safetensors.torch import save_file
 

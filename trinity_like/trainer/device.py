@@ -25,13 +25,53 @@ def resolve_device(setting: str) -> torch.device:
     return resolve_process_device(setting, "trainer")
 
 
+def resolve_dtype(setting: str, device: torch.device) -> str:
+    """The compute precision for ``trainer.dtype``: ``auto`` is bfloat16 on a GPU (an H100 runs bf16 ~10x faster
+    than float32 with TF32 off) and float32 on the CPU (which has no fast bf16 matmul, and where the tests
+    compare against float32 references)."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
+def resolve_weights_dtype(setting: str, engine_dtype: str, engines_on_gpus: bool) -> str:
+    """The dtype of published weights for ``trainer.weights_dtype``: ``auto`` is the engines' own dtype
+    (``explorer.dtype``; its ``auto`` is bfloat16 for engines on GPUs, float32 on the CPU), so a version crosses
+    at the size the engines hold it and nothing is cast twice. Checkpoints keep float32 master weights apart."""
+    if setting != "auto":
+        return setting
+    if engine_dtype != "auto":
+        return engine_dtype
+    return "bfloat16" if engines_on_gpus else "float32"
+
+
+def resolve_checkpointing(setting: bool | None, device: torch.device) -> bool:
+    """Gradient checkpointing for ``trainer.gradient_checkpointing``: empty (auto) is on with CUDA, where
+    activations rather than compute bound the micro-batch, and off on the CPU."""
+    return device.type == "cuda" if setting is None else bool(setting)
+
+
+def enable_checkpointing(module) -> None:
+    """Non-reentrant gradient checkpointing on a transformers model (or a PEFT model around one). Reentrant
+    checkpointing passes no gradient through a block whose inputs do not require it, which with frozen
+    embeddings (LoRA) leaves the adapters without gradients."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(module, "activation_checkpointing_enable", None)  # transformers 5's name
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    module.config.use_cache = False
+
+
 def dist_backend(device: torch.device, gpus_per_worker: float) -> str:
     """``nccl`` when every rank holds a whole GPU of its own, else ``gloo`` (never NCCL with CPU tensors)."""
     return "nccl" if device.type == "cuda" and gpus_per_worker >= 1 else "gloo"
 
 
 def autocast(device: torch.device, dtype: str, enabled: bool = True):
-    """The context of forward passes: bf16 autocast under ``trainer.dtype: bfloat16``, nothing otherwise."""
+    """The context of forward passes: bf16 autocast under a resolved ``trainer.dtype`` of bfloat16, nothing
+    otherwise."""
     if not enabled or dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])

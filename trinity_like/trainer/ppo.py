@@ -54,7 +54,16 @@ from trinity_like.trainer.batch import (
 )
 from trinity_like.trainer.checkpoint import Checkpointer
 from trinity_like.trainer.critic import compute_values
-from trinity_like.trainer.device import autocast, resolve_device, to_host
+from trinity_like.trainer.device import (
+    DTYPES,
+    autocast,
+    enable_checkpointing,
+    resolve_checkpointing,
+    resolve_device,
+    resolve_dtype,
+    resolve_weights_dtype,
+    to_host,
+)
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
 from trinity_like.weights.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
 
@@ -112,6 +121,12 @@ class PPOTrainer(TrainEngineWrapper):
         torch.manual_seed(self.cfg.seed)
         self.device = resolve_device(tr.device)
         """Where models, batches and optimizer state live (``trainer.device``, resolved in this process)."""
+        self.dtype = resolve_dtype(tr.dtype, self.device)
+        """The compute precision (``trainer.dtype`` resolved for the device)."""
+        ex = self.cfg.explorer
+        self.weights_dtype = resolve_weights_dtype(tr.weights_dtype, ex.dtype,
+                                                   ex.gpus_per_engine > 0 and ex.device != "cpu")
+        """The dtype of published weights (``trainer.weights_dtype`` resolved: the engines' own)."""
         module = load_causal_lm(self.cfg.model.path, train=True)
         pad = module.config.pad_token_id
         self.pad_token_id = int(pad if pad is not None else module.config.eos_token_id)
@@ -123,11 +138,10 @@ class PPOTrainer(TrainEngineWrapper):
             module = get_peft_model(module, PeftLoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), lora_dropout=lora.dropout,
                 bias="none", task_type="CAUSAL_LM"))
-        if tr.gradient_checkpointing:
-            enable = getattr(module, "activation_checkpointing_enable", None) or \
-                module.gradient_checkpointing_enable  # renamed in transformers 5
-            enable()
-            module.config.use_cache = False
+        self.checkpointing = resolve_checkpointing(tr.gradient_checkpointing, self.device)
+        """Gradient checkpointing (``trainer.gradient_checkpointing`` resolved), non-reentrant."""
+        if self.checkpointing:
+            enable_checkpointing(module)
         self.module = module.to(self.device)
         self.scorer = ResponseScorer(self.module, tr.logprob_chunk_tokens)
         """The policy's response log-probs (chunked output layer); what DDP wraps and FSDP2 shards."""
@@ -140,7 +154,9 @@ class PPOTrainer(TrainEngineWrapper):
         self.uses_reference = algo.use_kl_loss or algo.use_kl_in_reward or self.needs.reference_as_old
         if self.uses_reference and not lora.enabled:
             # with LoRA the reference is the base model with its adapters disabled: no second copy
-            self.ref_model = load_causal_lm(self.cfg.model.path, train=False).requires_grad_(False).to(self.device)
+            # in the compute dtype: it is only ever run forward, under the same autocast
+            self.ref_model = load_causal_lm(self.cfg.model.path, train=False, dtype=DTYPES[self.dtype]) \
+                .requires_grad_(False).to(self.device)
             self.ref_scorer = ResponseScorer(self.ref_model, tr.logprob_chunk_tokens)
         self.critic = None
         if algo.adv_estimator == "gae":
@@ -183,7 +199,7 @@ class PPOTrainer(TrainEngineWrapper):
         self._sharded = True
         for module in (self.scorer, self.critic_module if self.critic is not None else None, self.ref_scorer):
             if module is not None:
-                parallel.wrap(module, "fsdp2", mesh, self.cfg.trainer.dtype)
+                parallel.wrap(module, "fsdp2", mesh, self.dtype)
         self._build_optimizers()
 
     def _updates_per_step(self) -> int:
@@ -283,7 +299,7 @@ class PPOTrainer(TrainEngineWrapper):
 
     def _autocast(self):
         """Forward passes under ``trainer.dtype`` (bf16 autocast; under FSDP2 the MixedPrecisionPolicy does it)."""
-        return autocast(self.device, self.cfg.trainer.dtype, enabled=not self._sharded)
+        return autocast(self.device, self.dtype, enabled=not self._sharded)
 
     def _score(self, scorer, batch, temperature: float, with_entropy: bool = False):
         """Response log-probs (and entropy), float32 (B, R), from ``scorer`` (or the DDP wrapper around it)."""
@@ -309,17 +325,27 @@ class PPOTrainer(TrainEngineWrapper):
         return self._in_micro_batches(batch, lambda micro: compute_log_probs(scorer, micro, temperature))
 
     def plain_policy(self):
-        """The policy as a plain transformers model: the module itself, or a copy with LoRA merged in."""
-        if not self.cfg.trainer.lora.enabled:
-            return self.module
-        import copy
+        """The policy as a plain transformers model: the module itself, or (LoRA) its base model, whose weights
+        ``policy_weights`` gives with the adapters merged in."""
+        return self.module.get_base_model() if self.cfg.trainer.lora.enabled else self.module
 
-        return copy.deepcopy(self.module).merge_and_unload()
+    def policy_weights(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The plain policy's full tensors (LoRA adapters merged in, without a copy of the model), on the
+        trainer's device; ``copy=False`` may return the model's own tensors. Collective under FSDP2."""
+        if not self.cfg.trainer.lora.enabled:
+            return export_state_dict(self.module, copy=copy)
+        if self._sharded:  # DTensors: PEFT merges on a copy
+            import copy as copying
+
+            return export_state_dict(copying.deepcopy(self.module).merge_and_unload())
+        from trinity_like.trainer.lora import merged_state_dict
+
+        return merged_state_dict(self.module, copy=copy)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights as the plain model holds them (LoRA adapters merged in), full tensors on the CPU
-        in ``trainer.weights_dtype``. Collective under FSDP2: every rank calls it."""
-        return to_host(export_state_dict(self.plain_policy()), self.cfg.trainer.weights_dtype)
+        in the resolved ``trainer.weights_dtype``. Collective under FSDP2: every rank calls it."""
+        return to_host(self.policy_weights(copy=self.device.type == "cpu"), self.weights_dtype)
 
     def writes(self) -> bool:
         """Whether this rank writes weights and checkpoints (rank 0; the others only join FSDP2's gathers)."""
@@ -543,11 +569,10 @@ class PPOTrainer(TrainEngineWrapper):
 
     # ------------------------------------------------------------ weights out (trinity_like.weights.publish)
     def weights_for_export(self, on_device: bool = False) -> dict[str, torch.Tensor]:
-        """The plain policy's full tensors on the CPU (on the trainer's device with ``on_device``) in
-        ``trainer.weights_dtype``: not copied when they are already there (FSDP2: gathered, so every rank calls
+        """The plain policy's full tensors on the CPU (on the trainer's device with ``on_device``) in the
+        resolved ``trainer.weights_dtype``: not copied when they are already there (FSDP2: gathered, so every rank calls
         it)."""
-        return to_host(export_state_dict(self.plain_policy(), copy=False), self.cfg.trainer.weights_dtype,
-                       self.device if on_device else "cpu")
+        return to_host(self.policy_weights(copy=False), self.weights_dtype, self.device if on_device else "cpu")
 
     def save_state_dict(self) -> Path:
         """Write this version's weights (this rank's share) as ``state_dict/version-<k>/``."""
