@@ -149,3 +149,50 @@ def test_lora_with_gradient_checkpointing_trains_the_adapters(lora_trainer, batc
         runs[flag] = {k: v.clone() for k, v in t.module.state_dict().items() if "lora_" in k}
     for k in runs["false"]:
         torch.testing.assert_close(runs["true"][k], runs["false"][k], rtol=1e-4, atol=1e-6)
+
+
+def test_mismatch_metrics_against_values_worked_by_hand():
+    from trinity_like.algorithms import compute_mismatch_metrics
+
+    behaviour = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])
+    recomputed = torch.tensor([[-1.1, -2.0, -2.0], [-0.5, -0.25, 5.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])  # the 5.0 is padding
+    m = compute_mismatch_metrics(behaviour, recomputed, mask, clip_low=0.2, clip_high=0.28)
+    # |diff| = 0.1, 0, 1, 0, 0.25 -> mean 1.35 / 5; ratios e^-0.1 = 0.905, 1, e^1 = 2.72, 1, e^0.25 = 1.284
+    assert m["mismatch/logprob_abs_diff_mean"] == pytest.approx(0.27)
+    assert m["mismatch/logprob_abs_diff_max"] == pytest.approx(1.0)
+    assert m["mismatch/frac_outside_clip"] == pytest.approx(2 / 5)  # 2.72 and 1.284 are above 1.28
+    assert m["mismatch/tokens"] == 5
+    assert compute_mismatch_metrics(behaviour, recomputed, torch.zeros_like(mask), 0.2, 0.2) == {}
+
+
+@pytest.mark.parametrize("engine_dtype", ["float32", "bfloat16"])
+def test_engines_of_another_dtype_are_measured_and_their_log_probs_recomputed(tmp_path, tiny_model_path,
+                                                                               engine_dtype):
+    """An hf engine in bf16 on the CPU against a float32 trainer: the step reports the mismatch and, by
+    `auto`, takes the trainer's own log-probs as the old policy, so on-policy data gives a ratio of 1 and no
+    clipping; a float32 engine agrees with the trainer to rounding and its log-probs are used."""
+    from trinity_like.common.experience import Experience
+    from trinity_like.common.tokenizer import hf_tokenizer
+    from trinity_like.config import SamplingConfig
+    from trinity_like.explorer.engines.hf_engine import HFEngine
+
+    tok = hf_tokenizer(tiny_model_path)
+    engine = HFEngine(tiny_model_path, device="cpu", dtype=engine_dtype)
+    prompts = [tok.encode(p) for p in ["1+2=", "3+4=", "5+1=", "2+2="] for _ in range(3)]
+    samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=8), list(range(12)))
+    exps = [Experience(prompt_ids=p, response_ids=s.response_ids, logprobs=s.logprobs, group_id=f"g{i // 3}",
+                       reward=float(i % 3 == 0), model_version=0) for i, (p, s) in enumerate(zip(prompts, samples))]
+    t = _trainer(tmp_path, tiny_model_path, f"explorer.dtype={engine_dtype}")
+    assert t.recompute_old is (engine_dtype == "bfloat16")
+    metrics = t.train_step(exps)
+    assert metrics["mismatch/tokens"] == sum(len(s.response_ids) for s in samples)
+    if engine_dtype == "float32":
+        assert metrics["mismatch/logprob_abs_diff_max"] < 1e-5
+    else:
+        assert metrics["mismatch/logprob_abs_diff_max"] > 1e-3  # bf16 rounding, measured
+        assert metrics["actor/pg_clipfrac"] == 0.0  # the recomputed old policy: ratio 1 on the first pass
+    # off: never measured, never recomputed
+    quiet = _trainer(tmp_path / "quiet", tiny_model_path, f"explorer.dtype={engine_dtype}",
+                     "algorithm.off_policy.mismatch_interval=0", "algorithm.off_policy.recompute_old_log_probs=false")
+    assert not quiet.recompute_old and not any(k.startswith("mismatch/") for k in quiet.train_step(exps))

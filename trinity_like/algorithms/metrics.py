@@ -97,3 +97,24 @@ def compute_throughout_metrics(batch: Mapping[str, Any], timing_raw: Mapping[str
         "perf/time_per_step": step_s,
         "perf/throughput": total_tokens / (max(step_s, 1e-9) * n_gpus),
     }
+
+
+def compute_mismatch_metrics(behaviour: torch.Tensor, recomputed: torch.Tensor, mask: torch.Tensor,
+                             clip_low: float, clip_high: float) -> dict[str, float]:
+    """How far the engines' log-probs (``behaviour``, (B, R)) are from the trainer's for the same weights
+    (``recomputed``) over the tokens of ``mask`` (B, R): mean and max absolute difference, and the share of tokens
+    whose ratio exp(recomputed - behaviour) lies outside PPO's clip range [1 - clip_low, 1 + clip_high], where
+    the clip would fire on the two sides' rounding alone. Empty when ``mask`` holds no token."""
+    mask = mask.bool()
+    n = int(mask.sum())
+    if n == 0:
+        return {}
+    diff = (recomputed - behaviour)[mask].float()
+    ratio = diff.exp()
+    outside = (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
+    return {
+        "mismatch/logprob_abs_diff_mean": float(diff.abs().mean()),
+        "mismatch/logprob_abs_diff_max": float(diff.abs().max()),
+        "mismatch/frac_outside_clip": float(outside.float().mean()),
+        "mismatch/tokens": float(n),
+    }
