@@ -182,7 +182,7 @@ def test_engines_of_another_dtype_are_measured_and_their_log_probs_recomputed(tm
     prompts = [tok.encode(p) for p in ["1+2=", "3+4=", "5+1=", "2+2="] for _ in range(3)]
     samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=8), list(range(12)))
     exps = [Experience(prompt_ids=p, response_ids=s.response_ids, logprobs=s.logprobs, group_id=f"g{i // 3}",
-                       reward=float(i % 3 == 0), model_version=0) for i, (p, s) in enumerate(zip(prompts, samples))]
+                       reward=float(i % 3 == 0), model_version=0) for i, (p, s) in enumerate(zip(prompts, samples, strict=True))]
     t = _trainer(tmp_path, tiny_model_path, f"explorer.dtype={engine_dtype}")
     assert t.recompute_old is (engine_dtype == "bfloat16")
     metrics = t.train_step(exps)
