@@ -80,6 +80,21 @@ def _check_gpus(wanted: float, what: str) -> None:
                        "the CPU), or start Ray where the GPUs are (`ray start --num-gpus N` if Ray does not see them)")
 
 
+def setup_order(cfg: Config, explores: bool, trains: bool) -> list[tuple[str, ...]]:
+    """Which roles set up together, in order. Where engines and the trainer share GPUs (both ask for GPUs and
+    one of them for a fraction), the explorer's engines come first: vLLM sizes its KV cache from the device's free
+    memory in a profile run, and anything the trainer allocated meanwhile would count against it (vLLM's own
+    colocation example asks for exclusive use while it starts). That order needs an explorer that reads the run
+    directory (else it waits for the trainer to publish the run); otherwise ``explorer.vllm.kv_cache_memory_gb``
+    gives the engines a fixed cache that does not depend on what the trainer holds."""
+    kinds = tuple(k for k, wanted in (("explorer", explores), ("trainer", trains)) if wanted)
+    tr, ex = cfg.trainer, cfg.explorer
+    shared_gpus = tr.gpus_per_worker > 0 and ex.gpus_per_engine > 0 and min(tr.gpus_per_worker, ex.gpus_per_engine) < 1
+    if len(kinds) == 2 and shared_gpus and explorer_needs_run_dir(cfg):
+        return [("explorer",), ("trainer",)]
+    return [kinds] if kinds else []
+
+
 def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
     import ray
 
@@ -118,7 +133,8 @@ def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
         gpus = tr.gpus_per_worker if tr.num_workers == 1 else 0
         roles.trainer = ray.remote(num_cpus=0, num_gpus=gpus, max_concurrency=2)(TrainerRole).options(
             name=TRAINER_NAME, namespace=ns, **actor_options(tr.node)).remote(cfg, resume)
-    ray.get([a.setup.remote() for a in roles.actors])
+    for kinds in setup_order(cfg, explores, trains):
+        ray.get([getattr(roles, kind).setup.remote() for kind in kinds])
     for kind, actor in (("explorer", roles.explorer), ("trainer", roles.trainer)):
         if actor is not None:
             info = roles.infos[kind] = ray.get(actor.role_info.remote())
