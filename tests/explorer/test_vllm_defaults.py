@@ -30,3 +30,15 @@ def test_requests_are_seeded_on_the_cpu_and_not_on_a_gpu_unless_asked():
     assert resolve_seeded(None, "cuda") is False
     assert resolve_seeded(True, "cuda") is True
     assert resolve_seeded(False, "cpu") is False
+
+
+def test_a_fixed_kv_cache_is_passed_on_a_gpu_only(tmp_path):
+    from trinity_like.explorer.engines.vllm_engine import memory_args
+
+    assert memory_args(0.3, 0.0, "cuda") == {"gpu_memory_utilization": 0.3}
+    assert memory_args(0.1, 4.5, "cuda") == {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 4.5 * 2**30}
+    assert memory_args(0.3, 4.5, "cpu") == {"gpu_memory_utilization": 0.3}  # the CPU build: VLLM_CPU_KVCACHE_SPACE
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", "explorer.vllm.kv_cache_memory_gb=2"])
+    assert cfg.explorer.vllm.kv_cache_memory_gb == 2.0
+    with pytest.raises(ConfigError, match="kv_cache_memory_gb"):
+        load_config(None, [f"checkpoint_root_dir={tmp_path}", "explorer.vllm.kv_cache_memory_gb=-1"])

@@ -124,6 +124,11 @@ class VLLMConfig:
     reproducible per request (they depend on batch mates and timing)."""
     gpu_memory_utilization: float = field(default=0.3, metadata={"min": 0.01, "max": 1.0})
     """Share of GPU memory one engine may take (ignored on CPU)."""
+    kv_cache_memory_gb: float = _at_least(0.0, 0.0)
+    """A fixed KV cache per engine (GiB) instead of `gpu_memory_utilization`: vLLM then does not size the cache
+    from the device's free memory, so an engine that starts or restarts beside a trainer holding its part of
+    the GPU gets the same cache (what colocated runs need); 0 = by `gpu_memory_utilization`, which vLLM still
+    checks is free at start (set it to the engine's need: weights + this cache). Ignored on CPU."""
     enforce_eager: bool | None = None
     """Disable graph capture; empty = on for CPU, vLLM's default on GPU."""
 

@@ -171,6 +171,7 @@ def make_engine(cfg: Config, engine_id: str):
         return (AsyncVLLMEngine if v.async_engine else VLLMEngine)(cfg.model.path, engine_id=engine_id, cfg=cfg, dtype=cfg.explorer.dtype,
                           max_model_len=v.max_model_len,
                           max_num_seqs=v.max_num_seqs, gpu_memory_utilization=v.gpu_memory_utilization,
+                          kv_cache_memory_gb=v.kv_cache_memory_gb,
                           enforce_eager=v.enforce_eager, seed=cfg.seed, seeded=v.seeded,
                           tensor_parallel_size=max(1, int(cfg.explorer.gpus_per_engine)))
     raise ValueError(f"unknown engine {cfg.explorer.engine!r}")

@@ -147,6 +147,19 @@ def resolve_max_num_seqs(setting: int | None, device: str) -> int | None:
     return CPU_MAX_NUM_SEQS if device == "cpu" else None
 
 
+def memory_args(gpu_memory_utilization: float, kv_cache_memory_gb: float, device: str) -> dict[str, float | int]:
+    """vLLM's GPU-memory arguments for ``explorer.vllm``: a fixed KV cache of ``kv_cache_memory_gb`` GiB when
+    given (vLLM then does not size the cache from the device's free memory, so an engine that starts or restarts
+    beside a trainer holding its share of the GPU gets the same cache), else the share
+    ``gpu_memory_utilization`` of the device. vLLM checks at start that that share is free in either case
+    (vLLM 0.26's ``request_memory``): with a fixed cache, set it to what the engine needs. On the CPU build the
+    cache is ``VLLM_CPU_KVCACHE_SPACE`` and neither applies."""
+    args: dict[str, float | int] = {"gpu_memory_utilization": gpu_memory_utilization}
+    if device != "cpu" and kv_cache_memory_gb > 0:
+        args["kv_cache_memory_bytes"] = int(kv_cache_memory_gb * 2**30)
+    return args
+
+
 def resolve_seeded(setting: bool | None, device: str) -> bool:
     """Whether an engine on ``device`` gives every request its own seed, for ``explorer.vllm.seeded``: the setting
     when given; empty = on the CPU build only (where the tests and ``async`` at staleness 0 = ``sync`` bit for bit
@@ -369,6 +382,7 @@ class VLLMEngine(ChatByGenerate):
         max_model_len: int | None = None,
         max_num_seqs: int | None = None,
         gpu_memory_utilization: float = 0.3,
+        kv_cache_memory_gb: float = 0.0,
         enforce_eager: bool | None = None,
         seed: int = 0,
         seeded: bool | None = None,
@@ -379,7 +393,8 @@ class VLLMEngine(ChatByGenerate):
         ``max_num_seqs`` (``resolve_max_num_seqs``) defaults to 64 on the CPU build and to vLLM's own default on
         a GPU; ``seeded`` (``resolve_seeded``) to per-request seeds on the CPU build only. ``seed`` seeds vLLM's
         engine-wide generator, which draws for requests without a seed of their own.
-        ``gpu_memory_utilization`` is the share of GPU memory this engine may take (ignored on CPU).
+        ``gpu_memory_utilization`` is the share of GPU memory this engine may take, or ``kv_cache_memory_gb``
+        a fixed KV cache (``memory_args``; both ignored on CPU).
         ``enforce_eager`` defaults to True on CPU (no graph compilation; the tiny model is too small to gain
         from it) and to vLLM's default (CUDA graphs) elsewhere. ``tensor_parallel_size`` above 1 splits the model
         over that many GPUs with vLLM's Ray executor, one worker per bundle of the placement group this process
@@ -437,7 +452,7 @@ class VLLMEngine(ChatByGenerate):
             seed=seed,
             max_model_len=max_model_len,
             max_num_seqs=resolve_max_num_seqs(max_num_seqs, self.device),
-            gpu_memory_utilization=gpu_memory_utilization,
+            **memory_args(gpu_memory_utilization, kv_cache_memory_gb, self.device),
             enforce_eager=enforce_eager,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=_EXTENSION_CLS,
