@@ -16,8 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
-AREAS = ("rollout", "eval", "actor", "critic", "off_policy", "buffer", "sync", "time", "train", "trainer", "replay",
-         "timeline", "response_length", "prompt_length", "perf")
+AREAS = ("rollout", "eval", "actor", "critic", "off_policy", "mismatch", "buffer", "sync", "time", "train", "trainer",
+         "replay", "timeline", "response_length", "prompt_length", "perf")
 KEY = re.compile(rf"(?:{'|'.join(AREAS)})/[\w@<>/.*]+")
 HOLE = "<*>"
 
