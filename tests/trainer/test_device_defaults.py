@@ -11,17 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from trinity_like.common.modeling import export_state_dict
 from trinity_like.config import load_config
 from trinity_like.trainer.device import resolve_checkpointing, resolve_dtype, resolve_weights_dtype
-from trinity_like.trainer.ppo import PPOTrainer
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-
-
-def _trainer(tmp_path, model_path, *overrides):
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "trainer.device=cpu",
-                             "explorer.repeat_times=3", *overrides])
-    t = PPOTrainer(cfg)
-    t.prepare()
-    return t
 
 
 def test_each_auto_resolves_per_device():
@@ -36,21 +27,21 @@ def test_each_auto_resolves_per_device():
     assert resolve_weights_dtype("float32", "bfloat16", engines_on_gpus=True) == "float32"
 
 
-def test_the_defaults_of_a_cpu_trainer_and_of_one_feeding_gpu_engines(tmp_path, tiny_model_path):
+def test_the_defaults_of_a_cpu_trainer_and_of_one_feeding_gpu_engines(make_trainer, tmp_path, tiny_model_path):
     config = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}"])
     assert (config.trainer.dtype, config.trainer.weights_dtype, config.trainer.gradient_checkpointing) == \
         ("auto", "auto", None)
-    t = _trainer(tmp_path / "cpu", tiny_model_path)
+    t = make_trainer(name="cpu")
     assert (t.dtype, t.weights_dtype, t.checkpointing) == ("float32", "float32", False)
     assert all(v.dtype == torch.float32 for v in t.policy_state_dict().values())
     # engines on GPUs (Ray's GPUs are resources here: the config alone decides) get bf16 versions
-    g = _trainer(tmp_path / "gpu-engines", tiny_model_path, "explorer.gpus_per_engine=1")
+    g = make_trainer("explorer.gpus_per_engine=1", name="gpu-engines")
     assert g.weights_dtype == "bfloat16"
     assert all(v.dtype == torch.bfloat16 for v in g.policy_state_dict().values() if v.is_floating_point())
 
 
-def test_the_reference_model_is_held_in_the_compute_dtype(tmp_path, tiny_model_path):
-    t = _trainer(tmp_path, tiny_model_path, "trainer.dtype=bfloat16", "algorithm.use_kl_loss=true")
+def test_the_reference_model_is_held_in_the_compute_dtype(make_trainer, tmp_path, tiny_model_path):
+    t = make_trainer("trainer.dtype=bfloat16", "algorithm.use_kl_loss=true")
     assert {p.dtype for p in t.ref_model.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in t.module.parameters()} == {torch.float32}  # master weights stay float32
 
@@ -75,8 +66,8 @@ def _model_bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in export_state_dict(module, copy=False).values())
 
 
-def test_a_checkpoint_is_written_without_a_copy_of_the_model(tmp_path, tiny_model_path, batch_exps):
-    t = _trainer(tmp_path, tiny_model_path)
+def test_a_checkpoint_is_written_without_a_copy_of_the_model(make_trainer, tmp_path, tiny_model_path, batch_exps):
+    t = make_trainer()
     t.train_step(batch_exps)
     with ClonedBytes() as copies:
         path = t.save_checkpoint()
@@ -90,12 +81,11 @@ def test_a_checkpoint_is_written_without_a_copy_of_the_model(tmp_path, tiny_mode
 
 
 @pytest.fixture
-def lora_trainer(tmp_path, tiny_model_path):
+def lora_trainer(make_trainer):
     pytest.importorskip("peft")
 
     def make(*overrides):
-        return _trainer(tmp_path, tiny_model_path, "trainer.lora.enabled=true", "trainer.lora.r=4",
-                        "trainer.optimizer.lr=0.05", *overrides)
+        return make_trainer("trainer.lora.enabled=true", "trainer.lora.r=4", "trainer.optimizer.lr=0.05", *overrides)
     return make
 
 
@@ -167,7 +157,7 @@ def test_mismatch_metrics_against_values_worked_by_hand():
 
 
 @pytest.mark.parametrize("engine_dtype", ["float32", "bfloat16"])
-def test_engines_of_another_dtype_are_measured_and_their_log_probs_recomputed(tmp_path, tiny_model_path,
+def test_engines_of_another_dtype_are_measured_and_their_log_probs_recomputed(make_trainer, tmp_path, tiny_model_path,
                                                                                engine_dtype):
     """An hf engine in bf16 on the CPU against a float32 trainer: the step reports the mismatch and, by
     `auto`, takes the trainer's own log-probs as the old policy, so on-policy data gives a ratio of 1 and no
@@ -183,7 +173,7 @@ def test_engines_of_another_dtype_are_measured_and_their_log_probs_recomputed(tm
     samples = engine.generate(prompts, SamplingConfig(temperature=1.0, max_new_tokens=8), list(range(12)))
     exps = [Experience(prompt_ids=p, response_ids=s.response_ids, logprobs=s.logprobs, group_id=f"g{i // 3}",
                        reward=float(i % 3 == 0), model_version=0) for i, (p, s) in enumerate(zip(prompts, samples, strict=True))]
-    t = _trainer(tmp_path, tiny_model_path, f"explorer.dtype={engine_dtype}")
+    t = make_trainer(f"explorer.dtype={engine_dtype}")
     assert t.recompute_old is (engine_dtype == "bfloat16")
     metrics = t.train_step(exps)
     assert metrics["mismatch/tokens"] == sum(len(s.response_ids) for s in samples)
@@ -193,6 +183,6 @@ def test_engines_of_another_dtype_are_measured_and_their_log_probs_recomputed(tm
         assert metrics["mismatch/logprob_abs_diff_max"] > 1e-3  # bf16 rounding, measured
         assert metrics["actor/pg_clipfrac"] == 0.0  # the recomputed old policy: ratio 1 on the first pass
     # off: never measured, never recomputed
-    quiet = _trainer(tmp_path / "quiet", tiny_model_path, f"explorer.dtype={engine_dtype}",
-                     "algorithm.off_policy.mismatch_interval=0", "algorithm.off_policy.recompute_old_log_probs=false")
+    quiet = make_trainer(f"explorer.dtype={engine_dtype}",
+                     "algorithm.off_policy.mismatch_interval=0", "algorithm.off_policy.recompute_old_log_probs=false", name="quiet")
     assert not quiet.recompute_old and not any(k.startswith("mismatch/") for k in quiet.train_step(exps))

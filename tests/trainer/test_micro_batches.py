@@ -13,7 +13,6 @@ import torch
 
 from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import load_causal_lm, log_softmax_at
-from trinity_like.config import load_config
 from trinity_like.trainer.batch import (
     ResponseScorer,
     experiences_to_batch,
@@ -21,7 +20,6 @@ from trinity_like.trainer.batch import (
     trim,
     widths,
 )
-from trinity_like.trainer.ppo import PPOTrainer
 
 
 def long_tail(n: int, seed: int = 0, max_response: int = 300) -> list[Experience]:
@@ -37,14 +35,6 @@ def long_tail(n: int, seed: int = 0, max_response: int = 300) -> list[Experience
                               logprobs=-rng.uniform(4, 8, r).astype(np.float32), group_id=f"g{i // 4}",
                               reward=float(rng.integers(0, 2)), model_version=0))
     return out
-
-
-def _trainer(tmp_path, model_path, *overrides):
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "trainer.device=cpu",
-                             "explorer.repeat_times=4", *overrides])
-    trainer = PPOTrainer(cfg)
-    trainer.prepare()
-    return trainer
 
 
 def test_trim_cuts_a_micro_batch_to_its_own_widest_prompt_and_response():
@@ -97,8 +87,8 @@ def test_the_output_layer_sees_only_real_response_tokens_and_scores_as_the_whole
 
 
 @pytest.mark.parametrize("budget", [0, 400])
-def test_micro_batches_hold_rows_of_like_length_within_the_budget(tmp_path, tiny_model_path, budget):
-    t = _trainer(tmp_path, tiny_model_path, "trainer.micro_batch_size=4",
+def test_micro_batches_hold_rows_of_like_length_within_the_budget(make_trainer, tmp_path, tiny_model_path, budget):
+    t = make_trainer("explorer.repeat_times=4", "trainer.micro_batch_size=4",
                  f"trainer.max_token_len_per_micro_batch={budget}")
     batch = experiences_to_batch(long_tail(24, seed=2), t.pad_token_id)
     parts = t._micro_batches(batch)
@@ -120,8 +110,8 @@ def test_micro_batches_hold_rows_of_like_length_within_the_budget(tmp_path, tiny
     assert padded_micro >= real
 
 
-def test_pairs_stay_together_in_micro_batches(tmp_path, tiny_model_path):
-    t = _trainer(tmp_path, tiny_model_path, "algorithm.policy_loss=dpo", "algorithm.adv_estimator=grpo",
+def test_pairs_stay_together_in_micro_batches(make_trainer, tmp_path, tiny_model_path):
+    t = make_trainer("explorer.repeat_times=4", "algorithm.policy_loss=dpo", "algorithm.adv_estimator=grpo",
                  "trainer.micro_batch_size=4", "explorer.repeat_times=2")
     assert t.needs.rows_per_unit == 2
     batch = experiences_to_batch(long_tail(16, seed=3), t.pad_token_id)
@@ -130,11 +120,11 @@ def test_pairs_stay_together_in_micro_batches(tmp_path, tiny_model_path):
         assert torch.equal(part[0::2] + 1, part[1::2])  # (chosen, rejected) rows adjacent, chosen first
 
 
-def test_no_grad_passes_go_micro_batch_by_micro_batch_with_the_same_results(tmp_path, tiny_model_path):
+def test_no_grad_passes_go_micro_batch_by_micro_batch_with_the_same_results(make_trainer, tmp_path, tiny_model_path):
     """The proximal and reference log-probs (a correction and a KL loss ask for both) are computed in micro-batches
     no wider than the budget, and equal the whole batch scored at once."""
     exps = long_tail(24, seed=4, max_response=200)
-    t = _trainer(tmp_path, tiny_model_path, "trainer.max_token_len_per_micro_batch=600",
+    t = make_trainer("explorer.repeat_times=4", "trainer.max_token_len_per_micro_batch=600",
                  "algorithm.off_policy.correction=tis", "algorithm.use_kl_loss=true")
     batch = experiences_to_batch(exps, t.pad_token_id)
     shapes = []
@@ -158,14 +148,14 @@ def test_no_grad_passes_go_micro_batch_by_micro_batch_with_the_same_results(tmp_
     assert not proximal[~batch["attention_mask"][:, widths(batch)[0]:].bool()].any()
 
 
-def test_a_step_in_trimmed_micro_batches_equals_one_whole_batch_step(tmp_path, tiny_model_path):
+def test_a_step_in_trimmed_micro_batches_equals_one_whole_batch_step(make_trainer, tmp_path, tiny_model_path):
     """Gradients of a long-tailed batch: micro-batches by count and by token budget against one micro-batch of
     the whole batch (SGD, so the update is the gradient)."""
     exps = long_tail(16, seed=5, max_response=150)
     weights = []
     for overrides in (["trainer.micro_batch_size=16"], ["trainer.micro_batch_size=3"],
                       ["trainer.max_token_len_per_micro_batch=500"]):
-        t = _trainer(tmp_path, tiny_model_path, "trainer.optimizer.max_grad_norm=0",
+        t = make_trainer("explorer.repeat_times=4", "trainer.optimizer.max_grad_norm=0",
                      "algorithm.off_policy.correction=tis", *overrides)
         t.optimizer = torch.optim.SGD(t.model.parameters(), lr=1.0)
         metrics = t.train_step(exps)
