@@ -70,7 +70,6 @@ import ctypes
 import gc
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,7 +80,7 @@ from unittest import mock
 import numpy as np
 import torch
 from benchlib import add_smoke, result_line
-from trainer import QWEN_VOCAB, SHAPES
+from trainer import save_qwen_shape
 
 from trinity_like.common.experience import Experience
 from trinity_like.common.tiny_model import make_tiny_model
@@ -220,20 +219,7 @@ def build_model(folder: Path, layers: int, smoke: bool) -> Path:
     tiny = make_tiny_model(folder / "tiny", hidden=64, layers=layers)
     if smoke:
         return tiny
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    base = json.loads((tiny / "config.json").read_text())
-    config = Qwen2Config(**{**SHAPES[SHAPE], "num_hidden_layers": layers}, vocab_size=QWEN_VOCAB,
-                         tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
-                         bos_token_id=base["bos_token_id"], eos_token_id=base["eos_token_id"],
-                         pad_token_id=base["pad_token_id"])
-    torch.manual_seed(0)
-    out = folder / SHAPE
-    Qwen2ForCausalLM(config).save_pretrained(out)
-    for f in tiny.iterdir():
-        if not f.name.endswith(".safetensors") and f.name not in ("config.json", "generation_config.json"):
-            shutil.copy(f, out / f.name)
-    return out
+    return save_qwen_shape(folder, tiny, SHAPE, layers)
 
 
 # ------------------------------------------------------------ memory and time of a step's parts

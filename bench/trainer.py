@@ -127,10 +127,17 @@ def build_model(folder: Path, shape: str, hidden: int, layers: int) -> Path:
     tiny = make_tiny_model(folder / "tiny", hidden=hidden, layers=layers)
     if shape == "tiny":
         return tiny
+    return save_qwen_shape(folder, tiny, shape)
+
+
+def save_qwen_shape(folder: Path, tiny: Path, shape: str, layers: int | None = None) -> Path:
+    """``folder/shape``: a Qwen2.5 ``shape`` (of ``SHAPES``; ``layers`` of them when given) with random weights
+    (seed 0), the 151,936-token vocabulary and ``tiny``'s tokenizer files and special ids."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     base = json.loads((tiny / "config.json").read_text())
-    config = Qwen2Config(**SHAPES[shape], vocab_size=QWEN_VOCAB, tie_word_embeddings=True,
+    dims = {**SHAPES[shape], **({"num_hidden_layers": layers} if layers else {})}
+    config = Qwen2Config(**dims, vocab_size=QWEN_VOCAB, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
                          bos_token_id=base["bos_token_id"], eos_token_id=base["eos_token_id"],
                          pad_token_id=base["pad_token_id"])
