@@ -12,6 +12,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,12 +51,27 @@ def test_installing_beside_a_cuda_torch_leaves_it(tmp_path):
     proc = _dry_run(python, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert _installs(tmp_path) == {"trinity-like"}  # the project, and no torch
+    # and the next image's: a lower bound only, since an exact pin or a ceiling excludes some user's CUDA torch
+    torch = _declared_torch(tmp_path)
+    assert torch.specifier and {spec.operator for spec in torch.specifier} <= {">=", ">"}, str(torch)
+
+
+def _report(tmp_path: Path) -> list[dict]:
+    """What pip's report says it would install, one entry (with its metadata) a package."""
+    return json.loads((tmp_path / "report.json").read_text())["install"]
 
 
 def _installs(tmp_path: Path) -> set[str]:
     """The names of what pip's report says it would install."""
-    return {item["metadata"]["name"].lower().replace("_", "-")
-            for item in json.loads((tmp_path / "report.json").read_text())["install"]}
+    return {canonicalize_name(item["metadata"]["name"]) for item in _report(tmp_path)}
+
+
+def _declared_torch(tmp_path: Path) -> Requirement:
+    """The torch requirement of the project's metadata, as pip built it from pyproject.toml."""
+    (project,) = [item for item in _report(tmp_path) if canonicalize_name(item["metadata"]["name"]) == "trinity-like"]
+    requirements = [Requirement(line) for line in project["metadata"]["requires_dist"]]
+    (torch,) = [req for req in requirements if req.name == "torch"]
+    return torch
 
 
 def test_a_torch_too_old_for_the_project_would_be_replaced(tmp_path):
