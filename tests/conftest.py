@@ -89,7 +89,8 @@ def async_run(tmp_path_factory, tiny_model_path, ray_session):
     reward_file.write_text(CUSTOM_REWARD)
     cfg = e2e_config(tmp_path, tiny_model_path, "async", "mode=async", "synchronizer.max_staleness=1",
                      "trainer.gpus_per_worker=0.5", "algorithm.off_policy.correction=decoupled",
-                     f"reward.function_path={reward_file}", "reward.failure_value=-1", "synchronizer.method=memory")
+                     f"reward.function_path={reward_file}", "reward.failure_value=-1", "synchronizer.method=memory",
+                     "reward.max_failure_frac=1")  # failures below the stop (all of a step's samples) are trained
     return cfg, run(cfg)
 
 

@@ -53,6 +53,10 @@ class RunProgress:
                     print(f"eval     step {r['step']:>4}       {ev[0]} {ev[1]:.3f}", file=self.stream, flush=True)
             if r.get("role") not in self.kinds or not self._is_step(r):
                 continue
+            if r.get("rollout/reward_failed"):  # below reward.max_failure_frac (above it the run stops)
+                failed, of = int(r["rollout/reward_failed"]), int(r.get("rollout/experiences", 0))
+                print(f"warning: explorer step {r['step']}: the reward failed on {failed} of {of} samples, trained "
+                      "with reward.failure_value (why: the explorer's log)", file=sys.stderr, flush=True)
             self.records.append(r)
             if self.live:
                 self._update_bar(r)

@@ -263,10 +263,12 @@ def _valid_score(value: Any) -> bool:
 
 
 def score_batch(fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[Any], failure_value: float = 0.0,
-                **kwargs: Any) -> tuple[list[float], list[int]]:
-    """Scores of a batch and the indices of samples that failed (scored ``failure_value``).
+                errors: list[str] | None = None, **kwargs: Any) -> tuple[list[float], list[int]]:
+    """Scores of a batch and the indices of samples that failed (scored ``failure_value``); ``errors``, when
+    given, receives each failure's reason in one line.
 
     Per-sample ``kwargs`` (sequences as long as ``responses``) are sliced when samples are re-scored alone."""
+    errors = [] if errors is None else errors
     n = len(responses)
     try:
         scores = list(fn(list(responses), list(ground_truths), **kwargs))
@@ -282,11 +284,14 @@ def score_batch(fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[
                 scores.append(result[0] if len(result) == 1 else None)
             except Exception as sample_error:
                 logger.warning("reward function failed on sample %d: %s", i, sample_error)
+                first = str(sample_error).splitlines()[0] if str(sample_error) else ""
+                errors.append(f"{type(sample_error).__name__}: {first}")
                 scores.append(None)
     failures = [i for i, s in enumerate(scores) if not _valid_score(s)]
     for i in failures:
         if scores[i] is not None:
             logger.warning("reward function returned %r for sample %d; using %s", scores[i], i, failure_value)
+            errors.append(f"it returned {scores[i]!r}, not a finite number")
         scores[i] = failure_value
     return [float(s) for s in scores], failures
 
@@ -321,6 +326,8 @@ class NaiveRewardManager:
         self.failure_value = failure_value
         self.model_combine = model_combine
         self._examined: dict[str, int] = {}
+        self.last_error: str | None = None
+        """Why the reward function last failed on a sample, in one line (None: it never did)."""
 
     def score(self, responses: Sequence[str], ground_truths: Sequence[Any], data_sources: Sequence[str],
               response_lengths: Sequence[int] | None = None, extra_infos: Sequence[dict] | None = None,
@@ -336,7 +343,11 @@ class NaiveRewardManager:
             kwargs: dict[str, Any] = {"data_sources": list(data_sources)}
             if extra_infos is not None:
                 kwargs["extra_infos"] = list(extra_infos)
-            scores, failures = score_batch(self.compute_score, responses, ground_truths, self.failure_value, **kwargs)
+            errors: list[str] = []
+            scores, failures = score_batch(self.compute_score, responses, ground_truths, self.failure_value,
+                                           errors=errors, **kwargs)
+            if errors:
+                self.last_error = errors[-1]
             if model_scores is not None:
                 scores = [s + float(m) for s, m in zip(scores, model_scores, strict=True)]
         self._print_examples(responses, ground_truths, data_sources, scores)

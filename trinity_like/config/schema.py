@@ -556,6 +556,10 @@ class RewardConfig:
     """Key of the experience info that names the data source."""
     failure_value: float = 0.0
     """Score given to a sample whose reward function raised or returned NaN."""
+    max_failure_frac: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0})
+    """The run stops, in one line with the reason, when the reward fails on more than this share of an explorer
+    step's samples (and always when it fails on all of them): their rewards would be `failure_value`, not what
+    the function computes. Fewer failures are trained with `failure_value` and reported on the console."""
     max_resp_len: int | None = None
     """Longest response for the overlong penalty; empty = `explorer.sampling.max_new_tokens`."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)

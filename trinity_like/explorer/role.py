@@ -25,6 +25,7 @@ import math
 import os
 import random
 import socket
+import sys
 import time
 from functools import partial
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from trinity_like.algorithms.rewards import load_reward_manager
 from trinity_like.buffer import BufferWriter
+from trinity_like.common.errors import RunError
 from trinity_like.common.experience import Experience
 from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
@@ -286,8 +288,29 @@ class ExplorerRole:
         self.metrics.write(step + 1, metrics)
         return metrics
 
+    def _check_rewards(self, step: int, finished) -> None:
+        """Stop the run, before anything of this step is written, where the reward failed on more than
+        ``reward.max_failure_frac`` of the step's samples (or on all of them): those rewards are not what the
+        reward function computes. Fewer failures go on the console."""
+        samples = [e for *_, group in finished for e in group]
+        failed = sum(bool(e.info.get("reward_failed")) for e in samples)
+        if not failed:
+            return
+        rc = self.cfg.reward
+        reason = getattr(self.reward_manager, "last_error", None) or "see the explorer's log"
+        where = f"reward.function_path {rc.function_path}:{rc.function_name}" if rc.function_path else \
+            "the built-in scorer of each task's data source"
+        share = failed / len(samples)
+        if failed == len(samples) or share > rc.max_failure_frac:
+            raise RunError(f"explorer step {step}: the reward failed on {failed} of {len(samples)} samples "
+                           f"({reason}); {where} cannot score these tasks, and training on {rc.failure_value} "
+                           f"instead would be training on nothing (reward.max_failure_frac: {rc.max_failure_frac})")
+        print(f"warning: explorer step {step}: the reward failed on {failed} of {len(samples)} samples, trained "
+              f"with {rc.failure_value} ({reason})", file=sys.stderr, flush=True)
+
     async def _write(self, step: int, finished, start: float) -> dict[str, float]:
         """Group ids, the DAPO filter, one write; the step's metrics."""
+        self._check_rewards(step, finished)
         exps: list[Experience] = []
         failed = filtered = 0
         for task_step, position, task, group in finished:
