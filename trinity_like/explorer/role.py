@@ -292,7 +292,7 @@ class ExplorerRole:
         """Stop the run, before anything of this step is written, where the reward failed on more than
         ``reward.max_failure_frac`` of the step's samples (or on all of them): those rewards are not what the
         reward function computes. Fewer failures go on the console."""
-        samples = [e for *_, group in finished for e in group]
+        samples = [e for *_, group in finished for e in group or ()]  # a failed task has no group
         failed = sum(bool(e.info.get("reward_failed")) for e in samples)
         if not failed:
             return
