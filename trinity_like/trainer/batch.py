@@ -158,7 +158,6 @@ class ResponseScorer(torch.nn.Module):
                                        use_cache=False).last_hidden_state
         hidden = hidden[:, width_p - 1:width_p + width_r - 1]  # (B, R, H): the states that predict the response
         head = self.lm.get_output_embeddings()
-        hidden.shape[0]
         # only the real response tokens go through the output layer (padding scores 0)
         real = attention_mask[:, width_p:].bool()  # (B, R)
         flat_h, flat_t = hidden[real], responses[real]  # (n, H), (n,)

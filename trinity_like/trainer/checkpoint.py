@@ -77,11 +77,11 @@ class Checkpointer:
             return path
 
         def fill(tmp: Path) -> None:
+            from safetensors.torch import save_file
+
             if e.cfg.trainer.lora.enabled:
                 e.module.save_pretrained(tmp / "adapter")  # the trainable state, for resume
-            if e.cfg.trainer.lora.enabled:  # the base model still wears PEFT's wrappers: write the merged weights
-                from safetensors.torch import save_file
-
+                # the base model still wears PEFT's wrappers: its config, and the merged weights as they are
                 (tmp / "model").mkdir()
                 plain.config.save_pretrained(tmp / "model")
                 if getattr(plain, "generation_config", None) is not None:
@@ -89,10 +89,8 @@ class Checkpointer:
                 save_file(weights, str(tmp / "model" / "model.safetensors"), metadata={"format": "pt"})
             else:
                 plain.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
-            if weights is not master and not e.cfg.trainer.lora.enabled:
-                from safetensors.torch import save_file
-
-                save_file(master, str(tmp / MASTER_WEIGHTS))
+                if weights is not master:
+                    save_file(master, str(tmp / MASTER_WEIGHTS))
             for name in TOKENIZER_FILES:
                 src = Path(e.cfg.model.path) / name
                 if src.is_file():

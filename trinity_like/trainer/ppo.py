@@ -125,10 +125,10 @@ class PPOTrainer(TrainEngineWrapper):
         self.dtype = resolve_dtype(tr.dtype, self.device)
         """The compute precision (``trainer.dtype`` resolved for the device)."""
         ex = self.cfg.explorer
-        self.weights_dtype = resolve_weights_dtype(tr.weights_dtype, ex.dtype,
-                                                   ex.gpus_per_engine > 0 and ex.device != "cpu")
+        engines_on_gpus = ex.gpus_per_engine > 0 and ex.device != "cpu"
+        engine_dtype = resolve_weights_dtype("auto", ex.dtype, engines_on_gpus)  # the engines' own dtype
+        self.weights_dtype = resolve_weights_dtype(tr.weights_dtype, ex.dtype, engines_on_gpus)
         """The dtype of published weights (``trainer.weights_dtype`` resolved: the engines' own)."""
-        engine_dtype = resolve_weights_dtype("auto", ex.dtype, ex.gpus_per_engine > 0 and ex.device != "cpu")
         recompute = self.cfg.algorithm.off_policy.recompute_old_log_probs
         self.recompute_old = recompute if recompute is not None else \
             ex.engine != "hf" or engine_dtype != self.dtype
@@ -589,8 +589,8 @@ class PPOTrainer(TrainEngineWrapper):
     # ------------------------------------------------------------ weights out (trinity_like.weights.publish)
     def weights_for_export(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """The plain policy's full tensors on the CPU (on the trainer's device with ``on_device``) in the
-        resolved ``trainer.weights_dtype``: not copied when they are already there (FSDP2: gathered, so every rank calls
-        it)."""
+        resolved ``trainer.weights_dtype``: not copied when they are already there (FSDP2: gathered, so every
+        rank calls it)."""
         return to_host(self.policy_weights(copy=False), self.weights_dtype, self.device if on_device else "cpu")
 
     def save_state_dict(self) -> Path:
