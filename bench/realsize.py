@@ -19,8 +19,10 @@ GRPO (``--gae``: a critic, its values pass and its update), ``trainer.micro_batc
 ``max_token_len_per_micro_batch = --max-tokens``, ``logprob_chunk_tokens = --chunk``, ``trainer.dtype`` and
 ``gradient_checkpointing`` given explicitly (float32 and off on the CPU, bfloat16 and on with CUDA, unless
 ``--dtype`` / ``--checkpointing`` say otherwise). Each variant gets a fresh trainer from the same weights, one
-warm-up step on 8 rows of 8 + 8 tokens (AdamW's state exists before the measurement), then one measured
-``train_step``. Inside it each part is timed and its peak memory taken on its own:
+warm-up step on 8 rows of 8 + 8 tokens (AdamW's state exists before the measurement) and, with CUDA, one on the
+measured batch itself (a variant's first step at a shape pays for CUDA's kernel selection and allocator growth:
+on an H200 the first variant's step took 9.2 s, its next 1.4 s; the trimmed micro-batches have more distinct
+shapes, so they pay more), then one measured ``train_step``. Inside it each part is timed and its peak memory taken on its own:
 
 - ``prox``: ``_prepare_old_log_probs`` (the proximal log-probs, ``_score_all(scorer, batch, T)``);
 - ``ref``: ``_ref_log_probs(batch, T)``;
@@ -360,6 +362,8 @@ def measure(args, variant: str, cfg, exps: list[Experience], memory) -> dict:
         torch.set_num_threads(args.threads)
         vocab = trainer.module.config.vocab_size
         trainer.train_step(make_experiences([8] * GROUP, [8] * GROUP, vocab, seed=args.seed + 7))  # AdamW's state
+        if isinstance(memory, CudaMemory):
+            trainer.train_step(exps)  # this batch's shapes once: kernel selection and allocator growth
         tokens = computed_tokens(trainer, experiences_to_batch(exps, trainer.pad_token_id), changes)
         recorder = StepRecorder(memory)
         for name, method in (("prox", "_prepare_old_log_probs"), ("ref", "_ref_log_probs"),

@@ -189,21 +189,21 @@ STEPS = (
               budget_s=48),
     BenchStep("bench/realsize.py Qwen2.5-0.5B shape, bf16, 32 long-tailed rows, before/after 4462d03", "realsize.py",
               ("--device", "cuda", "--dtype", "bfloat16", "--layers", "24", "--rows", "32", "--micro", "8",
-               "--variants", "after,before"), budget_s=40),
+               "--variants", "after,before"), budget_s=60),
     BenchStep("bench/trainer.py Qwen2.5-1.5B shape, bf16", "trainer.py", ("--shape", "qwen2.5-1.5b", *QWEN_TRAIN),
-              budget_s=52),
+              budget_s=85),
     BenchStep("bench/sync.py on CUDA", "sync.py", ("--device", "cuda", "--repeats", "1"), budget_s=60),
     BenchStep("bench/engine.py on CUDA", "engine.py", ("--device", "cuda", "--batch", "64", "--new-tokens", "128"),
               budget_s=30),
     BenchStep("bench/logprob_memory.py on CUDA, bf16", "logprob_memory.py",
               ("--device", "cuda", "--dtype", "bfloat16", "--batch", "8", "--response-len", "2048"), budget_s=30),
 )
-"""The lease's steps, in the order they run (the most telling first); without vLLM their budgets add up to 560 s
-(from the two H100 leases: the CUDA-visible tests 240 in 135 s, bench/sync.py 55 s). bench/realsize.py's 40 s, a
-guess not yet timed on a GPU, came out of the 1.5B trainer step's 72 s: that figure is measured already, and a lease
-that wants it again runs ``--only 1.5B``. The vLLM step runs only where docs/vllm-on-a-lease.md's calls installed
-vLLM, and then alone (``--only vLLM``): on the third H100 lease its 20 tests needed over 300 s (an engine starts in
-~28 s there, 12 s of it compiling)."""
+"""The lease's steps, in the order they run (the most telling first); without vLLM their budgets add up to 613 s,
+more than one call's 540 s default, so the last steps are cut short unless earlier ones end early (from the
+leases: the CUDA-visible tests 240 in 135 s on an H100, bench/sync.py 55 s; on the H200 of 2026-11-26
+bench/realsize.py after+before ~40 s with its warm-ups, the 1.5B trainer step ~75 s, both cut at their old 40 and
+52 s). The vLLM step runs only where docs/vllm-on-a-lease.md's calls installed vLLM, and then alone
+(``--only vLLM``): its 22 tests took 346 s on the H200 (an engine starts in ~28 s, 12 s of it compiling)."""
 
 
 class GpuMemorySampler:

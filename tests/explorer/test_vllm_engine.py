@@ -45,6 +45,16 @@ def _tolerance(engine, model) -> float:
     return max(TOLERANCE, CUDA_RELATIVE_TOLERANCE * logits.abs().max().item())
 
 
+def _same_logprobs(engine, model, a, b) -> bool:
+    """The same tokens sampled twice carry the same log-probs: bit for bit on the CPU; on a GPU within
+    ``_tolerance``, since vLLM's CUDA kernels are not bitwise reproducible from one call to the next (measured on
+    an H200: same tokens, log-probs apart in the last bits)."""
+    if engine.device == "cpu":
+        return all(np.array_equal(x.logprobs, y.logprobs) for x, y in zip(a, b, strict=True))
+    tol = _tolerance(engine, model)
+    return all(np.allclose(x.logprobs, y.logprobs, rtol=0, atol=tol) for x, y in zip(a, b, strict=True))
+
+
 def _llm_class_max_num_seqs() -> int:
     """vLLM's own default ``max_num_seqs`` for its offline ``LLM`` class on this machine's device, one worker."""
     from vllm.engine.arg_utils import EngineArgs
@@ -183,13 +193,13 @@ def test_behaviour_logprobs_match_trainer_recompute(engine, prompts, trainer_mod
         assert wrong > 5 * _tolerance(engine, trainer_model) and wrong > 100 * TOLERANCE
 
 
-def test_same_seed_same_sample_other_seed_differs(engine, prompts):
+def test_same_seed_same_sample_other_seed_differs(engine, prompts, trainer_model):
     sp = SamplingConfig(temperature=1.0, max_new_tokens=8)
     a = engine.generate(prompts, sp, _seeds(len(prompts), 5))
     b = engine.generate(prompts, sp, _seeds(len(prompts), 5))
     c = engine.generate(prompts, sp, _seeds(len(prompts), 6))
     assert _ids(a) == _ids(b)
-    assert all(np.array_equal(x.logprobs, y.logprobs) for x, y in zip(a, b, strict=True))
+    assert _same_logprobs(engine, trainer_model, a, b)
     assert _ids(a) != _ids(c)
     # A request's sample does not depend on the other requests in its batch.
     alone = engine.generate(prompts[2:3], sp, _seeds(len(prompts), 5)[2:3])
@@ -296,7 +306,7 @@ def test_weight_updates_from_file_and_state_dict(engine, prompts, trainer_model,
         engine.update_weights(WeightUpdate(version=start_version + 3, state_dict=trainer_model.state_dict()))
     restored = engine.generate(prompts, greedy, seeds)
     assert _ids(restored) == _ids(before)
-    assert all(np.array_equal(x.logprobs, y.logprobs) for x, y in zip(before, restored, strict=True))
+    assert _same_logprobs(engine, trainer_model, before, restored)
 
 
 def test_weight_update_from_a_version_folder_checks_it(engine, prompts, trainer_model, tmp_path):
@@ -494,6 +504,7 @@ def test_with_two_phases_a_version_is_applied_only_after_every_worker_checked_it
     assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
 
 
+@pytest.mark.timeout(240)  # Ray, an engine in an actor and (on a GPU) its first compile: 90 s ran out on an H200
 @pytest.mark.parametrize("async_engine", [True, False])
 def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path, tmp_path, ray_session, async_engine):
     """``explorer.engine=vllm`` passes validation; the fleet builds the engine in a Ray actor (make_engine), the
