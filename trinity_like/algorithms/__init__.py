@@ -59,6 +59,7 @@ _EXPORTS = {
     'masked_whiten': 'functional',
     'math_score': 'rewards',
     'pessimistic_weights': 'off_policy',
+    'scorer_for': 'rewards',
 }
 """Public name -> the module of this package that defines it."""
 
@@ -109,5 +110,5 @@ __all__ = [
     "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_reward", "compute_score",
     "compute_throughout_metrics", "compute_value_loss", "countdown_score", "format_score", "get_adv_estimator_fn", "get_kl_controller", "get_off_policy_correction_fn",
     "get_policy_loss_fn", "kl_penalty", "loss_needs", "LossNeeds", "load_reward_function", "load_reward_manager", "masked_mean", "masked_sum",
-    "masked_var", "masked_whiten", "math_score", "pessimistic_weights",
+    "masked_var", "masked_whiten", "math_score", "pessimistic_weights", "scorer_for",
 ]

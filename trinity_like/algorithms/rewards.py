@@ -5,7 +5,13 @@ A reward function has the seeds' batched signature::
     compute_score(responses: list[str], ground_truths: list, **kwargs) -> list[float]
 
 ``kwargs`` carries ``data_sources`` (one per response) and anything else the caller has. The built-in
-:func:`compute_score` dispatches each sample by its data source to a scorer below.
+:func:`compute_score` dispatches each sample by its data source (:func:`scorer_for`) to a scorer: ours below
+(``arithmetic``, ``math``, ``countdown``, ``format``) and verl's (``openai/gsm8k``, the MATH sets, ``math_dapo``,
+``aime*``, ``numina_*``, ``searchR1_*``: :mod:`trinity_like.algorithms.verl_scores`, which lists where they
+depart from verl). One data source differs from verl's dispatch: ``math`` is ours (1.0 right, 0.0 wrong: the last
+``\\boxed{}`` or the last number, compared after normalisation), where verl scores ``math`` with ``math_dapo`` (+1 /
+-1, the answer after "Answer:"). A data source with no scorer raises KeyError here, which the reward manager
+records as a failed sample; a run refuses such task sets before it starts (``runtime.run_dir``).
 
 A reward function that raises, returns the wrong number of scores, or returns NaN/inf or a non-number for a
 sample scores that sample with ``failure_value`` and logs it; the rest of the batch is scored normally (the
@@ -26,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import trinity_like.algorithms.verl_scores as verl_scores
 from trinity_like.common.algorithm_params import OverlongBufferParams
 
 logger = logging.getLogger(__name__)
@@ -163,25 +170,64 @@ def countdown_score(solution: str, ground_truth: dict[str, Any], format_reward: 
     return 1.0 if abs(value - float(ground_truth["target"])) < 1e-5 else format_reward
 
 
-SCORERS: dict[str, Callable[[str, Any], float]] = {
-    "arithmetic": arithmetic_reward,
-    "math": math_score,
-    "countdown": countdown_score,
-    "format": lambda solution, _ground_truth: format_score(solution),
-}
-"""Built-in scorers by data source: ``scorer(solution, ground_truth) -> float``."""
+SCORERS: dict[str, Callable[[str, Any], float]] = {}
+"""Built-in scorers by exact data source: ``scorer(solution, ground_truth) -> float`` (ours, then verl's)."""
+PREFIX_SCORERS: dict[str, Callable[[str, Any], float]] = {}
+"""Built-in scorers by data-source prefix (verl's ``aime*``, ``numina_*``, ``searchR1_*``)."""
+
+
+def register_scorer(data_source: str, scorer: Callable[[str, Any], float]) -> None:
+    """Score ``data_source`` with ``scorer``; a name ending in ``*`` is a prefix rule. A name registered twice
+    is an error (so verl's rules never replace ours: ``math`` stays ours, module ``verl_scores``)."""
+    table, key = (PREFIX_SCORERS, data_source[:-1]) if data_source.endswith("*") else (SCORERS, data_source)
+    if key in table:
+        raise ValueError(f"a scorer for data source {data_source!r} is registered already")
+    table[key] = scorer
+
+
+for _name, _scorer in {"arithmetic": arithmetic_reward, "math": math_score, "countdown": countdown_score,
+                       "format": lambda solution, _ground_truth: format_score(solution),
+                       **verl_scores.VERL_SCORERS,
+                       **{f"{prefix}*": fn for prefix, fn in verl_scores.VERL_PREFIX_SCORERS.items()}}.items():
+    register_scorer(_name, _scorer)
+del _name, _scorer
+
+
+def scorer_for(data_source: str) -> Callable[[str, Any], float] | None:
+    """The built-in scorer of ``data_source`` (empty: ``math``): by exact name, else by the longest prefix rule;
+    None when there is none (then :func:`missing_scorer` says why, in words)."""
+    source = data_source or "math"
+    if source in SCORERS:
+        return SCORERS[source]
+    prefixes = sorted((p for p in PREFIX_SCORERS if source.startswith(p)), key=len, reverse=True)
+    return PREFIX_SCORERS[prefixes[0]] if prefixes else None
+
+
+def known_scorers() -> list[str]:
+    """The data sources the built-in reward scores: exact names, then prefix rules as ``prefix*``."""
+    return [*SCORERS, *(f"{p}*" for p in PREFIX_SCORERS)]
+
+
+def missing_scorer(data_source: str) -> str | None:
+    """None when the built-in reward scores ``data_source``; else one clause saying so, and why for the verl data
+    sets that need a reward function of their own (code sets, geometry3k), e.g. ``no built-in scorer for data
+    source 'taco' (a code data set, ...)``."""
+    if scorer_for(data_source) is not None:
+        return None
+    why = verl_scores.NOT_BUILT_IN.get(data_source)
+    return f"no built-in scorer for data source {data_source!r}" + (f" ({why})" if why else "")
 
 
 def compute_score(responses: Sequence[str], ground_truths: Sequence[Any], data_sources: Sequence[str] | None = None,
                   **_: Any) -> list[float]:
-    """The default reward function: each sample scored by the scorer of its data source (``math`` when the
-    data source is missing)."""
+    """The default reward function: each sample scored by the scorer of its data source (:func:`scorer_for`;
+    ``math`` when the data source is missing). KeyError for a data source with no scorer."""
     sources = data_sources if data_sources is not None else ["math"] * len(responses)
     out = []
     for response, truth, source in zip(responses, ground_truths, sources, strict=True):
-        scorer = SCORERS.get(source or "math")
+        scorer = scorer_for(source)
         if scorer is None:
-            raise KeyError(f"no built-in scorer for data source {source!r}; built-in: {', '.join(SCORERS)}")
+            raise KeyError(f"{missing_scorer(source)}; built-in: {', '.join(known_scorers())}")
         out.append(scorer(response, truth))
     return out
 
@@ -217,8 +263,9 @@ def load_reward_function(path: str | Path, name: str = "compute_score",
     return as_batched_reward_fn(fn)
 
 
-PER_SAMPLE_PARAMS = ("data_source", "solution_str", "ground_truth")
-"""verl's per-sample reward signature: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``."""
+PER_SAMPLE_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""What verl's reward loop gives a per-sample reward function, by keyword:
+``compute_score(data_source, solution_str, ground_truth, extra_info=None)``."""
 
 
 def as_batched_reward_fn(fn: Callable[..., Any]) -> RewardFn:
@@ -226,15 +273,28 @@ def as_batched_reward_fn(fn: Callable[..., Any]) -> RewardFn:
 
     Two signatures are accepted: the batched one (the seeds'), which gets of the keyword arguments
     ``data_sources`` and ``extra_infos`` those it names (all of them when it takes ``**kwargs``); and verl's
-    per-sample ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, called once per
-    sample, whose result may be a number or a dict with a ``score`` (verl's convention for extra outputs)."""
+    per-sample one (it names ``solution_str`` or ``ground_truth``, or starts with ``data_source``), called once per
+    sample with those of :data:`PER_SAMPLE_PARAMS` it names (all four when it takes ``**kwargs``), so that both
+    ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` and the shape of verl's own
+    scorers, ``compute_score(solution_str, ground_truth, method="strict", ...)`` (``gsm8k.py``), are called right.
+    (verl's reward loop passes all four, so a file of the second shape works there only through
+    ``default_compute_score``.) Its result may be a number or a dict with a ``score`` (verl's convention for extra
+    outputs). A per-sample function that needs an argument other than those four is refused here (TypeError)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin or C function: take it as batched
         return fn
     names = list(params)
-    if "solution_str" in names or names[:1] == ["data_source"]:
-        takes_extra = "extra_info" in names or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if "solution_str" in names or "ground_truth" in names or names[:1] == ["data_source"]:
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        passed = PER_SAMPLE_PARAMS if takes_any else tuple(k for k in PER_SAMPLE_PARAMS if k in params)
+        required = [k for k, p in params.items() if p.default is p.empty and k not in PER_SAMPLE_PARAMS
+                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if required:
+            raise TypeError(f"reward function {getattr(fn, '__name__', fn)!r} needs argument(s) {', '.join(required)}, "
+                            f"which a per-sample reward function is not given; it is called with "
+                            f"{', '.join(PER_SAMPLE_PARAMS)} (those it names), so name its parameters so or give "
+                            "them defaults (reward.function_kwargs binds values)")
 
         def per_sample(responses, ground_truths, data_sources=None, extra_infos=None, **_: Any) -> list[Any]:
             n = len(responses)
@@ -242,8 +302,8 @@ def as_batched_reward_fn(fn: Callable[..., Any]) -> RewardFn:
             extras = extra_infos if extra_infos is not None else [{}] * n
             out = []
             for response, truth, source, extra in zip(responses, ground_truths, sources, extras, strict=True):
-                kwargs = {"extra_info": extra} if takes_extra else {}
-                score = fn(data_source=source, solution_str=response, ground_truth=truth, **kwargs)
+                given = {"data_source": source, "solution_str": response, "ground_truth": truth, "extra_info": extra}
+                score = fn(**{k: given[k] for k in passed})
                 out.append(score.get("score") if isinstance(score, dict) else score)
             return out
 

@@ -195,6 +195,22 @@ def load_taskset(path: str | Path) -> list[Task]:
             for r in rows]
 
 
+def data_sources_of(path: str | Path) -> dict[str, int]:
+    """The data sources of a task file and how many rows have each, in order of first appearance, read from its
+    ``data_source`` column alone (none: every row ``""``). Errors as pyarrow raises them (``load_taskset`` says
+    what is wrong with a file in words)."""
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    if "data_source" not in schema.names:
+        return {"": pq.ParquetFile(path).metadata.num_rows}
+    counts: dict[str, int] = {}
+    for value in pq.read_table(path, columns=["data_source"]).column("data_source").to_pylist():
+        key = str(value or "")
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def _verl_task(path: Path, i: int, row: dict[str, Any]) -> Task:
     """One row of a verl data file as a Task; a clear error naming the row when it is not in verl's format."""
     from trinity_like.common.chat import ChatFormatError, normalize_messages

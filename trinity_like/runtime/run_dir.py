@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trinity_like.buffer.segments import check_schema_versions, list_segments
-from trinity_like.common.errors import RunError
+from trinity_like.common.errors import ConfigError, RunError
 from trinity_like.common.fs import atomic_write_text, fsync_path
 from trinity_like.config import Config, EvalTasksetConfig, flatten, load_config, to_yaml
 from trinity_like.runtime.checkpoints import latest_checkpoint
@@ -120,6 +120,8 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     _check_model(cfg)
     if cfg.mode != "offline" and cfg.explorer.taskset.path:
         _check_taskset(paths.taskset)
+    if role != "serve":
+        check_reward_sources(cfg)
     if not allow_existing:
         check_schema_versions(paths.buffer_dir)
     paths.run_dir.mkdir(parents=True, exist_ok=True)
@@ -150,6 +152,58 @@ def prepare_eval_tasksets(cfg: Config) -> dict[str, list[Task]]:
             write_taskset(path, TASKSET_GENERATORS[ev.generate](ev.size, ev.max_operand, seed=cfg.seed + 7_919 * (i + 1)))
         out[ev.name] = load_taskset(path)
     return out
+
+
+REWARD_SCORED_WORKFLOWS = ("single_turn", "tool_agent")
+"""The built-in workflows whose rewards come from the reward function (``reward.*``). ``guess_number`` scores its
+own game, and a workflow of the user's (an import path) scores as it decides, so their task sets are not checked
+by ``check_reward_sources``."""
+
+
+def reward_task_files(cfg: Config) -> list[tuple[str, Path]]:
+    """The task files a run of ``cfg`` scores with its reward function, as ``(config key, path)``: the training
+    task set and every eval task set, those given by path and those already generated (a resumed run). Files not
+    there yet are left out: a generated set is ours (``arithmetic``), a missing given one is refused elsewhere."""
+    paths = RunPaths.of(cfg)
+    out = [("explorer.taskset.path", paths.taskset)]
+    out += [(f"explorer.eval_tasksets[{i}].path", eval_taskset_path(cfg, ev))
+            for i, ev in enumerate(cfg.explorer.eval_tasksets)]
+    return [(key, path) for key, path in out if path.is_file()]
+
+
+def check_reward_sources(cfg: Config) -> None:
+    """Refuse a run, in one line (ConfigError), whose reward is the built-in one (no ``reward.function_path``, no
+    reward model whose score replaces the function's: ``reward.model.combine`` replace) when a task set it scores
+    (``reward_task_files``) has a data source the built-in reward has no scorer for
+    (``trinity_like.algorithms.rewards.scorer_for``): every sample of it would fail, and the run would stop at its
+    first step. The line names the data source, its file, the scorers there are, and the fix
+    (``reward.function_path``; verl's ``custom_reward_function.path``). Nothing to check in mode ``offline`` (no
+    explorer) or with a workflow that does not score with the reward function (``REWARD_SCORED_WORKFLOWS``).
+
+    Reads the ``data_source`` column only, the one the workflows score by (``Task.data_source``; empty = ``math``).
+    A file that cannot be read is left to the task-set checks, which say why."""
+    rc = cfg.reward
+    if (cfg.mode == "offline" or rc.function_path or (rc.model.path and rc.model.combine == "replace")
+            or cfg.explorer.workflow not in REWARD_SCORED_WORKFLOWS):
+        return
+    from trinity_like.algorithms.rewards import known_scorers, missing_scorer, scorer_for
+    from trinity_like.common.tasks import data_sources_of
+
+    for key, path in reward_task_files(cfg):
+        try:
+            counts = data_sources_of(path)
+        except (OSError, ValueError):  # not Parquet, damaged: _check_taskset / load_taskset refuse it in words
+            continue
+        missing = [source for source in counts if scorer_for(source) is None]
+        if not missing:
+            continue
+        first, total = missing[0], sum(counts.values())
+        also = f"; also without a scorer: {', '.join(repr(m) for m in missing[1:])}" if len(missing) > 1 else ""
+        raise ConfigError(
+            f"task set '{path}' ({key}): {missing_scorer(first)}, in {counts[first]} of {total} rows{also}; the "
+            f"built-in reward scores {', '.join(known_scorers())}; give a reward function for it: "
+            "reward.function_path=FILE.py (verl: custom_reward_function.path) with compute_score(data_source, "
+            "solution_str, ground_truth, extra_info=None)")
 
 
 def _check_model(cfg: Config) -> None:
