@@ -28,12 +28,50 @@ def _split_config_and_overrides(items: list[str]) -> tuple[str, list[str]]:
     return paths[0], [x for x in items if "=" in x]
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from trinity_like.config import to_yaml
+def _split_verl_items(items: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """``--verl``'s items: at most one verl YAML file, at most one verl entry point (the module a verl script
+    runs with ``python3 -m``: verl.trainer.main_ppo, recipe.dapo.main_dapo; ``python3`` itself may stay), and
+    the overrides (``key=value``, ``+key=value``, ``~key``) -> (file, entry, overrides)."""
+    from trinity_like.config.verl_compose import ENTRIES
+
+    file = entry = None
+    overrides = []
+    for item in items:
+        if "=" in item or item.startswith("~"):
+            overrides.append(item)
+        elif item in ENTRIES:
+            if entry is not None:
+                raise ConfigError(f"run --verl takes one verl entry point, got {entry} and {item}")
+            entry = item
+        elif item in ("python", "python3", "-m"):
+            continue
+        elif item.endswith((".yaml", ".yml")) or "/" in item or "." not in item:
+            if file is not None:
+                raise ConfigError(f"run --verl takes at most one verl config file, got {file} and {item}")
+            file = item
+        else:
+            raise ConfigError(f"run --verl: {item!r} is neither a key=value override, a YAML file nor a verl entry "
+                              f"point ({', '.join(ENTRIES)})")
+    return file, entry, overrides
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, Translation | None]:
     from trinity_like.config.loading import load_config_with_translation
 
+    if getattr(args, "verl", False):
+        file, entry, overrides = _split_verl_items(args.items)
+        return load_config_with_translation(file, overrides, allow_unmapped=args.allow_unmapped, verl=True,
+                                            entry=entry)
     config, overrides = _split_config_and_overrides(args.items)
-    cfg, translation = load_config_with_translation(config, overrides, allow_unmapped=args.allow_unmapped)
+    return load_config_with_translation(config, overrides, allow_unmapped=args.allow_unmapped)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from trinity_like.config import to_yaml
+
+    cfg, translation = _load(args)
+    if translation is not None:
+        print(f"verl config: {_verl_summary(translation, cfg)}", flush=True)
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
@@ -43,6 +81,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     summary = run(cfg, role=args.role, resume=args.resume, address=args.address)
     return 0 if summary["exit_reason"] in ("completed", "stopped") else 1
+
+
+def _verl_summary(translation: Translation, cfg: Config) -> str:
+    """One line: the mode, the GPU split and how to go async."""
+    split = translation.split.describe() if translation.split else "GPUs: see trainer.n_gpus_per_node"
+    if cfg.mode == "sync":
+        how = ("mode sync, as verl's PPO (generate, then train on exactly that batch; old log-probs recomputed); "
+               "mode=async lets the explorer generate while the trainer trains, up to "
+               f"synchronizer.max_staleness={cfg.synchronizer.max_staleness} version(s) behind")
+    else:
+        how = (f"mode {cfg.mode} (verl's PPO is sync), synchronizer.max_staleness="
+               f"{cfg.synchronizer.max_staleness}, old log-probs "
+               f"{'recomputed' if cfg.algorithm.off_policy.recompute_old_log_probs else 'from the engines'}")
+    return f"{how}; {split}"
 
 
 def _keep_verl_translation(translation: Translation, cfg: Config) -> None:
@@ -62,16 +114,19 @@ def _keep_verl_translation(translation: Translation, cfg: Config) -> None:
 
 
 def _cmd_config_convert(args: argparse.Namespace) -> int:
-    from trinity_like.config.loading import translate_verl_file
     from trinity_like.config.verl import native_yaml
 
-    translation = translate_verl_file(args.file, args.allow_unmapped)
+    cfg, translation = _load(args)
     if translation is None:
-        raise ConfigError(f"'{args.file}' is not a verl-shaped config (no data, actor_rollout_ref, critic, "
+        raise ConfigError(f"'{args.items[0]}' is not a verl-shaped config (no data, actor_rollout_ref, critic, "
                           "reward_model or custom_reward_function section): it is already one of ours")
     print(native_yaml(translation), end="")
+    print(f"# {_verl_summary(translation, cfg)}")
     for key, value, why in translation.unmapped:
         print(f"# ignored: {key} = {value!r} ({why})")
+    if translation.at_default:
+        print(f"# {len(translation.at_default)} of verl's defaults have no counterpart here (none changed by this "
+              "config; a run lists them in verl_translation.yaml)")
     return 0
 
 
@@ -166,10 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unmapped", action="store_true",
                    help="a verl-shaped config: run without its keys that have no counterpart here (listed in the "
                         "run directory) instead of refusing it")
+    p.add_argument("--verl", action="store_true",
+                   help="the items are a verl launch: [verl YAML] [verl.trainer.main_ppo | recipe.dapo.main_dapo] "
+                        "and verl's key=value overrides (keys only ours has, such as mode=async, apply after the "
+                        "translation); see docs/verl.md")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("config-convert", help="print the config of ours that a verl-shaped config translates to")
-    p.add_argument("file", metavar="FILE", help="a verl config (sections data, actor_rollout_ref, trainer, ...)")
+    p = sub.add_parser("config-convert", help="print the config of ours that a verl config translates to")
+    p.add_argument("items", nargs="+", metavar="FILE | key=value",
+                   help="a verl config file (sections data, actor_rollout_ref, trainer, ...) and overrides; with "
+                        "--verl, a verl launch as `run --verl` takes it")
+    p.add_argument("--verl", action="store_true", help="the items are a verl launch (see run --verl)")
     p.add_argument("--allow-unmapped", action="store_true",
                    help="convert without the keys that have no counterpart here (listed as comments)")
     p.set_defaults(func=_cmd_config_convert)

@@ -25,27 +25,43 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
 
 
 def load_config_with_translation(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = (),
-                                 allow_unmapped: bool = False) -> tuple[Config, Translation | None]:
-    """``load_config``, and the ``Translation`` of a verl-shaped file (None for a config of ours), so that a caller
-    that keeps the translation report (``trinity-like run``) does not translate the file a second time."""
+                                 allow_unmapped: bool = False, verl: bool = False,
+                                 entry: str | None = None) -> tuple[Config, Translation | None]:
+    """``load_config``, and the ``Translation`` of a verl config (None for a config of ours), so that a caller
+    that keeps the translation report (``trinity-like run``) does not translate it a second time.
+
+    ``verl`` (``run --verl``), or a verl-shaped file: the config is verl's, built as verl builds it (its
+    composed defaults for ``entry``, the file, the overrides that are verl keys, interpolations resolved) and
+    then translated; the overrides that are keys of ours only (``mode``, ``synchronizer.*``, ``explorer.*``, ...)
+    apply after the translation (``split_verl_overrides``)."""
     from omegaconf import OmegaConf
 
     schema = OmegaConf.structured(Config)
     layers = []
-    verl = None
+    translation = None
+    tree = None
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML file such as "
                               "configs/quickstart.yaml")
-        verl = translate_verl_file(p, allow_unmapped)
-        if verl is not None:
-            layers.append(OmegaConf.create(verl.nested()))
-        else:
+        tree = _verl_tree(p)
+        if tree is None and verl:
+            raise ConfigError(f"run --verl: '{path}' is not a verl-shaped config (no data, actor_rollout_ref, "
+                              "critic, reward_model or custom_reward_function section); drop --verl to run it as "
+                              "a config of ours")
+        if tree is None:
             try:
                 layers.append(OmegaConf.load(p))
             except Exception as e:  # yaml.YAMLError and OmegaConf's own errors share no base class
                 raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
+    if verl or tree is not None:
+        from trinity_like.config.verl import translate
+        from trinity_like.config.verl_compose import DEFAULT_ENTRY
+
+        verl_items, overrides = split_verl_overrides(overrides, entry or DEFAULT_ENTRY)
+        translation = translate(tree, path, allow_unmapped, verl_items, entry or DEFAULT_ENTRY)
+        layers.append(OmegaConf.create(translation.nested()))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (for example trainer.total_steps=5)")
@@ -54,7 +70,50 @@ def load_config_with_translation(path: str | os.PathLike | None, overrides: list
     if cfg.algorithm.adv_estimator == "dapo":  # DAPO's parts, under the values the file and overrides give
         cfg = _merge(schema, [OmegaConf.create(dapo_preset(cfg)), *layers], overrides)
     validate(cfg)
-    return cfg, verl
+    return cfg, translation
+
+
+def split_verl_overrides(overrides: list[str] | tuple[str, ...], entry: str) -> tuple[list[str], list[str]]:
+    """A verl run's overrides, split into verl's (a key verl's config has, or Hydra's ``+``/``++``/``~`` forms)
+    and ours (a key only our config has: ``mode=async``, ``synchronizer.max_staleness=2``, ...); a key in
+    neither is refused, named with both places it was looked for."""
+    from omegaconf import OmegaConf
+
+    from trinity_like.config.verl_compose import default_tree
+
+    verl_tree = default_tree(entry)
+    schema = OmegaConf.structured(Config)
+    verl_items, ours = [], []
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key.startswith(("+", "~")) or _has_key(verl_tree, key):
+            verl_items.append(item)
+        elif OmegaConf.select(schema, key, default=_MISSING) is not _MISSING or key in RENAMED_KEYS:
+            ours.append(item)
+        else:
+            raise ConfigError(f"override '{item}': neither verl's config nor ours has the key {key!r}; check the "
+                              f"spelling (verl: add a new key with +{key}=...)")
+    return verl_items, ours
+
+
+_MISSING = object()
+
+
+def _has_key(tree: dict[str, Any], key: str) -> bool:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _verl_tree(path: Path) -> dict[str, Any] | None:
+    """A verl-shaped config file's parsed YAML, or None when the file is a config of ours."""
+    from trinity_like.config.verl import is_verl_config, load_verl_file
+
+    tree = load_verl_file(path)
+    return tree if is_verl_config(tree) else None
 
 
 def _merge(schema: Any, layers: list[Any], overrides: list[str] | tuple[str, ...]) -> Config:
@@ -98,14 +157,18 @@ def dapo_preset(cfg: Config) -> dict[str, Any]:
                                                               "penalty_factor": 1.0}}}
 
 
-def translate_verl_file(path: str | os.PathLike, allow_unmapped: bool = False) -> Translation | None:
-    """The ``Translation`` of a verl-shaped config file, or None when the file is a config of ours."""
-    from trinity_like.config.verl import is_verl_config, load_verl_file, translate
+def translate_verl_file(path: str | os.PathLike | None, allow_unmapped: bool = False,
+                        overrides: list[str] | tuple[str, ...] = (), entry: str | None = None,
+                        verl: bool = False) -> Translation | None:
+    """The ``Translation`` of a verl config (a verl-shaped file and/or verl overrides; ``verl`` says the overrides
+    alone make one), or None when the file is a config of ours."""
+    from trinity_like.config.verl import translate
+    from trinity_like.config.verl_compose import DEFAULT_ENTRY
 
-    tree = load_verl_file(path)
-    if not is_verl_config(tree):
+    tree = _verl_tree(Path(path)) if path is not None else None
+    if tree is None and not verl:
         return None
-    return translate(tree, path, allow_unmapped)
+    return translate(tree, path, allow_unmapped, list(overrides), entry or DEFAULT_ENTRY)
 
 
 def _auto_staleness(layer: Any) -> Any:

@@ -679,6 +679,9 @@ class Config:
     """Run name: the second part of the run directory and of the Ray namespace."""
     checkpoint_root_dir: str = "runs"
     """Root of all run directories: `<checkpoint_root_dir>/<project>/<name>/`."""
+    run_dir: str = ""
+    """The run directory itself (checkpoints, buffer, metrics), any folder; empty =
+    `<checkpoint_root_dir>/<project>/<name>/` (verl's `trainer.default_local_dir` sets it)."""
     mode: str = _choices("async", MODES)
     """`sync` (strict on-policy lock-step), `async` (explorer leads by up to `max_staleness` versions) or
     `offline` (replay a stored buffer)."""

@@ -9,10 +9,14 @@ in one message and refuses the file unless ``allow_unmapped`` (then they are lis
 micro-batches, ...) and say why; rules of kind ``derived`` name a key that means nothing alone and is read where
 it counts (by another key's converter, or by ``_derive`` for the keys of ours set from several verl keys at once).
 
-The translation is two layers: verl's defaults (``VERL_DEFAULTS``) for the keys the file omits, then the file's
-keys over them, so a short verl config means what it means to verl, and two keys of the file that set one of ours
-to different values are refused. The async knobs verl lacks (``mode``, ``synchronizer.*``) keep this project's
-defaults.
+The config translated is the one verl would run (``verl_compose``): verl's composed defaults (its
+``ppo_trainer.yaml`` with the groups of its ``defaults:`` list merged), the file over them, verl's command-line
+overrides, then its ``${...}`` interpolations resolved. The translation is two layers: what the keys at verl's
+defaults set, then what the keys the file or overrides change set over it, so a short verl config means what it
+means to verl, its fully composed form means the same, and two changed keys that set one of ours to different
+values are refused. Then verl's meaning where our defaults differ (``_verl_meaning``): ``mode: sync`` (verl's
+PPO is on-policy), old log-probs recomputed, checkpoints kept as verl keeps them; one override of ours after the
+file changes each (``mode=async``).
 
 Units differ in three places, converted here: verl's ``data.train_batch_size`` and ``ppo_mini_batch_size`` count
 prompts (ours count experiences: x ``rollout.n``); ``save_freq`` / ``test_freq`` of -1 mean never (ours 0);
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trinity_like.common.errors import ConfigError
+from trinity_like.config.verl_compose import DEFAULT_ENTRY, compose_raw, default_leaves, default_raw_leaves
 
 VERL_SECTIONS = ("data", "algorithm", "actor_rollout_ref", "critic", "trainer", "reward_model",
                  "custom_reward_function", "ray_init", "ray_kwargs", "global_profiler")
@@ -42,20 +47,33 @@ class Unmapped(Exception):
 
 
 class View:
-    """Read access to the verl config (its file's values over ``VERL_DEFAULTS``) by dotted key."""
+    """Read access to the verl config as verl would run it (``verl_compose.compose``: the composed defaults, the
+    file and the overrides, resolved) by dotted key; ``defaults`` are verl's composed defaults, resolved."""
 
-    def __init__(self, leaves: dict[str, Any], source: Path | None) -> None:
+    def __init__(self, leaves: dict[str, Any], source: Path | None, defaults: dict[str, Any] | None = None,
+                 changed: set[str] | None = None) -> None:
         self.leaves = leaves
         self.source = source
+        self.defaults = defaults if defaults is not None else {}
+        self.changed = changed
+        """Keys the file or overrides wrote other than verl's defaults write them (interpolations compared as
+        written: a key that follows another through ``${...}`` is not changed by changing that other key);
+        None = compare values."""
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.leaves.get(key)
         if value is None:
-            value = VERL_DEFAULTS.get(key, VERL_READ_DEFAULTS.get(key, default))
+            value = self.defaults.get(key, VERL_READ_DEFAULTS.get(key, default))
         return value
 
     def given(self, key: str) -> bool:
-        return self.leaves.get(key) is not None
+        """Set by the file or an override to other than verl's default."""
+        value = self.leaves.get(key)
+        if value is None:
+            return False
+        if self.changed is not None:
+            return key in self.changed
+        return key not in self.defaults or value != self.defaults[key]
 
     def path(self, value: str) -> str:
         """A file named in the verl config: relative to the config file's folder when it is not found as given."""
@@ -123,16 +141,19 @@ def _only(allowed: tuple[Any, ...], what: str) -> Convert:
 def _rollout_name(v: Any, _: View) -> dict[str, Any]:
     engines = {"vllm": "vllm", "hf": "hf"}
     if v not in engines:
-        raise Unmapped(f"rollout engine {v!r}: the engines here are {', '.join(engines)}")
+        raise Unmapped(f"rollout engine {v!r}: the engines here are {', '.join(engines)}; use "
+                       "actor_rollout_ref.rollout.name=vllm (same sampling, continuous batching and weight "
+                       "updates as sglang gives verl)")
     return {"explorer.engine": engines[v]}
 
 
 def _clip_ratio(v: Any, view: View) -> dict[str, Any]:
-    """verl's symmetric clip_ratio sets both sides unless clip_ratio_low/high are given (they win)."""
+    """verl's symmetric clip_ratio sets a side only where clip_ratio_low / clip_ratio_high is null (verl's policy
+    losses read ``clip_ratio_low if clip_ratio_low is not None else clip_ratio``; its defaults set both to 0.2)."""
     out = {}
-    if not view.given("actor_rollout_ref.actor.clip_ratio_low"):
+    if view.get("actor_rollout_ref.actor.clip_ratio_low") is None:
         out["algorithm.clip_ratio_low"] = float(v)
-    if not view.given("actor_rollout_ref.actor.clip_ratio_high"):
+    if view.get("actor_rollout_ref.actor.clip_ratio_high") is None:
         out["algorithm.clip_ratio_high"] = float(v)
     return out
 
@@ -233,29 +254,80 @@ def _logger(v: Any, _: View) -> dict[str, Any]:
     return {"monitor.backends": [known[n] for n in names if known[n]]}
 
 
-def _gpus(v: Any, view: View) -> dict[str, Any]:
-    """verl time-shares every GPU between actor and rollout (its hybrid engine, one phase at a time). Here the
-    two run at once, so G GPUs are split: G // 2 trainer workers and G - G // 2 engines, a GPU each; one GPU
-    is shared by one worker and one engine (half each). With a reward model (``reward_model.enable``), which
-    verl also time-shares, it takes one GPU out of the split (G >= 3), or shares the engine's GPU (half of the
-    engine's share, G <= 2). On the CPU (``trainer.device: cpu``) one worker and one engine, no GPU asked
-    for."""
+@dataclass(frozen=True)
+class GpuSplit:
+    """How a verl job's GPUs are used here (``gpu_split``)."""
+
+    total: int
+    """nnodes x n_gpus_per_node (0 on the CPU)."""
+    workers: int
+    worker_gpus: float
+    engines: int
+    engine_gpus: float
+    """GPUs of one engine: rollout.tensor_model_parallel_size (a fraction where it shares a GPU)."""
+    reward_gpus: float = 0.0
+    shared: bool = False
+    """One GPU shared by a trainer worker and an engine (and a reward model)."""
+    note: str = ""
+    """What differs from the verl config's own numbers (a tensor-parallel size lowered)."""
+
+    @property
+    def native(self) -> dict[str, Any]:
+        out = {"trainer.num_workers": self.workers, "explorer.num_engines": self.engines}
+        if self.total:
+            out.update({"trainer.gpus_per_worker": self.worker_gpus, "explorer.gpus_per_engine": self.engine_gpus})
+        if self.reward_gpus:
+            out["reward.model.num_gpus"] = self.reward_gpus
+        return out
+
+    def describe(self) -> str:
+        if not self.total:
+            return "on the CPU: one trainer worker and one engine, no GPU"
+        used = self.workers * self.worker_gpus + self.engines * self.engine_gpus + self.reward_gpus
+        parts = [f"trainer {self.workers} worker(s) x {self.worker_gpus:g} GPU",
+                 f"{self.engines} engine(s) x {self.engine_gpus:g} GPU"
+                 + (f" (tensor parallel {int(self.engine_gpus)})" if self.engine_gpus > 1 else "")]
+        if self.reward_gpus:
+            parts.append(f"reward model {self.reward_gpus:g} GPU")
+        how = "sharing one GPU" if self.shared else "side by side"
+        note = f"; {self.note}" if self.note else ""
+        return f"GPUs: {self.total} ({', '.join(parts)}; {how}; {used:g} of {self.total} used{note})"
+
+
+def gpu_split(view: View) -> GpuSplit:
+    """verl's GPUs as verl means them: ``nnodes x n_gpus_per_node`` for the whole job, each rollout engine over
+    ``tensor_model_parallel_size`` of them. verl time-shares every GPU between actor and rollout (its hybrid
+    engine, one phase at a time); here trainer and engines are separate processes that keep their GPUs, so the
+    job's G GPUs are split: engines of TP GPUs each in the larger half (at least one engine), the rest to
+    trainer workers, a GPU each. One GPU is shared (half each). A reward model (``reward_model.enable``), which verl also
+    time-shares, takes one GPU out of the split (G >= 3) or half the engine's share (one GPU). On the CPU
+    (``trainer.device: cpu``) one worker and one engine. Where an engine would take more than half the job's
+    GPUs, the tensor-parallel size (a speed setting: it does not change what is computed) is lowered to the
+    largest power of two of at most half of them, and the split says so."""
     total = int(view.get("trainer.n_gpus_per_node")) * int(view.get("trainer.nnodes"))
+    tp = max(1, int(view.get("actor_rollout_ref.rollout.tensor_model_parallel_size") or 1))
     if str(view.get("trainer.device")) == "cpu" or total <= 0:
-        return {"trainer.num_workers": 1, "explorer.num_engines": 1}
+        return GpuSplit(0, 1, 0.0, 1, 0.0)
     reward_model = bool(view.get("reward_model.enable"))
-    if total <= 2:
-        worker_share = 0.5 if total == 1 else 1.0
-        engine_share = 1.0 - worker_share if total == 1 else 1.0
-        out = {"trainer.num_workers": 1, "explorer.num_engines": 1, "trainer.gpus_per_worker": worker_share}
+    lowered = "" if tp == 1 else (f"tensor_model_parallel_size {tp} lowered to 1: verl time-shares its {total} "
+                                  "GPU(s) between actor and rollout, here the trainer keeps GPUs of its own")
+    if total == 1:  # one GPU shared: half to the trainer worker, half to the engine (or a quarter each with a RM)
         if reward_model:
-            return {**out, "explorer.gpus_per_engine": engine_share / 2, "reward.model.num_gpus": engine_share / 2}
-        return {**out, "explorer.gpus_per_engine": engine_share}
-    shared = total - 1 if reward_model else total
-    workers = shared // 2
-    out = {"trainer.num_workers": workers, "explorer.num_engines": shared - workers, "trainer.gpus_per_worker": 1.0,
-           "explorer.gpus_per_engine": 1.0}
-    return {**out, "reward.model.num_gpus": 1.0} if reward_model else out
+            return GpuSplit(1, 1, 0.5, 1, 0.25, reward_gpus=0.25, shared=True, note=lowered)
+        return GpuSplit(1, 1, 0.5, 1, 0.5, shared=True, note=lowered)
+    if total == 2 and reward_model:  # the trainer's GPU, and one shared by the engine and the reward model
+        return GpuSplit(2, 1, 1.0, 1, 0.5, reward_gpus=0.5, note=lowered)
+    pool = total - 1 if reward_model else total
+    note = ""
+    half = (pool + 1) // 2
+    if tp > half:  # an engine of tp GPUs would take more than half: lower it (a speed setting)
+        lowered = 1 << (half.bit_length() - 1)
+        note = (f"tensor_model_parallel_size {tp} lowered to {lowered}: verl time-shares its {total} GPUs between "
+                "actor and rollout, here the trainer keeps GPUs of its own")
+        tp = lowered
+    engines = max(1, half // tp)
+    workers = pool - engines * tp
+    return GpuSplit(total, workers, 1.0, engines, float(tp), reward_gpus=1.0 if reward_model else 0.0, note=note)
 
 
 def _device(v: Any, _: View) -> dict[str, Any]:
@@ -265,17 +337,14 @@ def _device(v: Any, _: View) -> dict[str, Any]:
 
 
 def _default_local_dir(v: Any, view: View) -> dict[str, Any]:
-    """verl writes checkpoints to ``default_local_dir`` (by default ``checkpoints/<project>/<experiment>``); our
-    run directory is ``checkpoint_root_dir/<project>/<name>``, so the root is what precedes those two parts."""
-    text = str(v)
-    suffix = "/${trainer.project_name}/${trainer.experiment_name}"
-    if text.endswith(suffix):
-        return {"checkpoint_root_dir": text[: -len(suffix)] or "."}
-    parts = Path(text).parts
-    if len(parts) >= 3 and parts[-2:] == (str(view.get("trainer.project_name")), str(view.get("trainer.experiment_name"))):
-        return {"checkpoint_root_dir": str(Path(*parts[:-2]))}
-    raise Unmapped(f"checkpoint folder {text!r}: runs live in checkpoint_root_dir/<project>/<name>; give "
-                   "default_local_dir as <root>/${trainer.project_name}/${trainer.experiment_name}")
+    """verl writes checkpoints to ``default_local_dir`` (by default ``checkpoints/<project>/<experiment>``). Here
+    that folder is the run directory: ``<root>/<project>/<experiment>`` keeps our layout (``checkpoint_root_dir``
+    = root); any other folder is the run directory itself (``run_dir``)."""
+    p = Path(str(v)).expanduser()
+    project, experiment = str(view.get("trainer.project_name")), str(view.get("trainer.experiment_name"))
+    if len(p.parts) >= 3 and p.parts[-2:] == (project, experiment):
+        return {"checkpoint_root_dir": str(Path(*p.parts[:-2]))}
+    return {"run_dir": str(p)}
 
 
 def _hdfs(v: Any, _: View) -> dict[str, Any]:
@@ -369,6 +438,9 @@ RULES: tuple[Rule, ...] = (
     Rule("data.val_files", ("explorer.eval_tasksets",), "one evaluation task set per file (`val`), its k and "
          "temperature from `rollout.val_kwargs`", _val_files),
     Rule("data.train_batch_size", ("explorer.batch_size",), "prompts per step (each sampled `rollout.n` times)"),
+    Rule("data.gen_batch_size", ("explorer.batch_size", "trainer.batch_size"), "DAPO's generation batch: prompts "
+         "generated per explorer step; the trainer then trains train_batch_size x rollout.n experiences a step "
+         "(what dynamic sampling kept)", derived=True),
     Rule("data.max_response_length", ("explorer.sampling.max_new_tokens", "reward.max_resp_len"),
          "longest response in tokens", _response_length),
     Rule("data.max_prompt_length", ("explorer.max_prompt_tokens",), "longest prompt in tokens after the chat "
@@ -446,7 +518,8 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_rollout_ref.actor.shuffle", NOTHING, "mini-batches are always drawn in a seeded shuffled order",
          no_effect=True),
     Rule("actor_rollout_ref.actor.clip_ratio", ("algorithm.clip_ratio_low", "algorithm.clip_ratio_high"),
-         "both sides, unless clip_ratio_low/high are given", _clip_ratio),
+         "the sides whose clip_ratio_low / clip_ratio_high is null (as in verl, whose defaults set both: clip_ratio "
+         "alone then changes nothing)", _clip_ratio),
     Rule("actor_rollout_ref.actor.clip_ratio_low", ("algorithm.clip_ratio_low",), "same"),
     Rule("actor_rollout_ref.actor.clip_ratio_high", ("algorithm.clip_ratio_high",), "same"),
     Rule("actor_rollout_ref.actor.clip_ratio_c", ("algorithm.clip_ratio_c",), "same (dual-clip)"),
@@ -481,12 +554,18 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_rollout_ref.actor.optim.total_training_steps", NOTHING, "set from trainer.total_training_steps",
          no_effect=True),
     Rule("actor_rollout_ref.actor.ulysses_sequence_parallel_size", NOTHING, "sequence parallelism",
-         _only((1,), "Ulysses sequence parallelism")),
+         _only((1,), "Ulysses sequence parallelism is not here: long rows fit by gradient checkpointing, "
+                     "trainer.max_token_len_per_micro_batch (use_dynamic_bsz) and FSDP2 sharding "
+                     "(actor.strategy fsdp); set it to 1")),
     Rule("actor_rollout_ref.actor.fsdp_config.*", NOTHING, "memory layout of verl's FSDP workers: "
          "trainer.strategy and trainer.dtype decide ours", no_effect=True),
     Rule("actor_rollout_ref.actor.checkpoint.*", NOTHING, "checkpoints always hold the model, optimizer and "
          "extra state", no_effect=True),
     Rule("actor_rollout_ref.actor.use_torch_compile", NOTHING, "not compiled here", no_effect=True),
+    Rule("actor_rollout_ref.actor.entropy_from_logits_with_chunking", NOTHING, "a memory layout of verl's entropy: "
+         "log-probs and entropy are chunked by trainer.logprob_chunk_tokens here", no_effect=True),
+    Rule("actor_rollout_ref.actor.entropy_checkpointing", NOTHING, "a memory layout of verl's entropy",
+         no_effect=True),
     Rule("actor_rollout_ref.actor.profiler.*", NOTHING, "verl's profiler", no_effect=True),
     Rule("actor_rollout_ref.actor.lora.enabled", ("trainer.lora.enabled",), "the seeds' spelling",
          _copy("trainer.lora.enabled")),
@@ -511,8 +590,7 @@ RULES: tuple[Rule, ...] = (
     Rule("actor_rollout_ref.rollout.response_length", ("explorer.sampling.max_new_tokens",), "see "
          "data.max_response_length", _response_length),
     Rule("actor_rollout_ref.rollout.tensor_model_parallel_size", ("explorer.gpus_per_engine",), "GPUs per vLLM "
-         "engine (1 = the GPU split with a trainer worker)",
-         lambda v, _: {} if int(v) <= 1 else {"explorer.gpus_per_engine": float(v)}),
+         "engine (vLLM tensor parallelism); read with trainer.n_gpus_per_node for the GPU split", derived=True),
     Rule("actor_rollout_ref.rollout.gpu_memory_utilization", ("explorer.vllm.gpu_memory_utilization",), "same"),
     Rule("actor_rollout_ref.rollout.max_num_seqs", ("explorer.vllm.max_num_seqs",), "same"),
     Rule("actor_rollout_ref.rollout.max_model_len", ("explorer.vllm.max_model_len",), "same"),
@@ -607,13 +685,15 @@ RULES: tuple[Rule, ...] = (
     Rule("trainer.log_val_generations", NOTHING, "evaluation samples are not logged", no_effect=True),
     Rule("trainer.rollout_data_dir", NOTHING, "every rollout is kept in the run's buffer", no_effect=True),
     Rule("trainer.validation_data_dir", NOTHING, "evaluations are logged as metrics", no_effect=True),
-    Rule("trainer.nnodes", ("trainer.num_workers", "explorer.num_engines"), "with n_gpus_per_node", _gpus),
+    Rule("trainer.nnodes", ("trainer.num_workers", "explorer.num_engines"), "with n_gpus_per_node: the job's GPUs",
+         derived=True),
     Rule("trainer.n_gpus_per_node", ("trainer.num_workers", "explorer.num_engines", "trainer.gpus_per_worker",
                                      "explorer.gpus_per_engine", "reward.model.num_gpus"),
-         "G = nnodes x n_gpus_per_node GPUs: verl time-shares each between actor and rollout, here both run at "
-         "once on G // 2 trainer workers and G - G // 2 engines, a GPU each (one GPU: half each; "
-         "bench/simulate.py helps pick another split); a reward model takes one GPU out of the split (G >= 3) "
-         "or half the engine's share (G <= 2); trainer.device cpu: one of each, no GPU", _gpus),
+         "G = nnodes x n_gpus_per_node GPUs for the whole job, engines of tensor_model_parallel_size GPUs each: "
+         "verl time-shares every GPU between actor and rollout; here both run at once, so about half the GPUs "
+         "go to engines (at least one) and the rest to trainer workers, a GPU each (one GPU: half each); a reward "
+         "model takes one GPU out of the split (G >= 3) or a quarter of the one GPU; trainer.device cpu: one of "
+         "each, no GPU. `config-convert` prints the split", derived=True),
     Rule("trainer.device", ("trainer.device",), "cuda or cpu", _device),
     Rule("trainer.save_freq", ("trainer.save_interval",), "-1 = only at the end (0)",
          _never_is_zero("trainer.save_interval")),
@@ -621,8 +701,8 @@ RULES: tuple[Rule, ...] = (
     Rule("trainer.val_before_train", NOTHING, "evaluation runs before the first step whenever eval_interval > 0",
          no_effect=True),
     Rule("trainer.critic_warmup", NOTHING, "critic-only warm-up steps", _only((0,), "critic warm-up steps")),
-    Rule("trainer.default_local_dir", ("checkpoint_root_dir",), "<root>/<project>/<experiment> -> root",
-         _default_local_dir),
+    Rule("trainer.default_local_dir", ("checkpoint_root_dir", "run_dir"), "the run directory: "
+         "<root>/<project>/<experiment> -> checkpoint_root_dir root; any other folder -> run_dir", _default_local_dir),
     Rule("trainer.default_hdfs_dir", NOTHING, "HDFS copies", _hdfs),
     Rule("trainer.resume_mode", NOTHING, "resume with `trinity-like run --resume`", no_effect=True),
     Rule("trainer.resume_from_path", NOTHING, "resume with `trinity-like run --resume`",
@@ -648,39 +728,6 @@ RULES: tuple[Rule, ...] = (
 )
 """verl key -> our keys. Exact keys win over section rules; among section rules the longest prefix wins."""
 
-VERL_DEFAULTS: dict[str, Any] = {
-    "data.train_batch_size": 1024,
-    "data.max_response_length": 512,
-    "data.max_prompt_length": 512,
-    "algorithm.adv_estimator": "gae",
-    "algorithm.gamma": 1.0,
-    "algorithm.lam": 1.0,
-    "algorithm.kl_penalty": "kl",
-    "algorithm.kl_ctrl.kl_coef": 0.001,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
-    "actor_rollout_ref.actor.ppo_epochs": 1,
-    "actor_rollout_ref.actor.clip_ratio": 0.2,
-    "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
-    "actor_rollout_ref.actor.entropy_coeff": 0.0,
-    "actor_rollout_ref.actor.use_kl_loss": False,
-    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
-    "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
-    "actor_rollout_ref.actor.grad_clip": 1.0,
-    "actor_rollout_ref.actor.optim.lr": 1e-06,
-    "actor_rollout_ref.actor.optim.weight_decay": 0.01,
-    "actor_rollout_ref.rollout.n": 1,
-    "actor_rollout_ref.rollout.temperature": 1.0,
-    "actor_rollout_ref.rollout.top_p": 1.0,
-    "actor_rollout_ref.rollout.top_k": -1,
-    "trainer.project_name": "verl_examples",
-    "trainer.experiment_name": "gsm8k",
-    "trainer.n_gpus_per_node": 8,
-    "trainer.device": "cuda",
-    "trainer.save_freq": -1,
-    "trainer.test_freq": -1,
-}
-"""verl's defaults (verl/trainer/config/ppo_trainer.yaml) applied to the keys a file omits, so that a short verl
-config trains as it would in verl."""
 VERL_READ_DEFAULTS: dict[str, Any] = {
     "data.reward_fn_key": "data_source",
     "algorithm.norm_adv_by_std_in_grpo": True,
@@ -698,7 +745,8 @@ VERL_READ_DEFAULTS: dict[str, Any] = {
     "reward_model.reward_manager": "naive",
     "custom_reward_function.name": "compute_score",
 }
-"""verl's defaults of keys that converters read beside the key they translate (not applied on their own)."""
+"""Fallbacks for keys converters read that verl's composed defaults may lack (older verl spellings); verl's own
+defaults come from its composed config (``verl_compose.default_leaves``)."""
 
 
 @dataclass
@@ -712,7 +760,13 @@ class Translation:
     no_effect: list[tuple[str, Any, str]] = field(default_factory=list)
     """(verl key, value, why it has no effect here)."""
     unmapped: list[tuple[str, Any, str]] = field(default_factory=list)
-    """(verl key, value, reason): keys with no counterpart here."""
+    """(verl key, value, reason): keys set to other than verl's default with no counterpart here."""
+    at_default: list[tuple[str, Any, str]] = field(default_factory=list)
+    """(verl key, value, reason): keys at verl's default with no counterpart here (recorded, not refused)."""
+    entry: str = DEFAULT_ENTRY
+    """The verl entry point whose composed defaults were used."""
+    split: GpuSplit | None = None
+    """How the job's GPUs are used here."""
 
     def nested(self) -> dict[str, Any]:
         """``native`` as nested sections (what a YAML config of ours holds)."""
@@ -729,7 +783,9 @@ class Translation:
         """What the run directory keeps (``verl_translation.yaml``)."""
         return {"applied": [{"verl": k, "value": v, "set": s} for k, v, s in self.applied],
                 "no_effect": [{"verl": k, "value": v, "why": s} for k, v, s in self.no_effect],
-                "ignored_unmapped": [{"verl": k, "value": v, "why": s} for k, v, s in self.unmapped]}
+                "ignored_unmapped": [{"verl": k, "value": v, "why": s} for k, v, s in self.unmapped],
+                "at_default_without_counterpart": [{"verl": k, "value": v, "why": s}
+                                                   for k, v, s in self.at_default]}
 
 
 def is_verl_config(tree: Any) -> bool:
@@ -764,33 +820,43 @@ if len(_EXACT) + len(_SECTIONS) != len(RULES):
     raise RuntimeError("trinity_like.config.verl: a verl key has two rules")
 
 
-def translate(tree: dict[str, Any], source: str | Path | None = None, allow_unmapped: bool = False) -> Translation:
-    """Translate a verl config (its parsed YAML) into our dotted keys. Raises ConfigError naming every unmapped key
-    (unless ``allow_unmapped``) and any two verl keys of the file that set one of ours to different values.
+def translate(tree: dict[str, Any] | None, source: str | Path | None = None, allow_unmapped: bool = False,
+              overrides: list[str] | tuple[str, ...] = (), entry: str = DEFAULT_ENTRY) -> Translation:
+    """Translate a verl config into our dotted keys: the config verl would run (``entry``'s composed defaults, the
+    file's ``tree`` over them, the Hydra ``overrides``, interpolations resolved: ``verl_compose.compose``), key by
+    key through ``RULES``. Raises ConfigError naming every key set to other than verl's default that has no
+    counterpart here (unless ``allow_unmapped``), and any two such keys that set one of ours to different values.
 
-    Two layers: the keys the file leaves out (or null) at verl's defaults first, then the keys the file gives over
-    them; so a key of the file wins over a default by order, and only two keys of the file can conflict."""
+    Two layers: what the keys at verl's defaults set, then what the keys the file or overrides change set over
+    it; so a changed key wins over a default, and only two changed keys can conflict. A key at verl's default
+    with no counterpart here is recorded (``at_default``), not refused: verl's defaults are not the user's
+    choice. Then verl's meaning (``_verl_meaning``): on-policy ``sync``, old log-probs recomputed, checkpoints
+    kept as verl keeps them."""
     src = Path(source) if source is not None else None
-    leaves = {k: v for k, v in _leaves(tree) if k}
-    view = View(leaves, src)
-    out = Translation()
+    raw, composed = compose_raw(tree, overrides, entry, str(src) if src else "")
+    leaves = {k: v for k, v in _leaves(composed) if k}
+    raw_defaults = default_raw_leaves(entry)
+    changed = {k for k, v in _leaves(raw) if k and (k not in raw_defaults or raw_defaults[k] != v)}
+    view = View(leaves, src, default_leaves(entry), changed)
+    out = Translation(entry=entry)
     defaults: dict[str, Any] = {}
-    """Layer 1: what the keys the file leaves out (or null) set at verl's defaults."""
+    """Layer 1: what the keys at verl's defaults set."""
     given: dict[str, Any] = {}
-    """Layer 2: what the keys the file gives set."""
+    """Layer 2: what the keys the file or overrides change set."""
     set_by: dict[str, str] = {}
-    """Our key in ``given`` -> the file's key that set it (named when another one disagrees)."""
-    for key in [*leaves, *(k for k in VERL_DEFAULTS if k not in leaves)]:  # the report keeps the file's order
+    """Our key in ``given`` -> the verl key that set it (named when another one disagrees)."""
+    for key, value in leaves.items():
         if not view.given(key):
-            defaults.update(_convert(key, view.get(key), view, out, given=False))
+            defaults.update(_convert(key, value, view, out, given=False))
             continue
-        for nk, nv in _convert(key, leaves[key], view, out, given=True).items():
+        for nk, nv in _convert(key, value, view, out, given=True).items():
             if nk in given and given[nk] != nv:
-                raise ConfigError(f"verl config: '{key}' ({leaves[key]!r}) and '{set_by[nk]}' "
+                raise ConfigError(f"verl config: '{key}' ({value!r}) and '{set_by[nk]}' "
                                   f"({leaves[set_by[nk]]!r}) both set '{nk}' to different values; keep one")
             given[nk], set_by[nk] = nv, key
     out.native = {**defaults, **given}
     _derive(out, view)
+    _verl_meaning(out, view)
     if out.unmapped and not allow_unmapped:
         lines = "; ".join(f"{k} = {v!r} ({why})" for k, v, why in out.unmapped)
         raise ConfigError(f"verl config{f' {src}' if src else ''}: {len(out.unmapped)} key(s) have no counterpart "
@@ -801,12 +867,14 @@ def translate(tree: dict[str, Any], source: str | Path | None = None, allow_unma
 
 def _convert(key: str, value: Any, view: View, out: Translation, given: bool) -> dict[str, Any]:
     """What verl key ``key`` at ``value`` sets alone (our dotted keys -> values), recorded in ``out``'s report:
-    applied, no effect or unmapped. Derived keys and null (or {}) values set nothing here."""
-    if value is None or (isinstance(value, dict) and not value):
-        return {}  # null (or {}) in verl means unset
+    applied, no effect, unmapped (``given``) or at verl's default without a counterpart. Derived keys and null
+    (or {}) values set nothing here."""
+    if value is None or value == "???" or (isinstance(value, dict) and not value):
+        return {}  # null (or {}) in verl means unset; ??? is Hydra's "must be given"
+    missing = out.unmapped if given else out.at_default
     rule = find_rule(key)
     if rule is None:
-        out.unmapped.append((key, value, "no counterpart here"))
+        missing.append((key, value, "no counterpart here"))
         return {}
     if rule.derived:
         return {}  # read where it counts: by another key's converter or by _derive
@@ -816,7 +884,7 @@ def _convert(key: str, value: Any, view: View, out: Translation, given: bool) ->
     try:
         values = rule.convert(value, view) if rule.convert else {rule.native[0]: value}
     except Unmapped as e:
-        out.unmapped.append((key, value, str(e)))
+        missing.append((key, value, str(e)))
         return {}
     except (TypeError, ValueError) as e:
         raise ConfigError(f"verl config: bad value for '{key}': {value!r} ({e})") from None
@@ -827,8 +895,9 @@ def _convert(key: str, value: Any, view: View, out: Translation, given: bool) ->
 
 
 def _derive(out: Translation, view: View) -> None:
-    """Our keys set from several verl keys at once: total steps (and the warm-up ratio, which needs them)."""
-    if view.given("trainer.total_training_steps"):
+    """Our keys set from several verl keys at once: total steps (and the warm-up ratio, which needs them), the GPU
+    split, DAPO's generation batch."""
+    if view.get("trainer.total_training_steps") is not None:
         steps = int(view.get("trainer.total_training_steps"))
         how = "trainer.total_training_steps"
     else:
@@ -836,8 +905,9 @@ def _derive(out: Translation, view: View) -> None:
         rows = _rows(out.native.get("explorer.taskset.path"))
         if rows is None:
             raise ConfigError("verl config: the run's length comes from trainer.total_epochs x the training file's "
-                              "rows / data.train_batch_size, and data.train_files names no readable file; set "
-                              "trainer.total_training_steps or data.train_files")
+                              "rows / data.train_batch_size, and data.train_files names no readable file "
+                              f"({out.native.get('explorer.taskset.path')}); set trainer.total_training_steps or "
+                              "data.train_files")
         steps = epochs * max(1, rows // int(view.get("data.train_batch_size")))  # verl drops the last partial batch
         how = f"trainer.total_epochs {epochs} x {rows} rows // data.train_batch_size"
     out.native["trainer.total_steps"] = steps
@@ -848,6 +918,43 @@ def _derive(out: Translation, view: View) -> None:
         out.native["trainer.optimizer.warmup_steps"] = warmup
         out.applied.append(("(derived)", warmup, f"trainer.optimizer.warmup_steps={warmup} from "
                                                   f"lr_warmup_steps_ratio {ratio} x {steps} steps"))
+    try:
+        split = gpu_split(view)
+    except Unmapped as e:
+        (out.unmapped if view.given("trainer.n_gpus_per_node") or view.given("trainer.nnodes") or
+         view.given("actor_rollout_ref.rollout.tensor_model_parallel_size") else out.at_default).append(
+            ("trainer.n_gpus_per_node", view.get("trainer.n_gpus_per_node"), str(e)))
+    else:
+        out.native.update(split.native)
+        out.split = split
+        out.applied.append(("(derived)", split.total, split.describe()))
+    if out.native.get("trainer.lora.enabled") and out.native.get("trainer.strategy") == "fsdp2":
+        out.native["trainer.strategy"] = "ddp"
+        out.applied.append(("(derived)", "ddp", "trainer.strategy='ddp': LoRA trains with DDP here (the frozen base "
+                                                "replicated, only the small adapters reduced); FSDP2 with LoRA is "
+                                                "not supported"))
+    gen = view.get("data.gen_batch_size")
+    train = int(view.get("data.train_batch_size"))
+    if gen is not None and int(gen) != train:
+        n = int(view.get("actor_rollout_ref.rollout.n"))
+        out.native["explorer.batch_size"] = int(gen)
+        out.native["trainer.batch_size"] = train * n
+        out.applied.append(("data.gen_batch_size", gen, f"explorer.batch_size={gen} prompts generated per step, "
+                                                         f"trainer.batch_size={train * n} (train_batch_size {train}"
+                                                         f" x rollout.n {n}) experiences trained per step"))
+
+
+def _verl_meaning(out: Translation, view: View) -> None:
+    """What verl does that our defaults do otherwise: verl's PPO is on-policy (generate, then train on exactly that
+    batch: ``mode: sync``), recomputes the old policy's log-probs with the actor, and keeps every checkpoint when
+    ``max_actor_ckpt_to_keep`` is null. An override of ours after the file changes any of them
+    (``mode=async``)."""
+    meaning = {"mode": "sync", "algorithm.off_policy.recompute_old_log_probs": True}
+    if view.get("trainer.max_actor_ckpt_to_keep") is None:
+        meaning["trainer.keep_checkpoints"] = 0
+    for key, value in meaning.items():
+        out.native[key] = value
+        out.applied.append(("(verl)", value, f"{key}={value!r} as in verl"))
 
 
 def _rows(path: str | None) -> int | None:
@@ -886,10 +993,11 @@ DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
 
 def render_docs() -> str:
     """docs/verl.md: how to bring a verl config, data set and reward function, and the whole key table."""
+    defaults = default_leaves()
     rows = []
     for r in RULES:
         ours = ", ".join(f"`{k}`" for k in r.native) or "-"
-        default = VERL_DEFAULTS.get(r.verl, VERL_READ_DEFAULTS.get(r.verl))
+        default = defaults.get(r.verl, VERL_READ_DEFAULTS.get(r.verl))
         rows.append(f"| `{r.verl}` | {ours} | {r.kind} | {r.how}{f' (verl default {default!r})' if default is not None else ''} |")
     return "\n".join([
         "# Coming from verl",
@@ -897,24 +1005,42 @@ def render_docs() -> str:
         "<!-- Generated from trinity_like/config/verl.py by `python -m trinity_like.config.verl`; do not edit by hand. -->",
         "",
         "`trinity-like run verl_config.yaml` accepts a verl-shaped config (sections `data`, `algorithm`,",
-        "`actor_rollout_ref`, `critic`, `trainer`, `reward_model`, `custom_reward_function`): it is translated key by",
-        "key through the table below. `trinity-like config-convert verl_config.yaml` prints the equivalent config of",
-        "ours, to keep and edit. A key with no counterpart here is refused, all of them named in one message; with",
-        "`--allow-unmapped` the run goes on without them and lists them in the run directory",
-        "(`verl_translation.yaml`, which also records every key applied and every key accepted without effect).",
+        "`actor_rollout_ref`, `critic`, `trainer`, `reward_model`, `custom_reward_function`), and `trinity-like run",
+        "--verl [FILE] [verl.trainer.main_ppo | recipe.dapo.main_dapo] key=value ...` a verl launch command line as",
+        "verl's example scripts write it (replace `python3 -m` with `trinity-like run --verl`). The config is built",
+        "as verl builds it: verl's composed defaults (its `ppo_trainer.yaml` with its `defaults:` groups merged;",
+        "DAPO's `dapo_trainer.yaml` over it for `recipe.dapo.main_dapo`), the file, the overrides in Hydra's grammar",
+        "(`key=value`, `+key=value` adds, `~key` deletes), then the `${...}` interpolations (`oc.select`, `oc.env`)",
+        "resolved; it is then translated key by key through the table below. Overrides whose key only our config",
+        "has (`mode=async`, `synchronizer.max_staleness=2`, `explorer.*`) apply after the translation.",
+        "`trinity-like config-convert [--verl] ...` prints the equivalent config of ours, the mode and how the GPUs",
+        "are split. A key set to other than verl's default with no counterpart here is refused, all of them named",
+        "in one message; with `--allow-unmapped` the run goes on without them and lists them in the run directory",
+        "(`verl_translation.yaml`, which also records every key applied, every key accepted without effect and",
+        "verl's defaults that have no counterpart).",
         "",
-        "Semantics kept: a key the file omits takes verl's default (right column), not ours; verl counts prompts where",
-        "we count experiences (`ppo_mini_batch_size` x `rollout.n`); `-1` for never / off becomes `0`. What verl",
-        "lacks keeps our defaults: `mode` (async), `synchronizer.*` (staleness bound, weight-sync method),",
-        "`algorithm.off_policy.*`. Override any of ours after the file: `trinity-like run verl.yaml mode=sync`.",
+        "Same meaning as in verl: every key the file omits takes verl's default (right column); verl counts prompts",
+        "where we count experiences (`ppo_mini_batch_size` x `rollout.n`); `-1` for never / off becomes `0`. verl's",
+        "PPO is on-policy, so a verl config runs `mode: sync` (generate, then train on exactly that batch) with the",
+        "old policy's log-probs recomputed by the trainer (`algorithm.off_policy.recompute_old_log_probs`), and",
+        "`trainer.max_actor_ckpt_to_keep: null` keeps every checkpoint. Going async is one override:",
+        "`mode=async` (the explorer then generates while the trainer trains, at most `synchronizer.max_staleness`",
+        "versions behind). GPUs: `nnodes x n_gpus_per_node` for the whole job, each engine over",
+        "`tensor_model_parallel_size` of them; verl time-shares every GPU between actor and rollout, here the two",
+        "keep GPUs of their own, split as the `trainer.n_gpus_per_node` row says (`run` and `config-convert` print",
+        "the split). `trainer.default_local_dir` is the run directory (any folder).",
         "",
         "Data: `data.train_files` / `val_files` in verl's Parquet format (a `prompt` column of chat messages,",
         "`data_source`, `reward_model.ground_truth`, `extra_info`) are read as task sets, the prompt rendered by the",
-        "tokenizer's chat template. Rewards: `custom_reward_function.path` / `name` takes both signatures, verl's",
-        "per-sample `compute_score(data_source, solution_str, ground_truth, extra_info)` and the batched",
-        "`compute_score(responses, ground_truths, **kwargs) -> list[float]`. `reward_model.enable` with",
+        "tokenizer's chat template. Rewards: without `custom_reward_function.path`, each sample is scored by the",
+        "rule of its `data_source` as verl dispatches it (`openai/gsm8k`, the MATH sets, `math_dapo`, `aime*`, ...;",
+        "a data source with no rule stops the run at start-up, saying so). `custom_reward_function.path` / `name`",
+        "takes verl's per-sample `compute_score(data_source, solution_str, ground_truth, extra_info)` (or any subset",
+        "such as verl's own `gsm8k.compute_score(solution_str, ground_truth)`: it gets the arguments it names) and",
+        "the batched `compute_score(responses, ground_truths, **kwargs) -> list[float]`. `reward_model.enable` with",
         "`reward_model.model.path` serves that sequence-classification model in its own actor; as in verl its score",
-        "replaces the function's (`reward.model.combine: add` sums them instead).",
+        "replaces the function's (`reward.model.combine: add` sums them instead). A reward that fails on every",
+        "sample of a step, or on more than `reward.max_failure_frac` of them, stops the run with the reason.",
         "",
         "Kinds: *mapped* sets our keys; *checked* is accepted only at values that behave like ours (others are",
         "refused, with the reason); *derived* sets nothing alone: it is read with other keys (the how column says",

@@ -24,7 +24,8 @@ class RunPaths:
 
     @classmethod
     def of(cls, cfg: Config) -> RunPaths:
-        run_dir = Path(cfg.checkpoint_root_dir).expanduser().absolute() / cfg.project / cfg.name
+        run_dir = (Path(cfg.run_dir).expanduser().absolute() if cfg.run_dir
+                   else Path(cfg.checkpoint_root_dir).expanduser().absolute() / cfg.project / cfg.name)
         return cls(
             run_dir=run_dir,
             buffer_dir=Path(cfg.buffer.path).absolute() if cfg.buffer.path else run_dir / "buffer",
