@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -366,13 +367,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)"))
 
 
-def write_verl_data(path, n=6, split="train"):
+def write_verl_data(path, n=6, split="train", data_source="arithmetic"):
     """A data file in verl's format (as verl's examples/data_preprocess/gsm8k.py writes it) of ``n`` arithmetic
     tasks: chat-message prompts, ``data_source``, ``reward_model.ground_truth``, ``extra_info``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"data_source": "arithmetic",
+    rows = [{"data_source": data_source,
              "prompt": [{"role": "system", "content": "Answer with a number."},
                         {"role": "user", "content": f"{i}+{i + 1}="}],
              "ability": "math",
@@ -380,3 +381,48 @@ def write_verl_data(path, n=6, split="train"):
              "extra_info": {"split": split, "index": i, "question": f"{i}+{i + 1}"}} for i in range(n)]
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+VERL_SCRIPTS = Path(__file__).parent / "config" / "verl_scripts"
+"""Override lists of verl's own example scripts (tests/config/verl_scripts/README.md)."""
+
+
+def read_verl_script(name):
+    """(entry point, overrides) of a script in ``VERL_SCRIPTS``, as the script passes them."""
+    entry, overrides = None, []
+    for line in (VERL_SCRIPTS / f"{name}.txt").read_text().splitlines():
+        if line.startswith("# entry:"):
+            entry = line.split(":", 1)[1].strip()
+        elif line and not line.startswith("#"):
+            overrides.append(line)
+    return entry, overrides
+
+
+VERL_ON_THE_TINY_MODEL = (
+    "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048", "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.device=cpu",
+    "trainer.total_training_steps=3", "trainer.logger=[console]", "trainer.test_freq=-1", "trainer.save_freq=-1",
+)
+"""What a verl script's overrides need after them to run on this machine in seconds: the tiny model's sizes, the
+CPU (the hf engine, one trainer worker and one engine), three steps, console logging."""
+
+
+def verl_script_on_the_tiny_model(name, tmp_path, tiny_model_path, train, val):
+    """A verl script's (entry, overrides) with its data and model paths replaced (``train``/``val``, the tiny
+    model), then ``VERL_ON_THE_TINY_MODEL`` and the run directory under ``tmp_path``; every other override as the
+    script gives it."""
+    entry, overrides = read_verl_script(name)
+    replaced = {"data.train_files": str(train), "data.val_files": str(val),
+                "actor_rollout_ref.model.path": str(tiny_model_path), "critic.model.path": str(tiny_model_path),
+                "trainer.default_local_dir": str(tmp_path / "run")}
+    out = []
+    for item in overrides:
+        key = item.partition("=")[0].lstrip("+")
+        out.append(f"{item.partition('=')[0]}={replaced[key]}" if key in replaced else item)
+    out += [f"{k}={v}" for k, v in replaced.items() if not any(o.partition("=")[0].lstrip("+") == k for o in out)]
+    extra = list(VERL_ON_THE_TINY_MODEL)
+    if any(o.startswith("data.gen_batch_size=") for o in out):
+        extra.append("data.gen_batch_size=4")  # DAPO: generate 4 prompts a step, train on 2 kept
+    return entry, out + extra

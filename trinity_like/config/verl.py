@@ -27,13 +27,14 @@ The table is also rendered into ``docs/verl.md`` (``render_docs``; tests/config/
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trinity_like.common.errors import ConfigError
-from trinity_like.config.verl_compose import DEFAULT_ENTRY, compose_raw, default_leaves, default_raw_leaves
+from trinity_like.config.verl_compose import DEFAULT_ENTRY, compose_raw, default_leaves, default_raw_leaves, resolve
 
 VERL_SECTIONS = ("data", "algorithm", "actor_rollout_ref", "critic", "trainer", "reward_model",
                  "custom_reward_function", "ray_init", "ray_kwargs", "global_profiler")
@@ -835,9 +836,7 @@ def translate(tree: dict[str, Any] | None, source: str | Path | None = None, all
     src = Path(source) if source is not None else None
     raw, composed = compose_raw(tree, overrides, entry, str(src) if src else "")
     leaves = {k: v for k, v in _leaves(composed) if k}
-    raw_defaults = default_raw_leaves(entry)
-    changed = {k for k, v in _leaves(raw) if k and (k not in raw_defaults or raw_defaults[k] != v)}
-    view = View(leaves, src, default_leaves(entry), changed)
+    view = View(leaves, src, default_leaves(entry), _changed(raw, leaves, entry))
     out = Translation(entry=entry)
     defaults: dict[str, Any] = {}
     """Layer 1: what the keys at verl's defaults set."""
@@ -863,6 +862,39 @@ def translate(tree: dict[str, Any] | None, source: str | Path | None = None, all
                           f"here: {lines}. Remove them, or pass --allow-unmapped to run without them (they are "
                           "listed as ignored in the run directory); docs/verl.md lists every key")
     return out
+
+
+def _changed(raw: dict[str, Any], leaves: dict[str, Any], entry: str) -> set[str]:
+    """The keys the file or overrides changed: written other than verl's defaults write them. A key whose default
+    is an interpolation (``actor.rollout_n: ${actor_rollout_ref.rollout.n}``) is changed only where its value is
+    not what the interpolation gives in this config, so a config written out resolved (verl's ``--cfg job``)
+    means the same as the short one it came from."""
+    raw_defaults = default_raw_leaves(entry)
+    following = [k for k, v in raw_defaults.items() if _is_interpolation(v)]
+    tree = copy.deepcopy(raw)
+    for key in following:
+        node = tree
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node:
+            node[leaf] = raw_defaults[key]
+    as_following = dict(_leaves(resolve(tree, "verl config")))
+    follows = set(following)
+    changed = set()
+    for key, value in _leaves(raw):
+        if not key or (key in raw_defaults and raw_defaults[key] == value):
+            continue
+        parts = key.split(".")
+        interpolated = any(".".join(parts[:i]) in follows for i in range(1, len(parts) + 1))  # a whole subtree too
+        if interpolated and leaves.get(key) == as_following.get(key):
+            continue
+        changed.add(key)
+    return changed
+
+
+def _is_interpolation(value: Any) -> bool:
+    return isinstance(value, str) and "${" in value
 
 
 def _convert(key: str, value: Any, view: View, out: Translation, given: bool) -> dict[str, Any]:
@@ -947,9 +979,12 @@ def _derive(out: Translation, view: View) -> None:
 def _verl_meaning(out: Translation, view: View) -> None:
     """What verl does that our defaults do otherwise: verl's PPO is on-policy (generate, then train on exactly that
     batch: ``mode: sync``), recomputes the old policy's log-probs with the actor, and keeps every checkpoint when
-    ``max_actor_ckpt_to_keep`` is null. An override of ours after the file changes any of them
+    ``max_actor_ckpt_to_keep`` is null. A config without ``rollout.name`` (which verl requires) gets vLLM on GPUs,
+    the hf engine on the CPU. An override of ours after the file changes any of them
     (``mode=async``)."""
-    meaning = {"mode": "sync", "algorithm.off_policy.recompute_old_log_probs": True}
+    meaning: dict[str, Any] = {"mode": "sync", "algorithm.off_policy.recompute_old_log_probs": True}
+    if "explorer.engine" not in out.native:  # verl requires rollout.name (???): its scripts name vllm on GPUs
+        meaning["explorer.engine"] = "vllm" if out.split is not None and out.split.total else "hf"
     if view.get("trainer.max_actor_ckpt_to_keep") is None:
         meaning["trainer.keep_checkpoints"] = 0
     for key, value in meaning.items():
