@@ -424,5 +424,7 @@ def verl_script_on_the_tiny_model(name, tmp_path, tiny_model_path, train, val):
     out += [f"{k}={v}" for k, v in replaced.items() if not any(o.partition("=")[0].lstrip("+") == k for o in out)]
     extra = list(VERL_ON_THE_TINY_MODEL)
     if any(o.startswith("data.gen_batch_size=") for o in out):
-        extra.append("data.gen_batch_size=4")  # DAPO: generate 4 prompts a step, train on 2 kept
+        # DAPO: generate 4 prompts a step, train on 2 kept; its overlong buffer within the 4 tokens
+        # (4 samples per prompt: groups of 2 are too often all right or all wrong for the tiny model)
+        extra += ["data.gen_batch_size=4", "reward_model.overlong_buffer.len=2", "actor_rollout_ref.rollout.n=4"]
     return entry, out + extra

@@ -305,3 +305,23 @@ def test_the_tiny_model_variant_of_a_script_replaces_only_paths_and_sizes(tmp_pa
                                                               "actor_rollout_ref.model.path")]
     assert items[:len(original)] == [o if o in kept else items[i] for i, o in enumerate(original)]
     assert entry == "verl.trainer.main_ppo"
+
+
+def test_the_docs_example_is_what_the_script_converts_to(tmp_path, tiny_model_path, capsys):
+    """docs/verl.md shows what `config-convert --verl` says of verl's run_qwen2-7b.sh: that is what it says (the
+    gsm8k training file of 7,473 rows, as verl's preprocessing writes it)."""
+    from trinity_like.config.verl import DOCS_PATH, EXAMPLE_SUMMARY
+
+    entry, overrides = read_verl_script("grpo_qwen2_7b_gsm8k")
+    train = verl_data(tmp_path / "train.parquet", n=7473, data_source="openai/gsm8k")
+    items = [f"data.train_files={train}" if o.startswith("data.train_files=") else
+             f"data.val_files={train}" if o.startswith("data.val_files=") else o for o in overrides]
+    assert main(["config-convert", "--verl", entry, *items]) == 0
+    out = capsys.readouterr().out
+    assert EXAMPLE_SUMMARY in out.splitlines() and EXAMPLE_SUMMARY in DOCS_PATH.read_text()
+    native = yaml.safe_load(out)
+    assert (native["explorer"]["batch_size"], native["explorer"]["repeat_times"]) == (1024, 5)
+    assert (native["trainer"]["mini_batch_size"], native["trainer"]["total_steps"]) == (1280, 105)
+    assert native["explorer"]["vllm"] == {"enforce_eager": False, "max_num_seqs": 256, "gpu_memory_utilization": 0.6}
+    assert native["trainer"]["keep_checkpoints"] == 0 and native["explorer"]["engine"] == "vllm"
+    assert len(overrides) == 37

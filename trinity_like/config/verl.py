@@ -1025,6 +1025,13 @@ def native_yaml(tr: Translation) -> str:
 
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
 
+EXAMPLE_SUMMARY = ("# mode sync, as verl's PPO (generate, then train on exactly that batch; old log-probs recomputed); "
+                   "mode=async lets the explorer generate while the trainer trains, up to synchronizer.max_staleness=1 "
+                   "version(s) behind; GPUs: 8 (trainer 4 worker(s) x 1 GPU, 2 engine(s) x 2 GPU (tensor parallel 2); "
+                   "side by side; 8 of 8 used)")
+"""What ``config-convert --verl`` says of verl's run_qwen2-7b.sh (docs/verl.md's example; tests/config/
+test_verl_launch.py checks it against the conversion)."""
+
 
 def render_docs() -> str:
     """docs/verl.md: how to bring a verl config, data set and reward function, and the whole key table."""
@@ -1076,6 +1083,42 @@ def render_docs() -> str:
         "`reward_model.model.path` serves that sequence-classification model in its own actor; as in verl its score",
         "replaces the function's (`reward.model.combine: add` sums them instead). A reward that fails on every",
         "sample of a step, or on more than `reward.max_failure_frac` of them, stops the run with the reason.",
+        "",
+        "## One of verl's scripts, here",
+        "",
+        "verl's `examples/grpo_trainer/run_qwen2-7b.sh` (GRPO on gsm8k, Qwen2-7B-Instruct, 8 GPUs) runs",
+        "",
+        "```bash",
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo \\",
+        "    data.train_files=$HOME/data/gsm8k/train.parquet data.val_files=$HOME/data/gsm8k/test.parquet \\",
+        "    data.train_batch_size=1024 data.max_prompt_length=512 data.max_response_length=1024 \\",
+        "    actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct actor_rollout_ref.actor.optim.lr=1e-6 \\",
+        "    ... (37 overrides in all) ... \\",
+        "    actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm \\",
+        "    actor_rollout_ref.rollout.n=5 trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.total_epochs=15",
+        "```",
+        "",
+        "Here the same line runs with `python3 -m` replaced (the data files are those of verl's",
+        "`examples/data_preprocess/gsm8k.py`; `data_source: openai/gsm8k` is scored by verl's gsm8k rule):",
+        "",
+        "```bash",
+        "trinity-like run --verl verl.trainer.main_ppo algorithm.adv_estimator=grpo ... trainer.total_epochs=15",
+        "trinity-like config-convert --verl verl.trainer.main_ppo algorithm.adv_estimator=grpo ...   # what it becomes",
+        "```",
+        "",
+        "`config-convert` prints the config of ours (`explorer.batch_size: 1024` prompts x `repeat_times: 5`,",
+        "`trainer.mini_batch_size: 1280` experiences, `total_steps: 105` = 15 epochs x 7,473 rows // 1,024,",
+        "`engine: vllm`, `vllm.max_num_seqs: 256` and `gpu_memory_utilization: 0.6` as verl has them, `mode: sync`,",
+        "`keep_checkpoints: 0`) and ends:",
+        "",
+        "```",
+        EXAMPLE_SUMMARY,
+        "# 126 of verl's defaults have no counterpart here (none changed by this config; a run lists them in "
+        "verl_translation.yaml)",
+        "```",
+        "",
+        "`trinity-like run --verl verl.trainer.main_ppo ... mode=async` runs it async instead (`mode` is a key only",
+        "ours has, so it applies after the translation).",
         "",
         "Kinds: *mapped* sets our keys; *checked* is accepted only at values that behave like ours (others are",
         "refused, with the reason); *derived* sets nothing alone: it is read with other keys (the how column says",
