@@ -379,6 +379,7 @@ def write_verl_data(path, n=6, split="train", data_source="arithmetic"):
              "ability": "math",
              "reward_model": {"style": "rule", "ground_truth": str(2 * i + 1)},
              "extra_info": {"split": split, "index": i, "question": f"{i}+{i + 1}"}} for i in range(n)]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
@@ -409,12 +410,29 @@ VERL_ON_THE_TINY_MODEL = (
 CPU (the hf engine, one trainer worker and one engine), three steps, console logging."""
 
 
+def _data_files(key, given, overrides):
+    """``data.train_files``/``val_files`` as the script's override gets them: one file (``given`` a path: the
+    script's list, if any, replaced by that file), or a list of files (``given`` a list, as long as the script's
+    list)."""
+    if not isinstance(given, (list, tuple)):
+        return str(given)
+    import yaml
+
+    script = next((o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == key), None)
+    listed = yaml.safe_load(script) if script is not None else None
+    if not isinstance(listed, list) or len(listed) != len(given):
+        raise ValueError(f"{key}: {len(given)} files given for the script's {script!r}")
+    return f"[{','.join(str(f) for f in given)}]"
+
+
 def verl_script_on_the_tiny_model(name, tmp_path, tiny_model_path, train, val):
     """A verl script's (entry, overrides) with its data and model paths replaced (``train``/``val``, the tiny
     model), then ``VERL_ON_THE_TINY_MODEL`` and the run directory under ``tmp_path``; every other override as the
-    script gives it."""
+    script gives it. ``train``/``val``: one file (a list in the script becomes that file), or a list of files that
+    replaces the script's list of as many (gsm8k + MATH: two real training files)."""
     entry, overrides = read_verl_script(name)
-    replaced = {"data.train_files": str(train), "data.val_files": str(val),
+    replaced = {"data.train_files": _data_files("data.train_files", train, overrides),
+                "data.val_files": _data_files("data.val_files", val, overrides),
                 "actor_rollout_ref.model.path": str(tiny_model_path), "critic.model.path": str(tiny_model_path),
                 "trainer.default_local_dir": str(tmp_path / "run")}
     out = []

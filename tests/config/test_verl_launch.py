@@ -132,7 +132,7 @@ EXPECTED = {
     # script: (keys refused without --allow-unmapped, what the refusal's message says to use instead)
     "grpo_qwen2_7b_gsm8k": (set(), []),
     "grpo_qwen2_5_3b_gsm8k_lora": (set(), []),  # TP 2 on 2 GPUs lowered to 1 (said in the split)
-    "grpo_qwen2_7b_math": (set(), []),  # its gsm8k + MATH training files replaced by one file (see below)
+    "grpo_qwen2_7b_math": (set(), []),  # gsm8k + MATH: two training files, explorer.taskset.files
     "grpo_qwen2_7b_seq_balance": ({"actor_rollout_ref.rollout.name"}, ["actor_rollout_ref.rollout.name=vllm"]),
     "grpo_qwen3_8b_npu": (set(), []),
     "ppo_deepseek7b_gsm8k": (set(), []),
@@ -157,7 +157,11 @@ def test_each_example_scripts_command_line_converts_with_its_gpus_and_verls_mean
     replacement the message names) converts."""
     entry, overrides = read_verl_script(name)
     train = verl_data(tmp_path / "train.parquet", n=8)
-    paths = {"data.train_files": str(train), "data.val_files": str(train),
+    # a list of training files (gsm8k + MATH) stays a list: two real files, whose ids collide as verl's do
+    trains = [str(verl_data(tmp_path / d / "train.parquet", n=8 + i)) for i, d in enumerate(("gsm8k", "math"))]
+    given = next(o.partition("=")[2] for o in overrides if o.startswith("data.train_files="))
+    listed = given.startswith("[")
+    paths = {"data.train_files": f"[{','.join(trains)}]" if listed else str(train), "data.val_files": str(train),
              "actor_rollout_ref.model.path": str(tiny_model_path), "critic.model.path": str(tiny_model_path)}
     items = [f"{item.partition('=')[0]}={paths[item.partition('=')[0]]}" if item.partition("=")[0] in paths
              else item for item in overrides]
@@ -188,14 +192,28 @@ def test_each_example_scripts_command_line_converts_with_its_gpus_and_verls_mean
     n = verl["actor_rollout_ref"]["rollout"]["n"]
     assert native["explorer"]["repeat_times"] == n
     assert native["explorer"]["batch_size"] == verl["data"].get("gen_batch_size", verl["data"]["train_batch_size"])
+    taskset = native["explorer"]["taskset"]
+    assert (taskset.get("files"), taskset.get("path")) == ((trains, None) if listed else (None, str(train)))
 
 
-def test_two_training_files_are_refused_with_what_to_do(tmp_path, tiny_model_path):
-    """verl concatenates several data.train_files (three of the scripts give gsm8k and MATH); here a task set is one
-    file."""
-    train = verl_data(tmp_path / "train.parquet")
-    with pytest.raises(ConfigError, match="2 training files: name one Parquet file"):
-        load_config_with_translation(None, [f"data.train_files=[{train},{train}]", "trainer.total_training_steps=1",
+def test_two_training_files_are_the_task_set_files_and_count_both_in_the_steps(tmp_path, tiny_model_path):
+    """verl concatenates several data.train_files (three of the scripts give gsm8k and MATH): here they become
+    explorer.taskset.files, concatenated into the run's tasks.parquet, and the run's length (total_epochs x rows //
+    train_batch_size) counts the rows of both."""
+    gsm8k = verl_data(tmp_path / "gsm8k" / "train.parquet", n=10, data_source="openai/gsm8k")
+    math = verl_data(tmp_path / "math" / "train.parquet", n=7, data_source="DigitalLearningGmbH/MATH-lighteval")
+    cfg, tr = load_config_with_translation(None, [f"data.train_files=[{gsm8k},{math}]", "trainer.total_epochs=3",
+                                                  "data.train_batch_size=4",
+                                                  f"actor_rollout_ref.model.path={tiny_model_path}"], verl=True)
+    assert cfg.explorer.taskset.files == [str(gsm8k), str(math)] and cfg.explorer.taskset.path == ""
+    assert cfg.trainer.total_steps == 3 * (17 // 4)  # verl drops the last partial batch of the concatenation
+    assert any("3 x 17 rows of 2 files // data.train_batch_size" in how for _, _, how in tr.applied)
+    one, _ = load_config_with_translation(None, [f"data.train_files=[{gsm8k}]", "trainer.total_epochs=3",
+                                                 "data.train_batch_size=4",
+                                                 f"actor_rollout_ref.model.path={tiny_model_path}"], verl=True)
+    assert (one.explorer.taskset.path, one.explorer.taskset.files, one.trainer.total_steps) == (str(gsm8k), [], 6)
+    with pytest.raises(ConfigError, match="names no readable file"):
+        load_config_with_translation(None, [f"data.train_files=[{gsm8k},{tmp_path / 'missing.parquet'}]",
                                             f"actor_rollout_ref.model.path={tiny_model_path}"], verl=True)
 
 

@@ -57,3 +57,28 @@ def test_a_verl_example_script_runs_three_steps(name, tmp_path, tiny_model_path,
         assert any("critic/vf_loss" in r or any(k.startswith("critic/") for k in r) for r in records)
     if name.startswith("dapo"):
         assert cfg.explorer.dynamic_sampling and cfg.reward.manager == "dapo" and cfg.explorer.batch_size == 4
+
+
+def test_the_gsm8k_and_math_script_trains_on_both_training_files(tmp_path, tiny_model_path, ray_session, capsys):
+    """run_qwen2-7b_math.sh names two training files (gsm8k + MATH), which verl concatenates: here they are
+    explorer.taskset.files, concatenated into the run's tasks.parquet with ids told apart by file (both files
+    number their rows train-0..), and one epoch of three steps draws from both."""
+    from trinity_like.buffer import query
+    from trinity_like.common.tasks import load_taskset
+
+    trains = [verl_data(tmp_path / "gsm8k" / "train.parquet", n=3, data_source="openai/gsm8k"),
+              verl_data(tmp_path / "math" / "train.parquet", n=3, data_source="DigitalLearningGmbH/MATH-lighteval")]
+    val = verl_data(tmp_path / "val.parquet", n=4, split="test")
+    entry, items = verl_script_on_the_tiny_model("grpo_qwen2_7b_math", tmp_path, tiny_model_path, trains, val)
+    assert f"data.train_files=[{trains[0]},{trains[1]}]" in items
+    assert main(["run", "--verl", entry, *items]) == 0, capsys.readouterr().err[-3000:]
+    cfg, _ = load_config_with_translation(None, items, verl=True, entry=entry)
+    assert cfg.explorer.taskset.files == [str(f) for f in trains] and not cfg.explorer.taskset.path
+    paths = RunPaths.of(cfg)
+    ids = [f"{d}/train:train-{i}" for d in ("gsm8k", "math") for i in range(3)]
+    tasks = load_taskset(paths.taskset)
+    assert paths.taskset == paths.run_dir / "tasks.parquet" and [t.task_id for t in tasks] == ids
+    assert [t.data_source for t in tasks] == ["openai/gsm8k"] * 3 + ["DigitalLearningGmbH/MATH-lighteval"] * 3
+    records = [json.loads(x) for x in paths.metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if r["role"] == "trainer"] == [1, 2, 3]
+    assert {r["task_id"] for r in query(paths.buffer_dir).to_pylist()} == set(ids)  # 3 steps x 2 = one epoch

@@ -8,6 +8,15 @@ of chat messages (``[{"role": "user", "content": ...}]``), ``data_source``, ``re
 (a struct handed to the reward function; its ``index`` and ``split`` name the task). Their prompts are
 rendered by the tokenizer's chat template (``prompt_ids``).
 
+A task file of ours keeps what a verl task carries beyond text in three more columns, JSON text that
+``write_taskset`` writes when a task carries it: ``messages`` (the chat messages; null = ``prompt`` is the raw
+text), ``extra_info`` (an object) and ``ground_truth`` (the answer when it is not a string; null = ``answer``
+is it). A verl task written by ``write_taskset`` therefore loads back as the same Task, whatever the schema of
+the verl file it came from; and tasks of files whose columns cannot share one Arrow schema (ours and verl's, a
+string ground truth and a struct one, two ``extra_info`` structs with other fields) share one file of ours.
+``concat_tasksets`` makes one task set of several files (``explorer.taskset.files``, verl's list-valued
+``data.train_files``) that way.
+
 The built-in ``arithmetic`` set asks for the sum of two small numbers ("7+12=") and has an exact answer, so
 the reward is checkable and a tiny model can improve on it.
 
@@ -23,7 +32,9 @@ included), since the cut applies to it.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 TASK_COLUMNS = ("task_id", "prompt", "answer")
 
+
+TASK_JSON_COLUMNS = ("messages", "extra_info", "ground_truth")
+"""Optional columns of ours, JSON text: a task's chat messages, its ``extra_info`` and a ground truth that is not a
+string (module docstring)."""
 
 VERL_COLUMNS = ("prompt", "reward_model")
 """Columns that make a Parquet file a verl data file (``data_source`` and ``extra_info`` are read when present)."""
@@ -157,12 +172,64 @@ def demonstrations(tasks: list[Task]) -> list[dict]:
              "reward": 1.0} for t in tasks]
 
 
-def write_taskset(path: str | Path, tasks: list[Task]) -> Path:
+def taskset_table(tasks: list[Task]):
+    """The Arrow table ``write_taskset`` writes: columns ``task_id``, ``prompt``, ``answer`` (text; a ground truth
+    that is not a string as JSON), ``data_source``, and ``TASK_JSON_COLUMNS`` when a task carries messages,
+    ``extra_info`` or such a ground truth. ValueError naming the task when a value is not JSON (a date, bytes)."""
     import pyarrow as pa
+
+    cols: dict[str, list] = {"task_id": [t.task_id for t in tasks], "prompt": [t.prompt for t in tasks],
+                             "answer": [t.answer if isinstance(t.answer, str) else _json(t, "answer", t.answer)
+                                        for t in tasks],
+                             "data_source": [t.data_source for t in tasks]}
+    if any(t.messages is not None or t.extra_info or not isinstance(t.answer, str) for t in tasks):
+        cols["messages"] = [None if t.messages is None else _json(t, "messages", list(t.messages)) for t in tasks]
+        cols["extra_info"] = [_json(t, "extra_info", t.extra_info) for t in tasks]
+        cols["ground_truth"] = [None if isinstance(t.answer, str) else cols["answer"][i] for i, t in enumerate(tasks)]
+    return pa.table(cols, schema=pa.schema([(c, pa.string()) for c in cols]))
+
+
+def _json(task: Task, what: str, value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"task '{task.task_id}': its {what} holds a value a task file keeps only as JSON ({e})") from None
+
+
+def write_taskset(path: str | Path, tasks: list[Task]) -> Path:
+    """Write ``tasks`` as a task file of ours (``taskset_table``), atomically; ``load_taskset`` reads back the same
+    Tasks (``prompt_token_ids`` aside: the prompt limit is applied at load)."""
     import pyarrow.parquet as pq
 
-    table = pa.table({c: [getattr(t, c) for t in tasks] for c in (*TASK_COLUMNS, "data_source")})
+    table = taskset_table(tasks)
     return atomic_write_with(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def taskset_labels(paths: list[str | Path]) -> list[str]:
+    """One label per task file that tells it apart from the others: its name without ``.parquet``, with as many
+    parent folders (the same number for every file) as that takes: ``[a.parquet, b.parquet]`` -> ``a``, ``b``;
+    verl's ``[~/data/gsm8k/train.parquet, ~/data/math/train.parquet]`` -> ``gsm8k/train``, ``math/train``.
+    ValueError when a file is named twice."""
+    parts = [Path(os.path.abspath(p)).with_suffix("").parts for p in paths]
+    for depth in range(1, max((len(p) for p in parts), default=1) + 1):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    twice = next(p for i, p in enumerate(paths) if parts[i] in parts[:i])
+    raise ValueError(f"task file '{twice}' is named twice; name each file once")
+
+
+def concat_tasksets(paths: list[str | Path]) -> list[Task]:
+    """The task files ``paths`` (ours or verl's format, mixed) as one task set: their tasks in order, each id
+    prefixed by its file's label (``taskset_labels``) as ``<label>:<id>``, so ids stay unique across files (verl's
+    gsm8k and MATH files both have ``train-0``: ``gsm8k/train:train-0``, ``math/train:train-0``). Every file's
+    label, even where ids would not collide: a task's id then depends on its file alone, never on what the other
+    files hold, and names the file it came from (``WHERE task_id LIKE 'math/train:%'`` in a buffer query).
+    Errors as ``load_taskset`` raises them, naming the file."""
+    out: list[Task] = []
+    for path, label in zip(paths, taskset_labels(paths), strict=True):
+        out += [replace(t, task_id=f"{label}:{t.task_id}") for t in load_taskset(path)]
+    return out
 
 
 def load_taskset(path: str | Path) -> list[Task]:
@@ -171,8 +238,9 @@ def load_taskset(path: str | Path) -> list[Task]:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"task file '{path}' does not exist; set explorer.taskset.path to a Parquet "
-                                f"file with columns {', '.join(TASK_COLUMNS)}, or leave it empty to generate one")
+        raise FileNotFoundError(f"task file '{path}' does not exist; set explorer.taskset.path (or .files) to "
+                                f"Parquet files with columns {', '.join(TASK_COLUMNS)}, or leave both empty to "
+                                "generate one")
     import pyarrow as pa
 
     try:
@@ -191,8 +259,7 @@ def load_taskset(path: str | Path) -> list[Task]:
     rows = table.to_pylist()
     if all(c in table.column_names for c in VERL_COLUMNS):
         return [_verl_task(path, i, r) for i, r in enumerate(rows)]
-    return [Task(str(r["task_id"]), str(r["prompt"]), str(r["answer"]), str(r.get("data_source") or ""))
-            for r in rows]
+    return [_our_task(path, i, r) for i, r in enumerate(rows)]
 
 
 def data_sources_of(path: str | Path) -> dict[str, int]:
@@ -209,6 +276,35 @@ def data_sources_of(path: str | Path) -> dict[str, int]:
         key = str(value or "")
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _our_task(path: Path, i: int, row: dict[str, Any]) -> Task:
+    """One row of a task file of ours as a Task, with what ``TASK_JSON_COLUMNS`` keep (module docstring)."""
+    from trinity_like.common.chat import ChatFormatError, normalize_messages
+
+    where = f"task file '{path}' row {i}"
+    answer = _from_json(where, "ground_truth", row.get("ground_truth"))
+    messages = _from_json(where, "messages", row.get("messages"))
+    if messages is not None:
+        try:
+            messages = tuple(normalize_messages(messages))
+        except ChatFormatError as e:
+            raise ValueError(f"{where}: its messages are not a list of chat messages ({e})") from None
+    extra = _from_json(where, "extra_info", row.get("extra_info")) or {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"{where}: extra_info must be a JSON object, got {type(extra).__name__}")
+    return Task(str(row["task_id"]), str(row["prompt"]), str(row["answer"]) if answer is None else answer,
+                str(row.get("data_source") or ""), messages=messages, extra_info=extra)
+
+
+def _from_json(where: str, column: str, value: Any) -> Any:
+    """A ``TASK_JSON_COLUMNS`` value: JSON text parsed (a value that is not text, as Arrow gave it)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: its {column} is not JSON ({e})") from None
 
 
 def _verl_task(path: Path, i: int, row: dict[str, Any]) -> Task:

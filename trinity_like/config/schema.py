@@ -78,8 +78,15 @@ class SamplingConfig:
 class TasksetConfig:
     path: str = ""
     """Parquet file of tasks with columns `task_id`, `prompt`, `answer`. Empty: `<run_dir>/tasks.parquet`."""
+    files: list[str] = field(default_factory=list)
+    """Parquet task files (ours or verl's format, mixed allowed) concatenated in order into the run's task set
+    `<run_dir>/tasks.parquet` when the run directory is prepared, as verl concatenates a list of
+    `data.train_files`. Each task id is prefixed by its file's name without `.parquet`, with as many parent
+    folders as tell the files apart: `gsm8k/train:train-0`, `math/train:train-0`. A resumed run refuses files that
+    no longer give its `tasks.parquet`. Not with `path`."""
     generate: str = _registered("arithmetic", "trinity_like.common.tasks:TASKSET_GENERATORS")
-    """Built-in generator that writes the task file when `path` does not exist."""
+    """Built-in generator that writes `<run_dir>/tasks.parquet` when neither `path` nor `files` is given and that
+    file is not there yet."""
     size: int = _at_least(512, 1)
     """Number of tasks the generator writes."""
     max_operand: int = _at_least(20, 1)

@@ -4,6 +4,7 @@ key and the fix."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,7 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
             raise ConfigError(f"explorer.eval_tasksets[{i}] ('{ev.name}') asks for k={ev.k} samples at temperature 0; "
                               "greedy samples are all the same: set temperature > 0 or k=1")
     ex = cfg.explorer
+    _validate_taskset_files(cfg)
     if not ex.max_prompt_tokens and (ex.filter_overlong_prompts or ex.prompt_truncation != "error"):
         what = ("filter_overlong_prompts=true" if ex.filter_overlong_prompts
                 else f"prompt_truncation={ex.prompt_truncation}")
@@ -231,6 +233,24 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
     names = [ev.name for ev in cfg.explorer.eval_tasksets]
     if len(names) != len(set(names)):
         raise ConfigError(f"explorer.eval_tasksets names must be unique, got {names}")
+
+
+def _validate_taskset_files(cfg: Config) -> None:
+    """``explorer.taskset.files``: not with ``path``, no empty entry, no file named twice."""
+    ts = cfg.explorer.taskset
+    if ts.files and ts.path:
+        raise ConfigError(f"explorer.taskset.path ('{ts.path}') and explorer.taskset.files ({len(ts.files)} files) "
+                          "both name the training tasks; give one: path for one file, files for several "
+                          "concatenated into the run's tasks.parquet")
+    seen: dict[str, str] = {}
+    for i, f in enumerate(ts.files):
+        if not str(f).strip():
+            raise ConfigError(f"explorer.taskset.files[{i}] is empty; name a Parquet task file")
+        where = os.path.abspath(f)
+        if where in seen:
+            raise ConfigError(f"explorer.taskset.files names '{seen[where]}' twice (as '{f}' too); name each file "
+                              "once")
+        seen[where] = str(f)
 
 
 RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")

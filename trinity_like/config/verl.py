@@ -217,9 +217,11 @@ def _response_length(v: Any, view: View) -> dict[str, Any]:
 
 def _train_files(v: Any, view: View) -> dict[str, Any]:
     files = [v] if isinstance(v, str) else list(v)
-    if len(files) != 1:
-        raise Unmapped(f"{len(files)} training files: name one Parquet file (concatenate them first)")
-    return {"explorer.taskset.path": view.path(files[0])}
+    if not files:
+        raise Unmapped("no training file: name one or more Parquet files")
+    if len(files) == 1:
+        return {"explorer.taskset.path": view.path(files[0])}
+    return {"explorer.taskset.files": [view.path(f) for f in files]}  # concatenated as verl does, into tasks.parquet
 
 
 def _val_files(v: Any, view: View) -> dict[str, Any]:
@@ -434,8 +436,10 @@ NOTHING: tuple[str, ...] = ()
 
 RULES: tuple[Rule, ...] = (
     # ---- data
-    Rule("data.train_files", ("explorer.taskset.path",), "one Parquet file in verl's format (chat-message "
-         "`prompt`, `data_source`, `reward_model.ground_truth`, `extra_info`) or ours", _train_files),
+    Rule("data.train_files", ("explorer.taskset.path", "explorer.taskset.files"), "Parquet files in verl's format "
+         "(chat-message `prompt`, `data_source`, `reward_model.ground_truth`, `extra_info`) or ours: one file is "
+         "`path`; a list of several is `files`, concatenated in order into the run's `tasks.parquet` as verl "
+         "concatenates them (task ids prefixed by their file: `gsm8k/train:train-0`)", _train_files),
     Rule("data.val_files", ("explorer.eval_tasksets",), "one evaluation task set per file (`val`), its k and "
          "temperature from `rollout.val_kwargs`", _val_files),
     Rule("data.train_batch_size", ("explorer.batch_size",), "prompts per step (each sampled `rollout.n` times)"),
@@ -934,14 +938,16 @@ def _derive(out: Translation, view: View) -> None:
         how = "trainer.total_training_steps"
     else:
         epochs = int(view.get("trainer.total_epochs"))
-        rows = _rows(out.native.get("explorer.taskset.path"))
+        files = out.native.get("explorer.taskset.files") or [out.native.get("explorer.taskset.path")]
+        rows = _rows(files)
         if rows is None:
-            raise ConfigError("verl config: the run's length comes from trainer.total_epochs x the training file's "
+            raise ConfigError("verl config: the run's length comes from trainer.total_epochs x the training files' "
                               "rows / data.train_batch_size, and data.train_files names no readable file "
-                              f"({out.native.get('explorer.taskset.path')}); set trainer.total_training_steps or "
+                              f"({', '.join(str(f) for f in files)}); set trainer.total_training_steps or "
                               "data.train_files")
         steps = epochs * max(1, rows // int(view.get("data.train_batch_size")))  # verl drops the last partial batch
-        how = f"trainer.total_epochs {epochs} x {rows} rows // data.train_batch_size"
+        of = f" of {len(files)} files" if len(files) > 1 else ""
+        how = f"trainer.total_epochs {epochs} x {rows} rows{of} // data.train_batch_size"
     out.native["trainer.total_steps"] = steps
     out.applied.append(("(derived)", steps, f"trainer.total_steps={steps} from {how}"))
     ratio = float(view.get("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio") or 0.0)
@@ -992,15 +998,20 @@ def _verl_meaning(out: Translation, view: View) -> None:
         out.applied.append(("(verl)", value, f"{key}={value!r} as in verl"))
 
 
-def _rows(path: str | None) -> int | None:
-    if not path or not Path(path).is_file():
-        return None
+def _rows(paths: list[str | None]) -> int | None:
+    """The rows of the training files together (verl trains on their concatenation); None when one of them cannot
+    be read."""
     import pyarrow.parquet as pq
 
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except Exception:  # not Parquet: load_taskset says why, later
-        return None
+    total = 0
+    for path in paths:
+        if not path or not Path(path).is_file():
+            return None
+        try:
+            total += pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # not Parquet: load_taskset says why, later
+            return None
+    return total
 
 
 def load_verl_file(path: str | Path) -> Any:

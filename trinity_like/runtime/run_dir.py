@@ -1,6 +1,10 @@
 """Preparing a run directory: check what the user gave (model, task set, buffer schema, the run's config)
 before writing anything, then save the resolved config, the run's id and the task set; and the eval task sets
-(``prepare_eval_tasksets``: here, not in the explorer, because the trainer publishes them too)."""
+(``prepare_eval_tasksets``: here, not in the explorer, because the trainer publishes them too).
+
+The run's task set is ``explorer.taskset.path``, or ``<run_dir>/tasks.parquet``: generated, or the concatenation of
+``explorer.taskset.files`` (``trinity_like.common.tasks.concat_tasksets``), written once and compared with what the
+files give at every later prepare (``_taskset_of_files``): a run trains on one task set from start to end."""
 
 from __future__ import annotations
 
@@ -120,6 +124,8 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     _check_model(cfg)
     if cfg.mode != "offline" and cfg.explorer.taskset.path:
         _check_taskset(paths.taskset)
+    of_files = (_taskset_of_files(cfg, paths, compare=not allow_existing)
+                if cfg.mode != "offline" and cfg.explorer.taskset.files else None)
     if role != "serve":
         check_reward_sources(cfg)
     if not allow_existing:
@@ -130,10 +136,49 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
         _ensure_run_id(paths)
     if cfg.mode != "offline" and not paths.taskset.is_file():
         ts = cfg.explorer.taskset
-        write_taskset(paths.taskset, TASKSET_GENERATORS[ts.generate](ts.size, ts.max_operand, cfg.seed))
+        write_taskset(paths.taskset, of_files if of_files is not None
+                      else TASKSET_GENERATORS[ts.generate](ts.size, ts.max_operand, cfg.seed))
     if cfg.mode != "offline":
         _check_taskset(paths.taskset)
     return paths
+
+
+def _taskset_of_files(cfg: Config, paths: RunPaths, compare: bool = True) -> list[Task]:
+    """The run's task set as ``explorer.taskset.files`` give it (every file checked, in order; a bad one named in
+    one line, RunError). With ``compare``, a ``tasks.parquet`` already in the run directory must be what they give
+    (the same Parquet table ``write_taskset`` would write: the concatenation is deterministic): otherwise the
+    run's task set changed, and the run stops rather than train on another one from here on."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trinity_like.common.tasks import concat_tasksets, taskset_table
+
+    files = cfg.explorer.taskset.files
+    try:
+        tasks = concat_tasksets(files)
+        table = taskset_table(tasks)
+    except (OSError, ValueError) as e:
+        raise RunError(f"explorer.taskset.files: {e}") from None
+    if not compare or not paths.taskset.is_file():
+        return tasks
+    try:
+        saved = pq.read_table(paths.taskset)
+    except (OSError, pa.ArrowException):
+        saved = None
+    if saved is not None and saved.equals(table):
+        return tasks
+    if saved is None:
+        how = "cannot be read as Parquet"
+    elif saved.num_rows != table.num_rows or saved.schema != table.schema:
+        how = (f"holds {saved.num_rows} tasks ({', '.join(saved.column_names)}), the {len(files)} files give "
+               f"{table.num_rows} ({', '.join(table.column_names)})")
+    else:
+        old, new = saved.to_pylist(), table.to_pylist()
+        i = next(i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b)
+        how = f"differs from what the files give from row {i} on (task '{old[i]['task_id']}', now '{new[i]['task_id']}')"
+    raise RunError(f"the run's task set changed: '{paths.taskset}' {how}; explorer.taskset.files no longer give the "
+                   "tasks this run started with: restore those files, start a new run for the new tasks (another "
+                   "name=...), or delete that tasks.parquet to continue this run on them")
 
 
 def eval_taskset_path(cfg: Config, ev: EvalTasksetConfig) -> Path:
@@ -162,10 +207,13 @@ by ``check_reward_sources``."""
 
 def reward_task_files(cfg: Config) -> list[tuple[str, Path]]:
     """The task files a run of ``cfg`` scores with its reward function, as ``(config key, path)``: the training
-    task set and every eval task set, those given by path and those already generated (a resumed run). Files not
-    there yet are left out: a generated set is ours (``arithmetic``), a missing given one is refused elsewhere."""
+    task set (every one of ``explorer.taskset.files``, whose concatenation the run's ``tasks.parquet`` is) and every
+    eval task set, those given by path and those already generated (a resumed run). Files not there yet are left
+    out: a generated set is ours (``arithmetic``), a missing given one is refused elsewhere."""
     paths = RunPaths.of(cfg)
-    out = [("explorer.taskset.path", paths.taskset)]
+    files = cfg.explorer.taskset.files
+    out = ([(f"explorer.taskset.files[{i}]", Path(f).absolute()) for i, f in enumerate(files)] if files
+           else [("explorer.taskset.path", paths.taskset)])
     out += [(f"explorer.eval_tasksets[{i}].path", eval_taskset_path(cfg, ev))
             for i, ev in enumerate(cfg.explorer.eval_tasksets)]
     return [(key, path) for key, path in out if path.is_file()]

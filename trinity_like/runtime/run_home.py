@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 RELAYED_FILES = ("metrics.jsonl", "failed_tasks.jsonl")
 """Run-directory files an explorer off the run's filesystem appends to through the trainer."""
-NODE_LOCAL_KEYS = ("checkpoint_root_dir", "run_dir", "buffer.path", "explorer.taskset.path")
+NODE_LOCAL_KEYS = ("checkpoint_root_dir", "run_dir", "buffer.path", "explorer.taskset.path",
+                   "explorer.taskset.files")
 """Settings that may differ on an explorer that takes the run from the Synchronizer: where its node keeps its
 own run directory (the task set comes from the trainer)."""
 
