@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from trinity_like.common.errors import ConfigError
-from trinity_like.config.verl_compose import DEFAULT_ENTRY, compose_raw, default_leaves, default_raw_leaves, resolve
+from trinity_like.config.verl_compose import (
+    DEFAULT_ENTRY,
+    compose_raw,
+    default_leaves,
+    default_raw_leaves,
+    resolve,
+)
 
 VERL_SECTIONS = ("data", "algorithm", "actor_rollout_ref", "critic", "trainer", "reward_model",
                  "custom_reward_function", "ray_init", "ray_kwargs", "global_profiler")
