@@ -64,15 +64,8 @@ def last_boxed(text: str) -> str | None:
     i = text.find("{", start)
     if i < 0:
         return None
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1:j]
-    return None
+    end = verl_scores.closing_brace(text, i)
+    return None if end is None else text[i + 1:end]
 
 
 def normalize_answer(answer: str) -> str:

@@ -90,6 +90,20 @@ class _NotNormalisable(ValueError):
     then compares the raw strings."""
 
 
+def closing_brace(text: str, start: int) -> int | None:
+    """Where the braces counted from ``start`` first balance again: the index of the ``}`` that brings the depth
+    back to 0 (a ``}`` before any ``{`` takes it below 0, as in verl's loops); None when that never happens."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
 def math_last_boxed(text: str) -> str | None:
     """The last ``\\boxed ...`` / ``\\boxed{...}`` (or ``\\fbox{...}``) of ``text``, command included.
 
@@ -103,15 +117,8 @@ def math_last_boxed(text: str) -> str | None:
         idx = text.rfind("\\fbox")
         if idx < 0:
             return None
-    depth = 0
-    for i in range(idx, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[idx:i + 1]
-    return None
+    end = closing_brace(text, idx)
+    return None if end is None else text[idx:end + 1]
 
 
 def math_remove_boxed(boxed: str) -> str | None:
@@ -270,15 +277,8 @@ def _dapo_last_boxed(text: str) -> str | None:
     idx = text.rfind("\\boxed{")
     if idx < 0:
         return None
-    depth = 0
-    for i in range(idx, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[idx + len("\\boxed{"):i]
-    return None
+    end = closing_brace(text, idx)
+    return None if end is None else text[idx + len("\\boxed{"):end]
 
 
 def math_dapo_score(solution: str, ground_truth: Any, strict_box_verify: bool = False) -> float:
