@@ -343,3 +343,37 @@ def test_the_docs_example_is_what_the_script_converts_to(tmp_path, tiny_model_pa
     assert native["explorer"]["vllm"] == {"enforce_eager": False, "max_num_seqs": 256, "gpu_memory_utilization": 0.6}
     assert native["trainer"]["keep_checkpoints"] == 0 and native["explorer"]["engine"] == "vllm"
     assert len(overrides) == 37
+
+
+def test_a_file_with_its_own_interpolations_and_a_defaults_list_means_its_hand_merged_form(tmp_path, tiny_model_path,
+                                                                                            monkeypatch):
+    """The file's own `${...}` (a key, `oc.select`, `oc.env`) resolve as verl resolves them, after the overrides."""
+    train = verl_data(tmp_path / "train.parquet")
+    monkeypatch.setenv("VERL_TEST_ROOT", str(tmp_path / "ckpts"))
+    text = f"""\
+defaults:
+  - ppo_trainer
+  - _self_
+data: {{train_files: {train}, train_batch_size: 4, max_response_length: 12}}
+actor_rollout_ref:
+  model: {{path: {tiny_model_path}}}
+  actor: {{ppo_mini_batch_size: 2}}
+  rollout: {{name: hf, n: 2, response_length: "${{data.max_response_length}}",
+            temperature: "${{oc.select:algorithm.no_such_key,0.7}}"}}
+trainer: {{total_training_steps: 2, device: cpu, n_gpus_per_node: 1,
+          default_local_dir: "${{oc.env:VERL_TEST_ROOT}}/${{trainer.project_name}}/${{trainer.experiment_name}}"}}
+"""
+    path = tmp_path / "verl.yaml"
+    path.write_text(text)
+    merged = {"data": {"train_files": str(train), "train_batch_size": 4, "max_response_length": 12},
+              "actor_rollout_ref": {"model": {"path": str(tiny_model_path)}, "actor": {"ppo_mini_batch_size": 2},
+                                    "rollout": {"name": "hf", "n": 2, "response_length": 12, "temperature": 0.7}},
+              "trainer": {"total_training_steps": 2, "device": "cpu", "n_gpus_per_node": 1,
+                          "default_local_dir": f"{tmp_path}/ckpts/verl_examples/gsm8k"}}
+    cfg, tr = load_config_with_translation(path)
+    assert tr.native == translate(merged, tmp_path / "m.yaml").native
+    assert cfg.explorer.sampling.max_new_tokens == 12 and cfg.explorer.sampling.temperature == 0.7
+    assert cfg.checkpoint_root_dir == str(tmp_path / "ckpts")
+    # an override reaches the file's interpolation too
+    cfg, _ = load_config_with_translation(path, ["data.max_response_length=20"])
+    assert cfg.explorer.sampling.max_new_tokens == 20
