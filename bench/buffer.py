@@ -480,6 +480,7 @@ def catalog_segment(seg: int, rng: np.random.Generator) -> tuple[pa.Table, str]:
         "reward": pa.array(accuracy.astype(np.float32)),
         "token_rewards": pa.nulls(n, pa.list_(pa.float32())),
         "model_version": pa.array(np.full(n, -1 if human else step // CATALOG_STEPS_PER_VERSION, np.int64)),
+        "token_versions": pa.nulls(n, pa.list_(pa.int32())),
         "engine_id": [None if human else f"engine-{seg % 4}"] * n,
         "truncated": pa.array(np.zeros(n, np.bool_)),
         "prompt_text": pa.nulls(n, pa.string()),

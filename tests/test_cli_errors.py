@@ -158,10 +158,12 @@ def _segment_of_schema_version(buffer_dir: Path, version: bytes) -> str:
     return name
 
 
-def test_buffer_of_another_schema_version(capsys, config, tmp_path):
-    name = _segment_of_schema_version(tmp_path / "runs" / "errors" / "run" / "buffer", b"0")
-    _error(capsys, ["run", config], f"holds 1 segment(s) of schema version 0, e.g. {name}",
-           "this build reads only version 1", "buffer export")
+@pytest.mark.parametrize("version", ["0", "3"])
+def test_buffer_of_another_schema_version(capsys, config, tmp_path, version):
+    # versions 1 (upgraded on read) and 2 are readable; one older or newer than both is refused
+    name = _segment_of_schema_version(tmp_path / "runs" / "errors" / "run" / "buffer", version.encode())
+    _error(capsys, ["run", config], f"holds 1 segment(s) of schema version {version}, e.g. {name}",
+           "this build reads only versions 1-2", "buffer export")
 
 
 def test_port_in_use(capsys, config):

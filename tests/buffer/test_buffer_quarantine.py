@@ -97,3 +97,16 @@ def test_replay_leaves_untrainable_rows_out_and_records_them_in_its_own_ledger(t
     assert len([x for x in caplog.records if "a-1" in x.getMessage()]) == 1
     assert ledger.quarantined().column("segment").to_pylist() == [str(src)]
     assert json.loads(src.read_text().splitlines()[1])["response_ids"] == [3, 99999]  # the source is untouched
+
+
+def test_token_versions_of_the_wrong_length_are_quarantined(tmp_path):
+    rows = experiences_to_table([_row("v", 0, model_version=1, token_versions=[1, 2]),
+                                 _row("v", 1, model_version=1)]).to_pylist()
+    rows[1]["token_versions"] = [1]  # one entry for two response tokens: only a foreign writer can store that
+    BufferWriter(tmp_path).write_table(pa.Table.from_pylist(rows, schema=EXPERIENCE_SCHEMA))
+    c = BufferConsumer(tmp_path)
+    (good,) = c.read(1, step=1, timeout_s=5)
+    assert good.eid == "v-0" and good.token_versions.tolist() == [1, 2]
+    assert c.try_read(1, step=2) is None and c.stats()["buffer/quarantined"] == 1
+    (q,) = Ledger(tmp_path, "trainer").quarantined().to_pylist()
+    assert q["eid"] == "v-1" and "token_versions has 1 entries for 2 response tokens" in q["problem"]

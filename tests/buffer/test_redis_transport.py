@@ -6,9 +6,13 @@ import subprocess
 import sys
 import textwrap
 
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
 from trinity_like.buffer import count_rows, query
 from trinity_like.buffer.redis_transport import GROUP, RedisIngester, RedisSender, from_bytes, to_bytes
-from trinity_like.common.experience import Experience
+from trinity_like.common.experience import Experience, experiences_to_table
 
 
 def _batch(tag: str, k: int, n: int = 4) -> list[Experience]:
@@ -28,6 +32,19 @@ async def _drain(ingester: RedisIngester, rows: int, tmp_path, timeout_s: float 
 def test_arrow_bytes_round_trip():
     exps = _batch("x", 0)
     assert from_bytes(to_bytes(exps)).column("eid").to_pylist() == [e.eid for e in exps]
+
+
+def test_an_entry_of_another_schema_version_is_refused_in_one_sentence():
+    table = experiences_to_table(_batch("x", 0))
+    for version in (b"1", b"3"):
+        sink = pa.BufferOutputStream()
+        old = table.replace_schema_metadata({b"trinity_like.schema_version": version})
+        with ipc.new_stream(sink, old.schema) as writer:
+            writer.write_table(old)
+        with pytest.raises(ValueError) as e:
+            from_bytes(sink.getvalue().to_pybytes())
+        assert str(e.value).count(". ") == 0 and "\n" not in str(e.value)
+        assert f"schema version {version.decode()} and this ingester reads only version 2" in str(e.value)
 
 
 def test_send_ingest_and_drop_duplicates(redis_server, tmp_path):

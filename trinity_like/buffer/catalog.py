@@ -62,7 +62,7 @@ from trinity_like.buffer.segments import (
     read_segment,
     refuse_other_schemas,
 )
-from trinity_like.common.experience import SCHEMA_VERSION
+from trinity_like.common.experience import READABLE_SCHEMA_VERSIONS, stored_schema_version
 from trinity_like.common.fs import atomic_write_with
 
 logger = logging.getLogger(__name__)
@@ -170,8 +170,7 @@ def entry_of(table: pa.Table, name: str, nbytes: int, verified_at: float | None 
     ``explore_steps``: its info.explore_step -> rows when the caller has them (from the Experience objects, without
     reading the JSON back), else they are read from the ``info`` column."""
     steps = _explore_steps(table.column("info")) if explore_steps is None else explore_steps
-    version = (table.schema.metadata or {}).get(b"trinity_like.schema_version")
-    return Entry(name, table.num_rows, nbytes, version.decode() if version is not None else None,
+    return Entry(name, table.num_rows, nbytes, stored_schema_version(table.schema),
                  _counts(table.column("model_version")), _counts(table.column("source")), dict(steps), verified_at,
                  time.time())
 
@@ -570,11 +569,11 @@ def consumer_summary(buffer_dir: str | os.PathLike, consumer: str = "trainer") -
 
 def check_schema_versions(buffer_dir: str | os.PathLike) -> None:
     """``segments.check_schema_versions`` from the catalog: footers are read only of the segments without an entry
-    that could not be healed (another schema version cannot be read by this build)."""
+    that could not be healed (a schema version outside READABLE_SCHEMA_VERSIONS cannot be read by this build)."""
     other: dict[str | None, list[str]] = {}
     cat = load(buffer_dir)
     for _, entry in cat.listed():
-        if entry.schema_version != str(SCHEMA_VERSION):
+        if entry.schema_version not in READABLE_SCHEMA_VERSIONS:
             other.setdefault(entry.schema_version, []).append(entry.segment)
     add_other_schemas(cat.unreadable, other)
     refuse_other_schemas(buffer_dir, other)

@@ -51,7 +51,7 @@ from trinity_like.common.tokenizer import model_vocab_size
 
 _FIELDS = {f.name for f in fields(Experience)}
 _ID_LISTS = ("prompt_ids", "response_ids")
-_PER_TOKEN = ("action_mask", "logprobs", "token_rewards")
+_PER_TOKEN = ("action_mask", "logprobs", "token_rewards", "token_versions")
 _CHAT_EXTRAS = ("tools", "turn_rewards")
 """Keys a chat record may carry besides the Experience fields."""
 _PAIR_KEYS = {"prompt", "messages", "chosen", "rejected", "tools", "task_id", "info", "source"}

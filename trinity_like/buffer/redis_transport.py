@@ -30,7 +30,13 @@ import pyarrow.ipc as ipc
 
 from trinity_like.buffer.segments import stored_eids
 from trinity_like.buffer.writer import BufferWriter
-from trinity_like.common.experience import EXPERIENCE_SCHEMA, Experience, experiences_to_table
+from trinity_like.common.experience import (
+    EXPERIENCE_SCHEMA,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    Experience,
+    experiences_to_table,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,7 +51,15 @@ def to_bytes(exps: list[Experience]) -> bytes:
 
 
 def from_bytes(data: bytes) -> pa.Table:
-    return ipc.open_stream(pa.py_buffer(data)).read_all()
+    """The rows of one stream entry. Unlike stored segments, entries of older schema versions are refused (ValueError):
+    a stream lives only as long as a run, and its explorers and ingester run one build."""
+    table = ipc.open_stream(pa.py_buffer(data)).read_all()
+    version = (table.schema.metadata or {}).get(SCHEMA_VERSION_KEY)
+    if version != str(SCHEMA_VERSION).encode():
+        found = "none" if version is None else version.decode()
+        raise ValueError(f"a redis stream entry has schema version {found} and this ingester reads only version "
+                         f"{SCHEMA_VERSION}; run the explorers and the ingester from the same trinity_like version")
+    return table
 
 
 async def _retry(what: str, fn: Callable[[], Awaitable[T]], timeout_s: float, base_delay_s: float = 0.05) -> T:

@@ -28,6 +28,7 @@ from trinity_like.common.experience import (
     experiences_to_table,
     table_row_problems,
     table_to_experiences,
+    upgrade_table,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,10 @@ def _load_source(path: Path, where: str | None = None) -> pa.Table:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).select([f.name for f in EXPERIENCE_SCHEMA]).cast(EXPERIENCE_SCHEMA)
+        table = pq.read_table(path)
+        if "token_versions" not in table.column_names:  # exported from a schema-1 buffer
+            table = upgrade_table(table, "1")
+        return table.select([f.name for f in EXPERIENCE_SCHEMA]).cast(EXPERIENCE_SCHEMA)
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as fh:
             return experiences_to_table([Experience.from_json(line) for line in fh if line.strip()])

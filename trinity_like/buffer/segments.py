@@ -29,7 +29,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from trinity_like.common.experience import EXPERIENCE_SCHEMA, SCHEMA_VERSION
+from trinity_like.common.experience import (
+    EXPERIENCE_SCHEMA,
+    READABLE_SCHEMA_VERSIONS,
+    SCHEMA_VERSION_KEY,
+    readable_versions,
+    upgrade_table,
+)
 from trinity_like.common.fs import atomic_write_named
 
 logger = logging.getLogger(__name__)
@@ -138,7 +144,8 @@ def write_segment(buffer_dir: str | os.PathLike, table: pa.Table, writer_id: str
 
 
 def read_segment(info: SegmentInfo, verify: bool = True) -> pa.Table:
-    """Memory-map a segment as an Arrow table; raise SegmentError if it cannot be trusted."""
+    """Memory-map a segment as an Arrow table of EXPERIENCE_SCHEMA (a segment of an older readable schema version
+    comes back upgraded: ``upgrade_table``); raise SegmentError if it cannot be trusted."""
     try:
         if verify:
             actual = file_crc32(info.path)
@@ -148,13 +155,13 @@ def read_segment(info: SegmentInfo, verify: bool = True) -> pa.Table:
         table = ipc.open_file(pa.memory_map(str(info.path))).read_all()
     except (OSError, pa.ArrowInvalid) as e:
         raise SegmentError(f"segment {info.path} is unreadable: {e}") from None
-    version = (table.schema.metadata or {}).get(b"trinity_like.schema_version")
-    if version != str(SCHEMA_VERSION).encode():
+    version = (table.schema.metadata or {}).get(SCHEMA_VERSION_KEY)
+    if version is None or version.decode() not in READABLE_SCHEMA_VERSIONS:
         raise SegmentError(f"segment {info.path} has schema version {version!r}, this build reads "
-                           f"{SCHEMA_VERSION}; use the trinity_like version that wrote it to export it")
+                           f"{readable_versions()}; use the trinity_like version that wrote it to export it")
     if table.num_rows != info.num_rows:
         raise SegmentError(f"segment {info.path} holds {table.num_rows} rows, its name says {info.num_rows}")
-    return table
+    return upgrade_table(table, version.decode())
 
 
 def schema_version(info: SegmentInfo) -> str | None:
@@ -164,12 +171,13 @@ def schema_version(info: SegmentInfo) -> str | None:
         metadata = ipc.open_file(pa.memory_map(str(info.path))).schema.metadata or {}
     except (OSError, pa.ArrowInvalid) as e:
         raise SegmentError(f"segment {info.path} is unreadable: {e}") from None
-    version = metadata.get(b"trinity_like.schema_version")
+    version = metadata.get(SCHEMA_VERSION_KEY)
     return version.decode() if version is not None else None
 
 
 def check_schema_versions(buffer_dir: str | os.PathLike) -> None:
-    """Refuse a buffer that holds segments of another schema version (readers would have to skip them: a run
+    """Refuse a buffer that holds segments of a schema version this build cannot read (readers would have to skip
+    them: a run
     would silently train on part of its data). Unreadable segments are left to ``buffer verify``. Reads every
     segment's footer; ``catalog.check_schema_versions`` does the same from the catalog."""
     other: dict[str | None, list[str]] = {}
@@ -179,13 +187,13 @@ def check_schema_versions(buffer_dir: str | os.PathLike) -> None:
 
 def add_other_schemas(infos: Iterable[SegmentInfo], other: dict[str | None, list[str]]) -> None:
     """Add to ``other`` (schema version -> segment names) each readable segment of ``infos`` whose footer names
-    a schema version other than this build's."""
+    a schema version outside READABLE_SCHEMA_VERSIONS."""
     for info in infos:
         try:
             version = schema_version(info)
         except SegmentError:
             continue
-        if version != str(SCHEMA_VERSION):
+        if version not in READABLE_SCHEMA_VERSIONS:
             other.setdefault(version, []).append(info.name)
 
 
@@ -196,9 +204,9 @@ def refuse_other_schemas(buffer_dir: str | os.PathLike, other: dict[str | None, 
     if other:
         found = "; ".join(f"{len(names)} segment(s) of schema version {v or 'none'}, e.g. {names[0]}"
                           for v, names in other.items())
-        raise UserError(f"buffer '{buffer_dir}' holds {found}, and this build reads only version {SCHEMA_VERSION}; export them with the trinity_like version that wrote them "
-                        "(`trinity-like buffer export`) and ingest the file into a new buffer, or set buffer.path "
-                        "(or name) to start from an empty one")
+        raise UserError(f"buffer '{buffer_dir}' holds {found}, and this build reads only {readable_versions()}; "
+                        "export them with the trinity_like version that wrote them (`trinity-like buffer export`) "
+                        "and ingest the file into a new buffer, or set buffer.path (or name) to start from an empty one")
 
 
 def stored_eids(buffer_dir: str | os.PathLike) -> set[str]:
