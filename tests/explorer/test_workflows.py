@@ -102,3 +102,41 @@ def test_guess_number_baseline_is_the_reward_of_a_greedy_episode(engine_and_toke
     assert any(t == 0.0 for _, t in local.calls)  # its turns were sampled greedily
     assert [e.response_ids.tolist() for e in with_baseline] == [e.response_ids.tolist() for e in plain]
     assert all("reward_baseline" not in e.info for e in plain)
+
+
+class NewVersionEachCall(LocalEngine):
+    """``LocalEngine`` whose weights change after every call: call k's samples come from version k."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        super().__init__(engine)
+        self.responses: list[list[int]] = []
+
+    async def generate(self, prompts, sampling, seeds):
+        samples = await super().generate(prompts, sampling, seeds)
+        for s in samples:
+            s.model_version = len(self.calls) - 1
+        self.responses.append(samples[0].response_ids.tolist())
+        return samples
+
+
+def test_guess_number_gives_each_token_its_turns_version(engine_and_tokenizer):
+    from trinity_like.explorer.workflows import GuessNumberWorkflow
+
+    engine, tokenizer = engine_and_tokenizer
+    ctx = WorkflowContext(sampling=SAMPLING, repeat_times=1, seeds=[3], tokenizer=tokenizer,
+                          reward_manager=ChecksumReward(), max_turns=2)
+    local = NewVersionEachCall(engine)
+    task = Task("g", "", "-5")  # a secret the tiny model does not guess: both turns run
+    (exp,) = asyncio.run(GuessNumberWorkflow().run(task, local, ctx))
+    assert exp.info["turn_versions"] == [0, 1] and exp.model_version == 0
+    versions = exp.token_versions.tolist()
+    first = versions.count(0)  # turn 0's tokens and the environment's reply to it
+    assert versions == [0] * first + [1] * (len(versions) - first)
+    turn0, turn1 = local.responses
+    response = exp.response_ids.tolist()
+    assert response[:len(turn0)] == turn0 and response[first:first + len(turn1)] == turn1
+    assert first > len(turn0)  # the reply to turn 0 took turn 0's version
+
+    # one version throughout: stored as null, as before per-token versions existed
+    (same,) = asyncio.run(GuessNumberWorkflow().run(task, LocalEngine(engine), ctx))
+    assert same.token_versions is None and same.response_ids.tolist() == response

@@ -10,7 +10,7 @@ from trinity_like.common.tokenizer import hf_tokenizer
 from trinity_like.config import load_config
 from trinity_like.explorer.engines.base import WeightUpdate
 from trinity_like.explorer.engines.hf_engine import HFEngine
-from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
+from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch, staleness
 from trinity_like.trainer.ppo import PPOTrainer
 
 
@@ -457,6 +457,42 @@ def test_rows_not_generated_by_this_run_have_no_staleness(tmp_path, tiny_model_p
         e.model_version = -1  # demonstrations, imported rows: not this run's policy
     metrics = t.train_step(imported)
     assert metrics["train/staleness_max"] == 0.0 and metrics["train/staleness_mean"] == 0.0
+
+
+def _versioned_rows() -> list[Experience]:
+    """Four rows for a trainer at version 2 (worked by hand below): per-token versions, one masked token, a row of
+    one older version, an imported row and a fresh one."""
+    def row(gid, i, response, version, **kw):
+        return Experience(prompt_ids=[5, 6, 7], response_ids=response, group_id=gid, eid=f"{gid}-{i}",
+                          reward=float(i), model_version=version, **kw)
+
+    return [row("a", 0, [11, 12, 13], 0, token_versions=[0, 1, 2]),  # token staleness 2, 1, 0
+            row("a", 1, [14, 15], 1, action_mask=[True, False]),  # 1 and a masked token
+            row("b", 0, [16], -1),  # imported: 0
+            row("b", 1, [17, 18], 2)]  # fresh: 0, 0
+
+
+def test_a_batch_carries_each_tokens_version():
+    batch = experiences_to_batch(_versioned_rows(), pad_token_id=0)
+    # padding columns take the row's model_version (every mask leaves them out)
+    assert batch["token_versions"].tolist() == [[0, 1, 2], [1, 1, 1], [-1, -1, -1], [2, 2, 2]]
+    assert staleness(batch["token_versions"], 2).tolist() == [[2, 1, 0], [1, 1, 1], [0, 0, 0], [0, 0, 0]]
+    assert staleness(batch["model_version"], 2).tolist() == [2, 1, 0, 0]
+    assert staleness(torch.tensor([3]), 2).tolist() == [0]  # replayed from a run further on: never negative
+
+
+def test_staleness_is_per_token_and_the_row_metrics_keep_the_oldest(tmp_path, tiny_model_path, batch_exps):
+    t = _trainer(tmp_path, tiny_model_path, "algorithm.off_policy.correction=tis")
+    t.train_step(batch_exps)
+    t.train_step(batch_exps)  # the trainer is at version 2 now
+    metrics = t.train_step(_versioned_rows())
+    # rows: oldest versions 0, 1, -1, 2 -> staleness 2, 1, 0, 0
+    assert metrics["train/staleness_mean"] == 0.75 and metrics["train/staleness_max"] == 2.0
+    assert metrics["train/staleness_frac/0"] == 0.5 and metrics["train/staleness_frac/2"] == 0.25
+    # valid tokens: 2, 1, 0 | 1 (its second token is masked) | 0 | 0, 0 -> 4 / 7
+    assert metrics["train/token_staleness_mean"] == pytest.approx(4 / 7)
+    assert metrics["off_policy/staleness_mean"] == pytest.approx(4 / 7)
+    assert metrics["off_policy/staleness_max"] == 2.0
 
 
 def test_prompt_clip_ratio_counts_prompts_at_the_limit_and_is_zero_without_one(tmp_path, tiny_model_path, batch_exps):

@@ -94,7 +94,7 @@ class SingleTurnWorkflow(Workflow):
         baseline = {} if reward_baseline is None else {"reward_baseline": reward_baseline}
         return [Experience(
             prompt_ids=prompt, response_ids=s.response_ids, logprobs=s.logprobs, reward=r,
-            model_version=s.model_version, truncated=s.finish_reason == "length", prompt_text=task.prompt,
+            model_version=s.model_version, token_versions=s.token_versions, truncated=s.finish_reason == "length", prompt_text=task.prompt,
             response_text=text, task_id=task.task_id, engine_id=s.engine_id,
             info={"ground_truth": task.answer, "data_source": task.data_source, **baseline,
                   **({"reward_failed": True} if f else {})},
@@ -126,13 +126,17 @@ class GuessNumberWorkflow(Workflow):
         response: list[int] = []
         mask: list[bool] = []
         logprobs: list[float] = []
-        versions: list[int] = []
+        versions: list[int] = []  # each turn's
+        # each response token's: its turn's (the environment's reply to a turn takes that turn's version)
+        token_versions: list[int] = []
         reward, solved, truncated = 0.0, False, False
         for turn in range(ctx.max_turns):
             sample = await engine.generate([prompt + response], ctx.sampling, [seed * 7919 + turn])
             versions.append(sample[0].model_version)
             ids = sample[0].response_ids.tolist()
             response += ids
+            token_versions += ([versions[-1]] * len(ids) if sample[0].token_versions is None
+                               else sample[0].token_versions.tolist())
             mask += [True] * len(ids)
             logprobs += sample[0].logprobs.tolist()
             truncated = sample[0].finish_reason == "length"
@@ -150,9 +154,11 @@ class GuessNumberWorkflow(Workflow):
             response += env
             mask += [False] * len(env)
             logprobs += [0.0] * len(env)
+            token_versions += [versions[-1]] * len(env)
         return Experience(
             prompt_ids=prompt, response_ids=np.asarray(response, np.int32), action_mask=mask, logprobs=logprobs,
-            reward=reward, model_version=min(versions), truncated=truncated and not solved, task_id=task.task_id,
+            reward=reward, model_version=min(token_versions, default=min(versions)),
+            token_versions=token_versions, truncated=truncated and not solved, task_id=task.task_id,
             prompt_text=tok.decode(prompt), response_text=tok.decode(response, skip_special_tokens=True),
             info={"secret": secret, "turns": len(versions), "solved": solved, "turn_versions": versions},
         )

@@ -36,7 +36,10 @@ class Sample:
     finish_reason: str
     """``stop`` (hit EOS or a stop token) or ``length`` (hit max_new_tokens)."""
     model_version: int = 0
-    """Version of the weights that produced it."""
+    """Version of the weights that produced it (the oldest, when ``token_versions`` says more)."""
+    token_versions: np.ndarray | None = None
+    """Version of the weights that produced each response token (int32); None = every token from
+    ``model_version``. The engines leave it None: their weights change only between calls."""
     time_s: float = 0.0
     """Wall time of the generate call that produced it."""
     prompt_ids: np.ndarray | None = None
