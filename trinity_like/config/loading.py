@@ -59,7 +59,7 @@ def load_config_with_translation(path: str | os.PathLike | None, overrides: list
         from trinity_like.config.verl import translate
         from trinity_like.config.verl_compose import DEFAULT_ENTRY
 
-        verl_items, overrides = split_verl_overrides(overrides, entry or DEFAULT_ENTRY)
+        verl_items, overrides = split_verl_overrides(overrides, entry or DEFAULT_ENTRY, schema)
         translation = translate(tree, path, allow_unmapped, verl_items, entry or DEFAULT_ENTRY)
         layers.append(OmegaConf.create(translation.nested()))
     for item in overrides:
@@ -73,16 +73,15 @@ def load_config_with_translation(path: str | os.PathLike | None, overrides: list
     return cfg, translation
 
 
-def split_verl_overrides(overrides: list[str] | tuple[str, ...], entry: str) -> tuple[list[str], list[str]]:
+def split_verl_overrides(overrides: list[str] | tuple[str, ...], entry: str, schema: Any) -> tuple[list[str], list[str]]:
     """A verl run's overrides, split into verl's (a key verl's config has, or Hydra's ``+``/``++``/``~`` forms)
-    and ours (a key only our config has: ``mode=async``, ``synchronizer.max_staleness=2``, ...); a key in
-    neither is refused, named with both places it was looked for."""
+    and ours (a key only our config has in ``schema``: ``mode=async``, ``synchronizer.max_staleness=2``, ...); a
+    key in neither is refused, named with both places it was looked for."""
     from omegaconf import OmegaConf
 
     from trinity_like.config.verl_compose import default_tree
 
     verl_tree = default_tree(entry)
-    schema = OmegaConf.structured(Config)
     verl_items, ours = [], []
     for item in overrides:
         key = item.partition("=")[0].strip()
@@ -155,20 +154,6 @@ def dapo_preset(cfg: Config) -> dict[str, Any]:
             "explorer": {"dynamic_sampling": True},
             "reward": {"manager": "dapo", "overlong_buffer": {"enable": True, "len": buffer_len,
                                                               "penalty_factor": 1.0}}}
-
-
-def translate_verl_file(path: str | os.PathLike | None, allow_unmapped: bool = False,
-                        overrides: list[str] | tuple[str, ...] = (), entry: str | None = None,
-                        verl: bool = False) -> Translation | None:
-    """The ``Translation`` of a verl config (a verl-shaped file and/or verl overrides; ``verl`` says the overrides
-    alone make one), or None when the file is a config of ours."""
-    from trinity_like.config.verl import translate
-    from trinity_like.config.verl_compose import DEFAULT_ENTRY
-
-    tree = _verl_tree(Path(path)) if path is not None else None
-    if tree is None and not verl:
-        return None
-    return translate(tree, path, allow_unmapped, list(overrides), entry or DEFAULT_ENTRY)
 
 
 def _auto_staleness(layer: Any) -> Any:

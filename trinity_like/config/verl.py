@@ -28,7 +28,7 @@ The table is also rendered into ``docs/verl.md`` (``render_docs``; tests/config/
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from trinity_like.config.verl_compose import (
     default_raw_leaves,
     resolve,
 )
+from trinity_like.config.verl_compose import leaves as tree_leaves
 
 VERL_SECTIONS = ("data", "algorithm", "actor_rollout_ref", "critic", "trainer", "reward_model",
                  "custom_reward_function", "ray_init", "ray_kwargs", "global_profiler")
@@ -740,24 +741,12 @@ RULES: tuple[Rule, ...] = (
 """verl key -> our keys. Exact keys win over section rules; among section rules the longest prefix wins."""
 
 VERL_READ_DEFAULTS: dict[str, Any] = {
-    "data.reward_fn_key": "data_source",
-    "algorithm.norm_adv_by_std_in_grpo": True,
-    "algorithm.use_kl_in_reward": False,
-    "algorithm.kl_ctrl.type": "fixed",
     "algorithm.filter_groups.metric": "acc",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None,
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
-    "actor_rollout_ref.actor.clip_ratio_c": 3.0,
-    "actor_rollout_ref.actor.optim.lr_warmup_steps": -1,
-    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.0,
     "actor_rollout_ref.actor.optim.warmup_style": "constant",
-    "trainer.total_epochs": 30,
-    "trainer.nnodes": 1,
-    "reward_model.reward_manager": "naive",
-    "custom_reward_function.name": "compute_score",
 }
-"""Fallbacks for keys converters read that verl's composed defaults may lack (older verl spellings); verl's own
-defaults come from its composed config (``verl_compose.default_leaves``)."""
+"""Fallbacks for the keys converters read that verl's composed defaults leave out or null (``filter_groups`` is
+DAPO's; ``warmup_style`` gave way to ``lr_scheduler_type``); every other default is verl's composed config's
+(``verl_compose.default_leaves``)."""
 
 
 @dataclass
@@ -804,14 +793,6 @@ def is_verl_config(tree: Any) -> bool:
     return isinstance(tree, dict) and any(k in tree for k in VERL_ONLY_SECTIONS)
 
 
-def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    if isinstance(node, dict) and node:
-        for k, v in node.items():
-            yield from _leaves(v, f"{prefix}{k}.")
-    else:
-        yield prefix.rstrip("."), node
-
-
 def find_rule(key: str) -> Rule | None:
     """The rule for verl key ``key``: its exact rule, else the section rule of the longest matching prefix."""
     exact = _EXACT.get(key)
@@ -845,7 +826,7 @@ def translate(tree: dict[str, Any] | None, source: str | Path | None = None, all
     kept as verl keeps them."""
     src = Path(source) if source is not None else None
     raw, composed = compose_raw(tree, overrides, entry, str(src) if src else "")
-    leaves = {k: v for k, v in _leaves(composed) if k}
+    leaves = {k: v for k, v in tree_leaves(composed) if k}
     view = View(leaves, src, default_leaves(entry), _changed(raw, leaves, entry))
     out = Translation(entry=entry)
     defaults: dict[str, Any] = {}
@@ -889,10 +870,10 @@ def _changed(raw: dict[str, Any], leaves: dict[str, Any], entry: str) -> set[str
             node = node.get(p) if isinstance(node, dict) else None
         if isinstance(node, dict) and leaf in node:
             node[leaf] = raw_defaults[key]
-    as_following = dict(_leaves(resolve(tree, "verl config")))
+    as_following = dict(tree_leaves(resolve(tree, "verl config")))
     follows = set(following)
     changed = set()
-    for key, value in _leaves(raw):
+    for key, value in tree_leaves(raw):
         if not key or (key in raw_defaults and raw_defaults[key] == value):
             continue
         parts = key.split(".")
