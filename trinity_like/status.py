@@ -155,7 +155,9 @@ def format_status(report: dict[str, Any]) -> str:
         lines.append("roles:")
         for r in sorted(report["roles"], key=lambda r: (r["kind"], r["role_id"])):
             lines.append(f"  {r['kind']:<9}{r['role_id']:<36}{r['state']:<14}version {r['version']:<6}"
-                         f"heartbeat {r['seconds_since_heartbeat']:.1f}s ago")
+                         f"heartbeat {r['seconds_since_heartbeat']:.1f}s ago"
+                         + (f"   groups in flight {r['groups_in_flight']}" if r.get("groups_in_flight") is not None
+                            else ""))
             lines.extend(_engine_line(e) for e in r.get("engine_versions") or [])
     if "latest_version" in report:
         steps = report.get("explore_steps") or {}

@@ -97,8 +97,10 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, sync_r
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     # a self-setting bound whose max is 0 is sync too (window 1: it decides after every step, and stays at 0)
+    # (and streaming rollout at bound 0 runs the step path: the same batches)
     auto_cfg = _cfg(tmp_path, tiny_model_path, "eq-auto", "mode=async", "synchronizer.max_staleness=auto",
-                    "synchronizer.auto_staleness.max=0", "synchronizer.auto_staleness.window=1", varied)
+                    "synchronizer.auto_staleness.max=0", "synchronizer.auto_staleness.window=1",
+                    "explorer.rollout=stream", varied)
     run(auto_cfg)
     d = _final_weights(auto_cfg)
     assert all(torch.equal(a[k], d[k]) for k in a)
@@ -111,6 +113,22 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, sync_r
     run(other)
     c = _final_weights(other)
     assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_a_streaming_async_run_trains_every_row_once_within_the_bound(tmp_path, tiny_model_path, ray_session):
+    reward_file = tmp_path / "length_reward.py"
+    reward_file.write_text(LENGTH_REWARD)
+    cfg = _cfg(tmp_path, tiny_model_path, "stream", "mode=async", "synchronizer.max_staleness=1",
+               "explorer.rollout=stream", "explorer.stream.flush_s=0", f"reward.function_path={reward_file}")
+    summary = run(cfg)
+    records = _check_run(cfg, summary)
+    assert summary["staleness_max"] <= 1
+    explorer = [r for r in records if r["role"] == "explorer"]
+    assert explorer and all("rollout/groups_written" in r for r in explorer)  # the stream wrote them
+    rows = query(RunPaths.of(cfg).buffer_dir).to_pylist()
+    trained = {r["eid"]: r["step"] for r in consumption_table(RunPaths.of(cfg).buffer_dir).to_pylist()}
+    # no trained row is staler than the bound: trained at trainer step k (version k - 1) from version v
+    assert all(trained[r["eid"]] - 1 - r["model_version"] <= 1 for r in rows if r["eid"] in trained)
 
 
 def _check_sync_without_files(cfg, records, method, failures: bool = False):

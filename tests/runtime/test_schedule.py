@@ -36,6 +36,22 @@ def test_trainer_step_fed_and_admission_by_rows_written():
     assert [_schedule("async", max_staleness=0).version_needed(r) for r in rows] == [0, 0, 1, 2, 2, 3, 0]
 
 
+def test_each_group_of_a_step_is_admitted_by_the_rows_before_it():
+    # batch_size 4 x repeat_times 2; train batch 12; S = 1. Step 1 has 8 rows before it; its groups 0..3 have
+    # 8, 10, 12, 14 rows before them, feed trainer steps 0, 0, 1, 1 and need versions 0, 0, 0, 0 at S = 1;
+    # step 2 (16 rows before): 16, 18, 20, 22 -> fed 1, 1, 1, 1 -> need 0; step 3 (24): 24, 26, 28, 30 -> fed
+    # 2, 2, 2, 2 -> need 1. At S = 0 step 1's groups need 0, 0, 1, 1: half a step is admitted on version 0.
+    a = _schedule("async", group_size=2)
+    assert [a.rows_before_group(8, p) for p in range(4)] == [8, 10, 12, 14]
+    assert [a.version_needed(a.rows_before_group(24, p)) for p in range(4)] == [1, 1, 1, 1]
+    assert [a.version_needed(a.rows_before_group(8, p), bound=0) for p in range(4)] == [0, 0, 1, 1]
+    # AReaL's capacity rule: admitted on version v iff rows before < (v + S + 1) * train batch
+    for r in range(0, 100, 2):
+        for v in range(6):
+            assert (v >= a.version_needed(r)) == (r < (v + 1 + 1) * 12)
+    assert Schedule.of(load_config(None, ["explorer.repeat_times=3", "trainer.batch_size=6"])).group_size == 3
+
+
 def test_explore_more_counts_rows_written_running_and_dropped():
     s = _schedule("async")  # 48 rows needed
     assert s.explore_more(0, 0)

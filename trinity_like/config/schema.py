@@ -154,6 +154,18 @@ class NodeConfig:
 
 
 @dataclass
+class StreamConfig:
+    max_groups_in_flight: int = _at_least(0, 0)
+    """Most groups generating at once; 0 = as many as the staleness bound admits. An `hf` engine runs one call at
+    a time, so more groups than engines only queue."""
+    flush_s: float = _at_least(1.0, 0.0)
+    """Longest a finished group waits to share a buffer segment with others that finish soon after (one segment
+    per group would make many small files); 0 = write each group at once."""
+    flush_groups: int = _at_least(0, 0)
+    """Also write as soon as this many finished groups wait; 0 = by `flush_s` alone."""
+
+
+@dataclass
 class ExplorerConfig:
     engine: str = _choices("hf", ENGINES)
     """Rollout engine: `hf` (transformers, CPU) or `vllm` (GPU)."""
@@ -220,6 +232,15 @@ class ExplorerConfig:
     dynamic_sampling: bool = False
     """Drop groups whose samples all got the same reward (no advantage signal), as DAPO does; counted in
     `rollout/filtered_groups`."""
+    rollout: str = _choices("step", ("step", "stream"))
+    """`step`: an explorer step generates its `batch_size` groups together and writes them when the last one
+    ends; weights change between steps. `stream`: groups start one by one as the staleness bound admits each
+    (mode async, `max_staleness` >= 1), each is written as soon as it ends (with the others that end within
+    `stream.flush_s`), and a new version is loaded as soon as it is published, while groups run (each request
+    ends on the weights it started on), so the engines never idle on a step's longest response. At bound 0 (and in
+    mode sync) there is nothing to overlap: `stream` runs as `step`."""
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    """Settings of `rollout: stream`."""
     over_rollout_frac: float = field(default=1.0, metadata={"min": 0.01, "max": 1.0})
     """Finish a step once this fraction of its tasks is done; the stragglers carry on and join a later
     step's write with their original version stamp. 1.0 waits for every task."""

@@ -225,6 +225,14 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
                               "greedy samples are all the same: set temperature > 0 or k=1")
     ex = cfg.explorer
     _validate_taskset_files(cfg)
+    if ex.rollout == "stream" and ex.over_rollout_frac < 1.0:
+        raise ConfigError(f"explorer.over_rollout_frac={ex.over_rollout_frac} ends a step before its last groups, "
+                          "which explorer.rollout=stream does by itself (every group is written as it ends): set "
+                          "over_rollout_frac=1.0, or rollout=step")
+    if ex.rollout == "stream" and cfg.synchronizer.offset:
+        raise ConfigError(f"synchronizer.offset={cfg.synchronizer.offset} delays the first weight load by explorer "
+                          "steps; explorer.rollout=stream loads every version as soon as it is published, so it has "
+                          "no meaning there: set offset=0, or rollout=step")
     if not ex.max_prompt_tokens and (ex.filter_overlong_prompts or ex.prompt_truncation != "error"):
         what = ("filter_overlong_prompts=true" if ex.filter_overlong_prompts
                 else f"prompt_truncation={ex.prompt_truncation}")

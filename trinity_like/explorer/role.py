@@ -41,6 +41,7 @@ from trinity_like.config import Config
 from trinity_like.explorer.evaluation import apply_prompt_limit, evaluate
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.reward_model import start_reward_model
+from trinity_like.explorer.stream import GroupStream
 from trinity_like.explorer.tools import tool_metrics
 from trinity_like.explorer.workflow_base import explorer_context
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
@@ -109,7 +110,8 @@ class ExplorerRole:
         # heartbeats from now on: starting the engines may take longer than the heartbeat timeout
         self.heartbeat = Heartbeat(self.synchronizer, self.role_id, lambda: {
             "version": self.fleet.version if self.fleet is not None else 0, "state": self._sync_state,
-            "engines": self.fleet.engine_versions() if self.fleet is not None else None}).start()
+            "engines": self.fleet.engine_versions() if self.fleet is not None else None,
+            "groups_in_flight": self.stream.in_flight if getattr(self, "stream", None) is not None else None}).start()
         self.tokenizer = hf_tokenizer(self.cfg.model.path)
         # the task sets before the engines start: a prompt over explorer.max_prompt_tokens stops the explorer
         # here, in one line, rather than failing its task at every step
@@ -139,6 +141,14 @@ class ExplorerRole:
         self._epoch = -1
         self._stragglers: list[asyncio.Task] = []
         """Tasks of earlier steps still running (over-rollout); each yields (step, position, task, group)."""
+        self.streaming = (self.cfg.explorer.rollout == "stream" and self.cfg.mode == "async"
+                          and self.cfg.synchronizer.max_staleness > 0)  # with auto: its max
+        """``explorer.rollout: stream`` with a bound to stream within (``GroupStream``); at bound 0 the
+        admissible window is one trainer batch, nothing overlaps, and the step path keeps async(0) == sync."""
+        if self.cfg.explorer.rollout == "stream" and not self.streaming:
+            logger.info("explorer.rollout=stream at staleness bound 0 (or mode %s) runs as rollout=step: there "
+                        "is nothing to overlap", self.cfg.mode)
+        self.stream = GroupStream(self) if self.streaming else None
 
     # ------------------------------------------------------------ admission and weights
     async def _admit_and_sync(self, step: int) -> dict[str, float]:
@@ -311,6 +321,23 @@ class ExplorerRole:
     async def _write(self, step: int, finished, start: float) -> dict[str, float]:
         """Group ids, the DAPO filter, one write; the step's metrics."""
         self._check_rewards(step, finished)
+        exps, failed, filtered = self._stamp(finished)
+        self._last_written = exps
+        buffer_wait_s = await self._write_rows(exps)
+        elapsed = time.perf_counter() - start - buffer_wait_s
+        self.explore_step_num = step + 1
+        self.steps_done += 1
+        metrics = self._metrics(exps, elapsed)
+        metrics.update({"rollout/failed_tasks": float(failed), "rollout/filtered_groups": float(filtered),
+                        "rollout/engine_restarts": float(self.fleet.restarts),
+                        "rollout/stragglers": float(len(self._stragglers)),
+                        "rollout/late_groups": float(sum(s != step for s, *_ in finished)),
+                        "time/wait_buffer_s": buffer_wait_s})
+        return metrics
+
+    def _stamp(self, finished) -> tuple[list[Experience], int, int]:
+        """The rows of ``finished`` groups ((step, position, task, group or None)) with their group ids, less the
+        groups DAPO's filter drops; and how many groups failed and were filtered."""
         exps: list[Experience] = []
         failed = filtered = 0
         for task_step, position, task, group in finished:
@@ -325,24 +352,18 @@ class ExplorerRole:
                 e.task_id = task.task_id
                 e.info["explore_step"] = task_step
             exps.extend(group)
-        self._last_written = exps
-        buffer_wait_s = 0.0
-        if exps:
-            if self.sender is not None:
-                await self.sender.send(exps)
-            else:
-                buffer_wait_s = await asyncio.to_thread(self.writer.wait_for_room, self.cfg.synchronizer.timeout_s)
-                await asyncio.to_thread(self.writer.write, exps)
-        elapsed = time.perf_counter() - start - buffer_wait_s
-        self.explore_step_num = step + 1
-        self.steps_done += 1
-        metrics = self._metrics(exps, elapsed)
-        metrics.update({"rollout/failed_tasks": float(failed), "rollout/filtered_groups": float(filtered),
-                        "rollout/engine_restarts": float(self.fleet.restarts),
-                        "rollout/stragglers": float(len(self._stragglers)),
-                        "rollout/late_groups": float(sum(s != step for s, *_ in finished)),
-                        "time/wait_buffer_s": buffer_wait_s})
-        return metrics
+        return exps, failed, filtered
+
+    async def _write_rows(self, exps: list[Experience]) -> float:
+        """One segment (or one Redis batch) of ``exps``; the seconds spent waiting for room in the buffer."""
+        if not exps:
+            return 0.0
+        if self.sender is not None:
+            await self.sender.send(exps)
+            return 0.0
+        buffer_wait_s = await asyncio.to_thread(self.writer.wait_for_room, self.cfg.synchronizer.timeout_s)
+        await asyncio.to_thread(self.writer.write, exps)
+        return buffer_wait_s
 
     async def drain(self) -> dict[str, float] | None:
         """Write what the stragglers still produce (called when exploring ends)."""
@@ -378,7 +399,9 @@ class ExplorerRole:
         no live trainer asks for more), the trainer finishes, or ``request_stop``; return the steps this
         explorer ran."""
         try:
-            while not self._stop:
+            if self.streaming:
+                await self.stream.run(num_steps)
+            while not self.streaming and not self._stop:
                 if (await self.synchronizer.ended.remote()).get("trainer") == "finished":
                     break
                 step = await self.synchronizer.claim_explore_step.remote(self.role_id, self.schedule, num_steps)

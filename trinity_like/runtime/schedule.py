@@ -46,13 +46,16 @@ class Schedule:
     interval: int
     offset: int
     max_staleness: int
+    group_size: int = 1
+    """Rows of one group (``explorer.repeat_times``): streaming rollout admits a step's groups one by one."""
 
     @classmethod
     def of(cls, cfg: Config) -> Schedule:
         sc = cfg.synchronizer
         return cls(mode=cfg.mode, rows_per_step=cfg.explorer.batch_size * cfg.explorer.repeat_times,
                    train_batch_size=cfg.train_batch_size, total_steps=cfg.trainer.total_steps,
-                   interval=sc.interval, offset=sc.offset, max_staleness=sc.max_staleness)
+                   interval=sc.interval, offset=sc.offset, max_staleness=sc.max_staleness,
+                   group_size=cfg.explorer.repeat_times)
 
     @property
     def rows_needed(self) -> int:
@@ -78,6 +81,14 @@ class Schedule:
         if self.mode == "sync":
             return c - c % self.interval
         return max(0, c - (self.max_staleness if bound is None else min(bound, self.max_staleness)))
+
+    def rows_before_group(self, rows_before_step: int, position: int) -> int:
+        """Rows trained before group ``position`` of an explorer step that has ``rows_before_step`` rows before it:
+        streaming rollout admits each group by ``version_needed`` of this, so the rule that bounds a step's rows
+        bounds each group's. It is AReaL's capacity rule: with ``r`` rows before it, a group feeds trainer step
+        ``c = r // train_batch_size`` and starts iff the version ``v`` it would use has ``v >= c - S``, i.e. iff
+        ``r < (v + S + 1) * train_batch_size``: at most ``S + 1`` batches ahead of the weights in use."""
+        return rows_before_step + position * self.group_size
 
     def explore_more(self, rows_written: int, steps_running: int, rows_dropped: int = 0) -> bool:
         """Whether another explorer step is needed: the rows written, plus those planned by the

@@ -160,9 +160,10 @@ class Synchronizer:
         self._notify()
 
     async def heartbeat(self, role_id: str, version: int | None = None, state: str | None = None,
-                        engines: list[dict] | None = None) -> None:
+                        engines: list[dict] | None = None, groups_in_flight: int | None = None) -> None:
         """A role is alive, holds ``version`` and is in ``state``; an explorer adds each engine's version and
-        fingerprint check (``EngineFleet.engine_versions``), shown by ``status``."""
+        fingerprint check (``EngineFleet.engine_versions``) and, streaming, its groups generating now; ``status``
+        shows them."""
         record = self.roles.get(role_id)
         if record is None or record.state == "stopped":  # a heartbeat in flight when the role ended says nothing
             return
@@ -177,6 +178,8 @@ class Synchronizer:
             record.state = state
         if engines is not None:
             record.info["engine_versions"] = engines
+        if groups_in_flight is not None:
+            record.info["groups_in_flight"] = groups_in_flight
 
     async def _watch(self) -> None:
         """Mark roles whose heartbeats stopped as dead; exit once no role is left for ``exit_grace_s``."""

@@ -1,0 +1,153 @@
+"""Streaming rollout (``explorer.rollout: stream``) with a real Synchronizer actor, real engine actors, the real
+tiny model and real buffer segments; the trainer's part (publishing versions) is played by the test."""
+
+import json
+import time
+
+import pytest
+import ray
+
+from trinity_like.buffer import query
+from trinity_like.config import ConfigError, load_config
+from trinity_like.explorer.role import ExplorerRole
+from trinity_like.runtime.paths import RunPaths, namespace_of
+from trinity_like.runtime.run_dir import prepare_run_dir
+from trinity_like.synchronizer import get_synchronizer
+from trinity_like.weights.messages import WeightsInfo
+
+pytestmark = pytest.mark.slow
+
+
+def _cfg(tmp_path, model_path, *overrides):
+    return load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model_path}", "project=ex",
+                              "explorer.sampling.max_new_tokens=6", "mode=async", "explorer.rollout=stream",
+                              "explorer.stream.flush_s=0", *overrides])
+
+
+def _weights(model_path):
+    from trinity_like.common.modeling import export_state_dict, load_causal_lm
+
+    return export_state_dict(load_causal_lm(model_path))
+
+
+def _rows(cfg):
+    buffer = RunPaths.of(cfg).buffer_dir
+    return query(buffer).to_pylist() if any(buffer.glob("**/*.arrow")) else []
+
+
+def _wait_rows(cfg, n, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = _rows(cfg)
+        if len(rows) >= n:
+            return rows
+        time.sleep(0.2)
+    raise AssertionError(f"{n} rows were not written within {timeout}s (have {len(_rows(cfg))})")
+
+
+def test_stream_admits_each_group_by_the_staleness_rule(tmp_path, tiny_model_path, ray_session):
+    # batch 4 x repeat 2, train batch 4, S = 1: group p of step s has r = 8s + 2p rows before it, feeds trainer
+    # step c = r // 4 = 2s + p // 2 and needs version c - 1: step 0's groups need 0, 0, 0, 0; step 1's need
+    # 1, 1, 2, 2. So half of step 1 runs on version 1 and its other half waits for version 2.
+    cfg = _cfg(tmp_path, tiny_model_path, "name=stream-admit", "synchronizer.max_staleness=1",
+               "explorer.batch_size=4", "explorer.repeat_times=2", "trainer.batch_size=4")
+    prepare_run_dir(cfg)
+    sync = get_synchronizer(namespace_of(cfg))
+    explorer = ray.remote(num_cpus=0)(ExplorerRole).remote(cfg)
+    weights = ray.put(_weights(tiny_model_path))
+    try:
+        ray.get(explorer.setup.remote())
+        run = explorer.run.remote(2)
+        assert len(_wait_rows(cfg, 8)) == 8  # step 0, on version 0
+        time.sleep(3)
+        assert len(_rows(cfg)) == 8, "a group ran ahead of the staleness bound"
+        ray.get(sync.publish.remote(WeightsInfo(version=1, path=None, refs=[weights])))
+        assert len(_wait_rows(cfg, 12)) == 12  # step 1's first two groups
+        time.sleep(3)
+        assert len(_rows(cfg)) == 12, "step 1's last groups need version 2"
+        ray.get(sync.publish.remote(WeightsInfo(version=2, path=None, refs=[weights])))
+        assert ray.get(run, timeout=90) == 2
+    finally:
+        ray.get(explorer.shutdown.remote())
+        ray.kill(explorer)
+        ray.kill(sync)
+    rows = _rows(cfg)
+    by_group = {}
+    for r in rows:
+        by_group.setdefault(r["group_id"], set()).add(r["model_version"])
+    positions = {g: (int(g.split("-")[0][1:]), int(g.rsplit("-", 1)[1])) for g in by_group}
+    versions = {positions[g]: v for g, v in by_group.items()}
+    assert versions == {(0, 0): {0}, (0, 1): {0}, (0, 2): {0}, (0, 3): {0},
+                        (1, 0): {1}, (1, 1): {1}, (1, 2): {2}, (1, 3): {2}}
+    assert all(json.loads(r["info"])["explore_step"] == positions[r["group_id"]][0] for r in rows)
+    # one metrics record per explorer step, in groups
+    records = [json.loads(x) for x in RunPaths.of(cfg).metrics.read_text().splitlines()]
+    explorer_records = [r for r in records if r["role"] == "explorer"]
+    assert [r["step"] for r in explorer_records] == [1, 2]
+    assert [r["rollout/experiences"] for r in explorer_records] == [8.0, 8.0]
+    assert explorer_records[1]["rollout/groups_written"] == 8.0
+    assert explorer_records[1]["sync/loads"] >= 1.0 and explorer_records[1]["rollout/admission_wait_s"] >= 2.5
+
+
+def test_stream_writes_a_group_as_soon_as_it_ends(tmp_path, tiny_model_path, ray_session):
+    slow = tmp_path / "slow.py"
+    slow.write_text(
+        "import asyncio\n"
+        "from trinity_like.explorer.workflows import SingleTurnWorkflow\n"
+        "class Slow(SingleTurnWorkflow):\n"
+        "    async def run(self, task, engine, ctx):\n"
+        "        base = (42 * 1_000_003 + ctx.explore_step) * 10_007  # the explorer's seed of position 0\n"
+        "        await asyncio.sleep(8.0 if ctx.seeds[0] != base else 0.0)  # position 1 of each step is slow\n"
+        "        return await super().run(task, engine, ctx)\n")
+    cfg = _cfg(tmp_path, tiny_model_path, "name=stream-write", "synchronizer.max_staleness=2",
+               f"explorer.workflow={slow}:Slow", "explorer.batch_size=2", "explorer.repeat_times=2",
+               "trainer.batch_size=4")
+    prepare_run_dir(cfg)
+    sync = get_synchronizer(namespace_of(cfg))
+    explorer = ray.remote(num_cpus=0)(ExplorerRole).remote(cfg)
+    try:
+        ray.get(explorer.setup.remote())
+        run = explorer.run.remote(3)
+        # S = 2 admits steps 0..2 on version 0; their fast groups are written while the slow ones still run
+        start = time.monotonic()
+        fast = _wait_rows(cfg, 6, timeout=60)
+        assert time.monotonic() - start < 7.5
+        assert {r["group_id"].rsplit("-", 1)[1] for r in fast} == {"0"}
+        status = ray.get(sync.status.remote())
+        assert status["explore_steps"]["claimed"] == [0, 1, 2]  # no step is finished before its last group
+        for _ in range(30):  # the heartbeat (every second) says what runs: the three slow groups
+            status = ray.get(sync.status.remote())
+            role = next(r for r in status["roles"].values() if r["kind"] == "explorer")
+            if role.get("groups_in_flight") == 3:
+                break
+            time.sleep(0.1)
+        assert role.get("groups_in_flight") == 3
+        assert ray.get(run, timeout=90) == 3
+    finally:
+        ray.get(explorer.shutdown.remote())
+        ray.kill(explorer)
+        ray.kill(sync)
+    assert len(_rows(cfg)) == 12
+
+
+def test_stream_at_bound_0_runs_the_step_path(tmp_path, tiny_model_path, ray_session):
+    cfg = _cfg(tmp_path, tiny_model_path, "name=stream-zero", "synchronizer.max_staleness=0")
+    prepare_run_dir(cfg)
+    sync = get_synchronizer(namespace_of(cfg))
+    explorer = ray.remote(num_cpus=0)(ExplorerRole).remote(cfg)
+    try:
+        ray.get(explorer.setup.remote())
+        assert ray.get(explorer.run.remote(1), timeout=90) == 1
+        assert ray.get(explorer.role_info.remote())["next_step"] == 1
+    finally:
+        ray.get(explorer.shutdown.remote())
+        ray.kill(explorer)
+        ray.kill(sync)
+    assert "rollout/groups_written" not in RunPaths.of(cfg).metrics.read_text()  # the step path wrote it
+
+
+def test_stream_refuses_what_it_cannot_mean(tmp_path):
+    with pytest.raises(ConfigError, match="over_rollout_frac=0.5 ends a step"):
+        _cfg(tmp_path, "m", "explorer.over_rollout_frac=0.5")
+    with pytest.raises(ConfigError, match="synchronizer.offset=1 delays"):
+        _cfg(tmp_path, "m", "synchronizer.offset=1")

@@ -1,0 +1,302 @@
+"""Streaming rollout (``explorer.rollout: stream``): groups start one by one as the staleness bound admits
+each, are written as soon as they end, and a new version is loaded as soon as it is published, while groups run.
+
+The explorer claims steps of the run's sequence as in step mode, so a step's tasks, seeds and group ids are the
+same whichever way it runs; but a step is no longer a unit of generation. Group ``p`` of step ``s`` starts as soon
+as the fleet holds the version ``Schedule.version_needed(rows_before_group(rows_before(s), p))`` (AReaL's capacity
+rule, per group), and every admitted group runs at once (``stream.max_groups_in_flight`` caps them): the engines
+hold work whenever any is admissible, instead of idling while each step's longest response ends. A finished group
+waits at most ``stream.flush_s`` to share a segment with others. When the last group of a step is written, the
+step is finished in the Synchronizer and one metrics record is written for it, as in step mode (the records of
+steps that overlap in time overlap too).
+
+Weights: each engine ends the requests it holds on the weights they started on (an ``hf`` engine runs one call at a
+time, so a load waits behind the calls queued before it; vLLM's gate drains its requests first), and every sample
+carries the version that made it, so ``model_version`` and the trainer's corrections stay exact.
+
+A stop request (or the trainer finishing) admits no more groups: the running ones end and are written, and a step
+left part-written is finished with the rows it wrote, as a step whose groups were filtered is (later steps make up
+the rows; its unstarted tasks are skipped this pass).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trinity_like.common.experience import Experience
+from trinity_like.common.tasks import Task
+from trinity_like.explorer.fleet import WeightsLoadFailed
+
+if TYPE_CHECKING:
+    from trinity_like.explorer.role import ExplorerRole
+
+logger = logging.getLogger(__name__)
+
+VERSION_POLL_S = 5.0
+"""Longest one wait for a newer version lasts before it is asked again (a stop request is seen at once anyway)."""
+RETRY_LOAD_S = 1.0
+"""Pause before a version that failed to load is tried again."""
+
+
+@dataclass
+class _Step:
+    """One claimed explorer step while its groups run."""
+
+    step: int
+    tasks: list[Task]
+    opened: float
+    """``time.perf_counter()`` when it was claimed."""
+    timeline: dict[str, float]
+    eval_metrics: dict[str, float]
+    started: int = 0
+    """Groups started (positions 0 .. started - 1)."""
+    ended: int = 0
+    """Groups written, filtered or failed."""
+    rows: list[Experience] = field(default_factory=list)
+    failed: int = 0
+    filtered: int = 0
+    wait_s: float = 0.0
+    """Time an admissible engine slot waited for a version this step's next group needs."""
+    buffer_wait_s: float = 0.0
+    first_start: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.ended == len(self.tasks)
+
+
+@dataclass
+class _Loads:
+    """Weight loads since the last step record."""
+
+    bytes: float = 0.0
+    seconds: float = 0.0
+    count: int = 0
+
+
+class GroupStream:
+    """Runs ``ExplorerRole.run``'s claim-and-explore loop group by group (see the module docstring)."""
+
+    def __init__(self, role: ExplorerRole) -> None:
+        self.role = role
+        self.cfg = role.cfg.explorer.stream
+        self.steps: dict[int, _Step] = {}
+        self.running: dict[asyncio.Future, tuple[int, int]] = {}
+        """Group task -> (step, position)."""
+        self.done: list[tuple[int, int, Task, list[Experience] | None]] = []
+        """Groups ended and not yet written: (step, position, task, group or None when it failed)."""
+        self.first_done: float | None = None
+        self.loads = _Loads()
+        self.groups_written = 0
+        self._blocked_since: float | None = None
+        self._last_progress = time.perf_counter()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.running)
+
+    async def run(self, num_steps: int | None) -> None:
+        role, sync = self.role, self.role.synchronizer
+        watch: asyncio.Future | None = None
+        loader: asyncio.Future | None = None
+        exhausted = False
+        next_claim = 0.0
+        while True:
+            stopping = role._stop or (await sync.ended.remote()).get("trainer") == "finished"
+            if not stopping and not exhausted and time.monotonic() >= next_claim and all(
+                    s.started == len(s.tasks) for s in self.steps.values()):
+                step = await sync.claim_explore_step.remote(role.role_id, role.schedule, num_steps)
+                if step is not None:
+                    await self._open(step)
+                elif num_steps is None and await sync.alive.remote("trainer"):
+                    next_claim = time.monotonic() + 1.0  # covered for now; the trainer may still drop rows
+                else:
+                    exhausted = True
+            if not stopping:
+                await self._admit()
+            if self._should_flush(stopping):
+                await self._flush()
+            if not self.running and not self.done and (stopping or (exhausted and not self.steps)):
+                break
+            if loader is None and watch is None and not stopping:
+                watch = asyncio.ensure_future(_ray(sync.wait_for_version.remote(role.fleet.version + 1,
+                                                                                VERSION_POLL_S, False)))
+            waiting = set(self.running) | {f for f in (watch, loader) if f is not None}
+            finished: set[asyncio.Future] = set()
+            if waiting:
+                finished, _ = await asyncio.wait(waiting, timeout=self._wait_s(next_claim),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.sleep(self._wait_s(next_claim))
+            for fut in finished:
+                if fut is watch:
+                    watch = None
+                    info = None if fut.exception() else fut.result()
+                    if info is not None and info.version > role.fleet.version:
+                        loader = asyncio.ensure_future(self._load(info))
+                elif fut is loader:
+                    loader = None
+                    fut.result()  # a load that failed for good raised there
+                else:
+                    step, position = self.running.pop(fut)
+                    self.done.append((step, position, self.steps[step].tasks[position], fut.result()))
+                    self.first_done = self.first_done or time.perf_counter()
+                    self._last_progress = time.perf_counter()
+        for fut in (watch, loader):
+            if fut is not None:
+                fut.cancel()
+        for state in list(self.steps.values()):  # stopped: a step part-written ends with the rows it wrote
+            if state.started:
+                await self._finish(state)
+
+    def _wait_s(self, next_claim: float) -> float:
+        """How long the loop may wait for a group, a version or a load before it looks again: until the ended
+        groups are due to be written, the next claim, or a second."""
+        wait = 1.0
+        if self.done:
+            wait = self.first_done + self.cfg.flush_s - time.perf_counter()
+        if next_claim:
+            wait = min(wait, next_claim - time.monotonic())
+        return max(0.01, min(wait, 1.0))
+
+    # ------------------------------------------------------------ claiming and admission
+    async def _open(self, step: int) -> None:
+        role = self.role
+        timeline = {"timeline/start_unix_s": time.time()}
+        interval = role.cfg.explorer.eval_interval
+        timeline["timeline/eval_start_unix_s"] = time.time()
+        eval_metrics = await role.evaluate() if interval and step % interval == 0 else {}
+        self.steps[step] = _Step(step, role._tasks_for_step(step), time.perf_counter(), timeline, eval_metrics)
+
+    async def _admit(self) -> None:
+        """Start every group the staleness bound admits now, in the run's order (a later group never needs an
+        older version than an earlier one, so the first refused one ends the pass)."""
+        role, sync = self.role, self.role.synchronizer
+        cap = self.cfg.max_groups_in_flight
+        bound = await sync.staleness_bound.remote() if role.auto_staleness else None
+        for state in sorted(self.steps.values(), key=lambda s: s.step):
+            if state.started == len(state.tasks):
+                continue
+            rows_before = await sync.rows_before.remote(state.step, role.schedule.rows_per_step)
+            while state.started < len(state.tasks):
+                if cap and len(self.running) >= cap:
+                    return
+                need = role.schedule.version_needed(role.schedule.rows_before_group(rows_before, state.started), bound)
+                if role.fleet.version < need:
+                    self._blocked(state, need)
+                    return
+                self._unblocked(state)
+                self._start(state)
+        self._blocked_since = None
+
+    def _blocked(self, state: _Step, need: int) -> None:
+        now = time.perf_counter()
+        if self._blocked_since is None:
+            self._blocked_since = now
+            self.role._sync_state = "require_sync"
+        timeout = self.role.cfg.synchronizer.timeout_s
+        if not self.running and now - max(self._blocked_since, self._last_progress) > timeout:
+            raise TimeoutError(f"no policy version >= {need} was published within {timeout:.0f}s: is the trainer "
+                               "running?")
+
+    def _unblocked(self, state: _Step) -> None:
+        if self._blocked_since is not None:
+            state.wait_s += time.perf_counter() - self._blocked_since
+            self._blocked_since = None
+            self.role._sync_state = "running"
+
+    def _start(self, state: _Step) -> None:
+        role, position = self.role, state.started
+        if state.first_start is None:
+            state.first_start = time.perf_counter()
+            state.timeline["timeline/rollout_start_unix_s"] = time.time()
+        task = state.tasks[position]
+        fut = asyncio.ensure_future(role._run_task(task, role._context(state.step, position)))
+        self.running[fut] = (state.step, position)
+        state.started += 1
+
+    # ------------------------------------------------------------ weights
+    async def _load(self, info) -> None:
+        """Load a published version while groups run; a version that fails to load (a damaged file) is logged
+        and asked for again after a pause, the previous one serving meanwhile."""
+        role = self.role
+        start = time.perf_counter()
+        try:
+            size = await role.fleet.update_weights(info)
+        except WeightsLoadFailed as e:
+            role.sync_failures += 1
+            logger.warning("version %d did not load (%s); the explorer keeps version %d and tries again", info.version,
+                           e, role.fleet.version)
+            await asyncio.sleep(RETRY_LOAD_S)
+            return
+        self.loads.bytes += float(size)
+        self.loads.seconds += time.perf_counter() - start
+        self.loads.count += 1
+        await role.synchronizer.heartbeat.remote(role.role_id, version=role.fleet.version)
+
+    # ------------------------------------------------------------ writing
+    def _should_flush(self, stopping: bool) -> bool:
+        if not self.done:
+            return False
+        due = time.perf_counter() - self.first_done >= self.cfg.flush_s
+        full = self.cfg.flush_groups and len(self.done) >= self.cfg.flush_groups
+        return bool(due or full or stopping or not self.running)
+
+    async def _flush(self) -> None:
+        """Write the ended groups as one segment; finish each step whose last group that was."""
+        role = self.role
+        done, self.done, self.first_done = self.done, [], None
+        role._check_rewards(min(s for s, *_ in done), done)
+        rows: list[Experience] = []
+        for step in sorted({s for s, *_ in done}):
+            state = self.steps[step]
+            mine = [d for d in done if d[0] == step]
+            exps, failed, filtered = role._stamp(mine)
+            state.rows.extend(exps)
+            state.failed += failed
+            state.filtered += filtered
+            state.ended += len(mine)
+            rows.extend(exps)
+        wait_s = await role._write_rows(rows)
+        self.groups_written += len(done)
+        for step in sorted({s for s, *_ in done}):
+            state = self.steps[step]
+            state.buffer_wait_s += wait_s
+            if state.complete:
+                await self._finish(state)
+
+    async def _finish(self, state: _Step) -> None:
+        """The step's rows are all in the buffer: tell the Synchronizer, write its metrics record."""
+        role = self.role
+        del self.steps[state.step]
+        await role.synchronizer.finish_explore_step.remote(state.step, len(state.rows))
+        role.steps_done += 1
+        role.explore_step_num = max(role.explore_step_num, state.step + 1)
+        role._count_empty(len(state.rows))
+        start = state.first_start or state.opened
+        elapsed = time.perf_counter() - start - state.buffer_wait_s
+        metrics = role._metrics(state.rows, elapsed)
+        metrics.update({
+            "rollout/failed_tasks": float(state.failed), "rollout/filtered_groups": float(state.filtered),
+            "rollout/engine_restarts": float(role.fleet.restarts), "time/wait_buffer_s": state.buffer_wait_s,
+            "rollout/admission_wait_s": state.wait_s, "sync/wait_s": state.wait_s,
+            "rollout/groups_in_flight": float(len(self.running)), "rollout/groups_written": float(self.groups_written),
+            "rollout/groups_unstarted": float(len(state.tasks) - state.started),
+            "sync/version": float(role.fleet.version), "sync/failures": float(role.sync_failures),
+            "sync/fingerprint_mismatches": float(role.fleet.fingerprint_mismatches),
+            **self._take_loads(), **state.eval_metrics, **state.timeline})
+        if role.auto_staleness:
+            metrics["sync/staleness_bound"] = float(await role.synchronizer.report_explore.remote(state.wait_s))
+        role.metrics.write(state.step + 1, metrics)
+
+    def _take_loads(self) -> dict[str, Any]:
+        loads, self.loads = self.loads, _Loads()
+        return {"sync/bytes": loads.bytes, "sync/seconds": loads.seconds, "sync/loads": float(loads.count)}
+
+
+async def _ray(ref) -> Any:
+    return await ref
