@@ -87,6 +87,9 @@ def test_stream_admits_each_group_by_the_staleness_rule(tmp_path, tiny_model_pat
     assert [r["rollout/experiences"] for r in explorer_records] == [8.0, 8.0]
     assert explorer_records[1]["rollout/groups_written"] == 8.0
     assert explorer_records[1]["sync/loads"] >= 1.0 and explorer_records[1]["rollout/admission_wait_s"] >= 2.5
+    # the engine held work for part of each step's span; the second one waited seconds for versions
+    assert all(0.0 < r["rollout/engine_busy_frac"] <= 1.0 for r in explorer_records)
+    assert explorer_records[1]["rollout/engine_busy_frac"] < explorer_records[0]["rollout/engine_busy_frac"]
 
 
 def test_stream_writes_a_group_as_soon_as_it_ends(tmp_path, tiny_model_path, ray_session):

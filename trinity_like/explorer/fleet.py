@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,6 +219,24 @@ class _Slot:
     of service (no calls, no rounds) until it answers a health probe, then brought up to date first."""
     probe: Any = None
     """The pending health probe of a stalled engine."""
+    busy_s: float = 0.0
+    """Seconds with at least one call of the fleet's in flight on this engine (ended spans)."""
+    busy_since: float = 0.0
+    """When ``in_flight`` last rose from 0."""
+
+    def enter(self) -> None:
+        if not self.in_flight:
+            self.busy_since = time.perf_counter()
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight:
+            self.busy_s += time.perf_counter() - self.busy_since
+
+    def busy_now(self) -> float:
+        """``busy_s`` with the span running now."""
+        return self.busy_s + (time.perf_counter() - self.busy_since if self.in_flight else 0.0)
 
 
 class EngineFleet:
@@ -322,6 +341,12 @@ class EngineFleet:
         slot.version, slot.fingerprint = loaded["version"], loaded.get("fingerprint", slot.fingerprint)
         return loaded["bytes"]
 
+    def busy_s(self) -> float:
+        """Seconds engines have held work (a call of the fleet's in flight), summed over the engines: divided by
+        wall time and engine count, the engines' busy share (for an ``hf`` engine, queued calls count: it runs one
+        while the others wait)."""
+        return sum(s.busy_now() for s in self.slots)
+
     @property
     def fingerprint_mismatches(self) -> int:
         """Loads refused by their fingerprint check, over every engine, since the fleet started."""
@@ -350,7 +375,7 @@ class EngineFleet:
         for attempt in range(self.max_retries + 1):
             pinned = attempt == 0 and engine is not None and not self.slots[engine].stalled
             slot = self.slots[engine] if pinned else self._pick(tried)
-            slot.in_flight += 1
+            slot.enter()
             try:
                 if slot.version < self.version:
                     async with self._lock:
@@ -373,7 +398,7 @@ class EngineFleet:
                 self.restarts += 1
                 logger.warning("engine %d died during %s; retrying on another engine", slot.index, method)
             finally:
-                slot.in_flight -= 1
+                slot.leave()
         raise EngineCallFailed(f"{method} failed on {len(tried)} engine(s) after {self.max_retries} retries: {last}")
 
     async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:

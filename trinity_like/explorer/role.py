@@ -149,6 +149,7 @@ class ExplorerRole:
             logger.info("explorer.rollout=stream at staleness bound 0 (or mode %s) runs as rollout=step: there "
                         "is nothing to overlap", self.cfg.mode)
         self.stream = GroupStream(self) if self.streaming else None
+        self._busy_mark = (time.perf_counter(), 0.0)
 
     # ------------------------------------------------------------ admission and weights
     async def _admit_and_sync(self, step: int) -> dict[str, float]:
@@ -329,11 +330,20 @@ class ExplorerRole:
         self.steps_done += 1
         metrics = self._metrics(exps, elapsed)
         metrics.update({"rollout/failed_tasks": float(failed), "rollout/filtered_groups": float(filtered),
+                        "rollout/engine_busy_frac": self.engine_busy_frac(),
                         "rollout/engine_restarts": float(self.fleet.restarts),
                         "rollout/stragglers": float(len(self._stragglers)),
                         "rollout/late_groups": float(sum(s != step for s, *_ in finished)),
                         "time/wait_buffer_s": buffer_wait_s})
         return metrics
+
+    def engine_busy_frac(self) -> float:
+        """The engines' busy share (``EngineFleet.busy_s``) of the wall time since the last call (since ``setup``
+        for the first)."""
+        now, busy = time.perf_counter(), self.fleet.busy_s()
+        last_t, last_busy = self._busy_mark
+        self._busy_mark = (now, busy)
+        return (busy - last_busy) / max((now - last_t) * len(self.fleet.slots), 1e-9)
 
     def _stamp(self, finished) -> tuple[list[Experience], int, int]:
         """The rows of ``finished`` groups ((step, position, task, group or None)) with their group ids, less the

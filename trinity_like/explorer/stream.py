@@ -283,6 +283,7 @@ class GroupStream:
         metrics.update({
             "rollout/failed_tasks": float(state.failed), "rollout/filtered_groups": float(state.filtered),
             "rollout/engine_restarts": float(role.fleet.restarts), "time/wait_buffer_s": state.buffer_wait_s,
+            "rollout/engine_busy_frac": role.engine_busy_frac(),
             "rollout/admission_wait_s": state.wait_s, "sync/wait_s": state.wait_s,
             "rollout/groups_in_flight": float(len(self.running)), "rollout/groups_written": float(self.groups_written),
             "rollout/groups_unstarted": float(len(state.tasks) - state.started),
