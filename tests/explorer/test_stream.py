@@ -154,3 +154,61 @@ def test_stream_refuses_what_it_cannot_mean(tmp_path):
         _cfg(tmp_path, "m", "explorer.over_rollout_frac=0.5")
     with pytest.raises(ConfigError, match="synchronizer.offset=1 delays"):
         _cfg(tmp_path, "m", "synchronizer.offset=1")
+
+
+def test_a_step_whose_explorer_is_killed_mid_step_is_finished_by_another_without_repeating_a_group(
+        tmp_path, tiny_model_path, ray_session):
+    import os
+    import signal
+
+    from trinity_like.buffer import BufferConsumer
+    flag = tmp_path / "slow-flag"
+    flag.write_text("")
+    slow = tmp_path / "slow.py"
+    slow.write_text(
+        "import asyncio, os\n"
+        "from trinity_like.explorer.workflows import SingleTurnWorkflow\n"
+        "class Slow(SingleTurnWorkflow):\n"
+        "    async def run(self, task, engine, ctx):\n"
+        "        base = (42 * 1_000_003 + ctx.explore_step) * 10_007\n"
+        f"        while (ctx.seeds[0] - base) // 2 >= 2 and os.path.exists({str(flag)!r}):  # positions 2, 3 hang\n"
+        "            await asyncio.sleep(0.2)\n"
+        "        return await super().run(task, engine, ctx)\n")
+    cfg = _cfg(tmp_path, tiny_model_path, "name=stream-takeover", "synchronizer.max_staleness=1",
+               f"explorer.workflow={slow}:Slow", "explorer.batch_size=4", "explorer.repeat_times=2",
+               "trainer.batch_size=8")
+    prepare_run_dir(cfg)
+    sync = get_synchronizer(namespace_of(cfg), heartbeat_timeout_s=3.0)
+    role_cls = ray.remote(num_cpus=0)(ExplorerRole)
+    first = role_cls.remote(cfg)
+    second = None
+    try:
+        ray.get(first.setup.remote())
+        first.run.remote(1)
+        assert len(_wait_rows(cfg, 4)) == 4  # groups 0 and 1 written; 2 and 3 hang
+        os.kill(ray.get(first.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while ray.get(sync.status.remote())["explore_steps"]["returned"] != [0]:
+            assert time.monotonic() < deadline, "the killed explorer's step was never handed back"
+            time.sleep(0.5)
+        flag.unlink()
+        second = role_cls.remote(cfg)
+        ray.get(second.setup.remote())
+        assert ray.get(second.run.remote(1), timeout=120) == 1
+        status = ray.get(sync.status.remote())
+    finally:
+        for actor in (first, second):
+            if actor is not None:
+                ray.kill(actor)
+        ray.kill(sync)
+    rows = _rows(cfg)
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["group_id"], []).append(json.loads(r["info"])["explore_position"])
+    assert sorted(p for ps in groups.values() for p in set(ps)) == [0, 1, 2, 3]  # each group once
+    assert all(len(ps) == 2 for ps in groups.values()) and len(rows) == 8
+    assert status["explore_steps"]["rows_written"] == 8  # the step counts the first explorer's rows too
+    record = [json.loads(x) for x in RunPaths.of(cfg).metrics.read_text().splitlines() if '"explorer"' in x][-1]
+    assert record["rollout/groups_taken_over"] == 2.0 and record["rollout/experiences"] == 4.0
+    consumer = BufferConsumer(RunPaths.of(cfg).buffer_dir)
+    assert len(consumer.read(8, step=1, timeout_s=5)) == 8 and consumer.stats()["buffer/quarantined"] == 0

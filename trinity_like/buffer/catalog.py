@@ -431,6 +431,25 @@ def explore_step_rows(buffer_dir: str | os.PathLike) -> dict[int, int]:
     return dict(sorted(total.items()))
 
 
+def explore_group_rows(buffer_dir: str | os.PathLike, step: int) -> dict[int, int]:
+    """info.explore_position -> rows of explorer step ``step``'s groups already in the buffer (streaming rollout
+    writes a step group by group; an explorer that takes over a step whose explorer died runs only the others).
+    Opens only the segments whose catalog entry counts rows of that step."""
+    out: Counter = Counter()
+    for info, entry in load(buffer_dir).listed():
+        if step not in entry.explore_steps:
+            continue
+        try:
+            texts = read_segment(info, verify=False).column("info").to_pylist()
+        except SegmentError:  # never trained: its groups are explored again
+            continue
+        for text in texts:
+            obj = json.loads(text)
+            if step_value(obj.get("explore_step")) == step and step_value(obj.get("explore_position")) is not None:
+                out[step_value(obj["explore_position"])] += 1
+    return dict(sorted(out.items()))
+
+
 _CONJUNCT = re.compile(r"\s+AND\s+", re.IGNORECASE)
 _VERSION_CMP = re.compile(r"^\(?\s*model_version\s*(>=|<=|<>|!=|==|=|>|<)\s*(-?\d+)\s*\)?$", re.IGNORECASE)
 _SOURCE_EQ = re.compile(r"^\(?\s*source\s*=\s*'([^']*)'\s*\)?$", re.IGNORECASE)

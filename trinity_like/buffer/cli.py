@@ -46,7 +46,7 @@ def _verify(args) -> int:
 
     report = verify_buffer(_buffer_dir(args.dir), move=not args.dry_run)
     _print(report, args.json)
-    return 1 if report["bad"] else 0
+    return 1 if report["bad"] or report["groups_not_trained_once"] else 0
 
 
 def _ingest(args) -> int:

@@ -18,6 +18,7 @@ from trinity_like.buffer.segments import (
     read_segment,
     segment_dir,
 )
+from trinity_like.buffer.sql import group_consumption
 
 
 def buffer_stats(buffer_dir: Path) -> dict[str, Any]:
@@ -83,4 +84,5 @@ def verify_buffer(buffer_dir: Path, move: bool = True) -> dict[str, Any]:
         catalog.roll_up(buffer_dir, block=True)  # the quarantined segments' entries go now
     d = segment_dir(buffer_dir)
     leftovers = sorted(n for n in os.listdir(d) if n.startswith(".")) if d.is_dir() else []
-    return {"ok": good, "bad": bad, "temporary_files": leftovers}
+    groups = group_consumption(buffer_dir) if good else []
+    return {"ok": good, "bad": bad, "temporary_files": leftovers, "groups_not_trained_once": groups}

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -63,6 +64,8 @@ CATALOG_SNAPSHOT_AT = 16
 checks at once; a running consumer, seeing one or two at a time, reads only the new loose catalog files."""
 CATALOG_SAVE_AT = 64
 """CRC checks recorded in the catalog per batch (and at each commit)."""
+EXPLORER_GROUP = re.compile(r"^s\d+-.*-\d+$")
+"""A group id as the explorer stamps it: ``s<step>-<task id>-<position>``."""
 NEVER_STALE = np.iinfo(np.int64).max
 """A segment's newest version when it holds a row with ``model_version -1``: no ``min_version`` skips it."""
 
@@ -147,6 +150,8 @@ class BufferConsumer:
         self._unsaved: list[catalog.Entry] = []
         """Entries of segments CRC-checked by this consumer and not recorded yet (saved in batches, and at commit)."""
         self._bad: set[str] = set()
+        self._seen_groups: dict[str, str] = {}
+        """Explorer group id -> the segment it was first met in (``_repeated_groups``)."""
         self._max_version = np.zeros(0, np.int64)
         """Per opened segment: its largest model_version, NEVER_STALE if it holds a -1 row (segments wholly below
         min_version are skipped)."""
@@ -225,7 +230,8 @@ class BufferConsumer:
     def _quarantine(self, seg: _Segment, table: pa.Table) -> None:
         """Take the segment's untrainable rows out of circulation; record and log the ones not seen before."""
         new = []
-        for row, problem in table_row_problems(table, self.vocab_size).items():
+        problems = {**table_row_problems(table, self.vocab_size), **self._repeated_groups(seg, table)}
+        for row, problem in sorted(problems.items()):
             seg.uses[row] = self.max_uses
             if (seg.info.name, row) not in self._quarantined:
                 self._quarantined.add((seg.info.name, row))
@@ -233,6 +239,24 @@ class BufferConsumer:
                 logger.error("quarantined buffer row %s (segment %s, row %d): %s; it is kept but never trained",
                              seg.eids[row], seg.info.name, row, problem)
         self.ledger.add_quarantined(new)
+
+    def _repeated_groups(self, seg: _Segment, table: pa.Table) -> dict[int, str]:
+        """Rows of explorer groups already met in an earlier segment: a group written twice (its step handed to
+        another explorer while the first, taken for dead, was still writing it) is trained once, from its
+        first copy. Only the group ids the explorer stamps (``s<step>-<task>-<position>``, unique in a run) on
+        explorer rows: elsewhere one id in two writes is two groups."""
+        problems: dict[int, str] = {}
+        here: dict[str, str] = {}
+        for row, group in enumerate(table.column("group_id").to_pylist()):
+            if seg.source[row] != "explorer" or not EXPLORER_GROUP.match(group):
+                continue
+            first = self._seen_groups.get(group)
+            if first is not None:
+                problems[row] = f"group {group} was written twice; its first copy (segment {first}) is trained"
+            else:
+                here[group] = seg.info.name
+        self._seen_groups.update(here)
+        return problems
 
     def _eligible(self, seg: _Segment, min_version: int | None, step: int) -> np.ndarray:
         ok = seg.uses < self.max_uses

@@ -128,3 +128,34 @@ def count_rows(buffer_dir: str | Path) -> int:
     return sum(s.num_rows for s in list_segments(buffer_dir))
 
 
+
+
+
+GROUP_CONSUMPTION_SQL = """
+WITH kept AS (
+    SELECT group_id, eid FROM experiences
+    WHERE source = 'explorer' AND regexp_matches(group_id, '^s\\d+-.*-\\d+$')
+      AND eid NOT IN (SELECT eid FROM quarantine WHERE consumer = $consumer)),
+sizes AS (SELECT group_id, count(*) AS rows FROM kept GROUP BY group_id),
+per_step AS (
+    SELECT kept.group_id, c.step, count(*) AS trained
+    FROM kept JOIN consumption c ON c.eid = kept.eid AND c.consumer = $consumer AND c.committed
+    GROUP BY kept.group_id, c.step)
+SELECT group_id, rows, step, trained FROM per_step JOIN sizes USING (group_id)
+WHERE trained <> rows
+ORDER BY group_id, step
+"""
+
+
+def group_consumption(buffer_dir: str | Path, consumer: str = "trainer") -> list[dict]:
+    """(group_id, rows, step, trained) for each committed step of ``consumer`` that trained only part of an
+    explorer group (its id as the explorer stamps it, ``reader.EXPLORER_GROUP``): a group split over steps, or partly trained. Empty when every step that trained a group
+    trained all of it (exactly once with ``max_uses`` 1, whole at each use with replay). Rows the consumer
+    quarantined (a group written twice keeps its first copy) do not count."""
+    con = connect(buffer_dir, sql=GROUP_CONSUMPTION_SQL)
+    try:
+        cursor = con.execute(GROUP_CONSUMPTION_SQL, {"consumer": consumer})
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    finally:
+        con.close()

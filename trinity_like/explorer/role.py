@@ -361,6 +361,7 @@ class ExplorerRole:
                 e.group_id = f"s{task_step}-{task.task_id}-{position}"
                 e.task_id = task.task_id
                 e.info["explore_step"] = task_step
+                e.info["explore_position"] = position
             exps.extend(group)
         return exps, failed, filtered
 

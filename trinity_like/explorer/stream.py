@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trinity_like.buffer import explore_group_rows
 from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task
 from trinity_like.explorer.fleet import WeightsLoadFailed
@@ -48,12 +49,17 @@ class _Step:
 
     step: int
     tasks: list[Task]
+    positions: list[int]
+    """The positions (indices into ``tasks``) this explorer runs: all of them, less the groups of a redone step
+    already in the buffer."""
+    earlier_rows: int
+    """Rows of this step's groups already in the buffer when it was claimed."""
     opened: float
     """``time.perf_counter()`` when it was claimed."""
     timeline: dict[str, float]
     eval_metrics: dict[str, float]
     started: int = 0
-    """Groups started (positions 0 .. started - 1)."""
+    """Groups started (``positions[:started]``)."""
     ended: int = 0
     """Groups written, filtered or failed."""
     rows: list[Experience] = field(default_factory=list)
@@ -66,7 +72,11 @@ class _Step:
 
     @property
     def complete(self) -> bool:
-        return self.ended == len(self.tasks)
+        return self.ended == len(self.positions)
+
+    @property
+    def all_started(self) -> bool:
+        return self.started == len(self.positions)
 
 
 @dataclass
@@ -108,7 +118,7 @@ class GroupStream:
         while True:
             stopping = role._stop or (await sync.ended.remote()).get("trainer") == "finished"
             if not stopping and not exhausted and time.monotonic() >= next_claim and all(
-                    s.started == len(s.tasks) for s in self.steps.values()):
+                    s.all_started for s in self.steps.values()):
                 step = await sync.claim_explore_step.remote(role.role_id, role.schedule, num_steps)
                 if step is not None:
                     await self._open(step)
@@ -170,7 +180,18 @@ class GroupStream:
         interval = role.cfg.explorer.eval_interval
         timeline["timeline/eval_start_unix_s"] = time.time()
         eval_metrics = await role.evaluate() if interval and step % interval == 0 else {}
-        self.steps[step] = _Step(step, role._tasks_for_step(step), time.perf_counter(), timeline, eval_metrics)
+        tasks = role._tasks_for_step(step)
+        written: dict[int, int] = {}
+        if await role.synchronizer.explore_step_redone.remote(step) and role.writer is not None:
+            written = await asyncio.to_thread(explore_group_rows, role.paths.buffer_dir, step)
+            if written:
+                logger.warning("explorer step %d was handed over with %d of its %d groups written; running the other "
+                               "%d", step, len(written), len(tasks), len(tasks) - len(written))
+        positions = [p for p in range(len(tasks)) if p not in written]
+        state = _Step(step, tasks, positions, sum(written.values()), time.perf_counter(), timeline, eval_metrics)
+        self.steps[step] = state
+        if not positions:  # every group was written before: only the Synchronizer has to hear it
+            await self._finish(state)
 
     async def _admit(self) -> None:
         """Start every group the staleness bound admits now, in the run's order (a later group never needs an
@@ -179,13 +200,14 @@ class GroupStream:
         cap = self.cfg.max_groups_in_flight
         bound = await sync.staleness_bound.remote() if role.auto_staleness else None
         for state in sorted(self.steps.values(), key=lambda s: s.step):
-            if state.started == len(state.tasks):
+            if state.all_started:
                 continue
             rows_before = await sync.rows_before.remote(state.step, role.schedule.rows_per_step)
-            while state.started < len(state.tasks):
+            while not state.all_started:
                 if cap and len(self.running) >= cap:
                     return
-                need = role.schedule.version_needed(role.schedule.rows_before_group(rows_before, state.started), bound)
+                position = state.positions[state.started]
+                need = role.schedule.version_needed(role.schedule.rows_before_group(rows_before, position), bound)
                 if role.fleet.version < need:
                     self._blocked(state, need)
                     return
@@ -210,7 +232,7 @@ class GroupStream:
             self.role._sync_state = "running"
 
     def _start(self, state: _Step) -> None:
-        role, position = self.role, state.started
+        role, position = self.role, state.positions[state.started]
         if state.first_start is None:
             state.first_start = time.perf_counter()
             state.timeline["timeline/rollout_start_unix_s"] = time.time()
@@ -273,10 +295,10 @@ class GroupStream:
         """The step's rows are all in the buffer: tell the Synchronizer, write its metrics record."""
         role = self.role
         del self.steps[state.step]
-        await role.synchronizer.finish_explore_step.remote(state.step, len(state.rows))
+        await role.synchronizer.finish_explore_step.remote(state.step, state.earlier_rows + len(state.rows))
         role.steps_done += 1
         role.explore_step_num = max(role.explore_step_num, state.step + 1)
-        role._count_empty(len(state.rows))
+        role._count_empty(state.earlier_rows + len(state.rows))
         start = state.first_start or state.opened
         elapsed = time.perf_counter() - start - state.buffer_wait_s
         metrics = role._metrics(state.rows, elapsed)
@@ -286,7 +308,8 @@ class GroupStream:
             "rollout/engine_busy_frac": role.engine_busy_frac(),
             "rollout/admission_wait_s": state.wait_s, "sync/wait_s": state.wait_s,
             "rollout/groups_in_flight": float(len(self.running)), "rollout/groups_written": float(self.groups_written),
-            "rollout/groups_unstarted": float(len(state.tasks) - state.started),
+            "rollout/groups_unstarted": float(len(state.positions) - state.started),
+            "rollout/groups_taken_over": float(len(state.tasks) - len(state.positions)),
             "sync/version": float(role.fleet.version), "sync/failures": float(role.sync_failures),
             "sync/fingerprint_mismatches": float(role.fleet.fingerprint_mismatches),
             **self._take_loads(), **state.eval_metrics, **state.timeline})

@@ -70,6 +70,9 @@ class ExploreSteps:
     """written step -> the rows it wrote (fewer than planned when groups were filtered or tasks failed)."""
     rows_dropped: int = 0
     """Rows the trainer reported it will never train (too stale, quarantined): explored again."""
+    redone: set[int] = field(default_factory=set)
+    """Steps handed out again (their explorer died or stopped first; or missing below the highest written one
+    at start): streaming rollout may have written some of their groups already."""
 
     @property
     def rows_written(self) -> int:
@@ -95,6 +98,7 @@ class ExploreSteps:
     def take_returned(self) -> int:
         step = self.returned.pop(0)
         self.previous.pop(step, None)
+        self.redone.add(step)
         return step
 
 
@@ -371,6 +375,10 @@ class Synchronizer:
             return None
         s.claims[step] = role_id
         return step
+
+    async def explore_step_redone(self, step: int) -> bool:
+        """Whether ``step`` was handed out before (see ``ExploreSteps.redone``)."""
+        return step in self._steps.redone
 
     async def finish_explore_step(self, step: int, rows: int) -> None:
         """The step's ``rows`` experiences are in the buffer."""
