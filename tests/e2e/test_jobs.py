@@ -22,7 +22,7 @@ import yaml
 
 from trinity_like.buffer import query
 from trinity_like.buffer.ledger import Ledger
-from trinity_like.buffer.sql import consumption_table
+from trinity_like.buffer.sql import consumption_table, group_consumption
 from trinity_like.common.metrics import read_metrics
 from trinity_like.config import load_config
 from trinity_like.runtime.paths import RunPaths
@@ -164,6 +164,7 @@ def check_ledger(cfg_path: Path) -> list[dict]:
     stored = query(paths.buffer_dir).column("eid").to_pylist()
     assert len(stored) == len(set(stored))
     assert set(eids) <= set(stored)  # nothing trained is missing, and untrained rows stay in the buffer
+    assert group_consumption(paths.buffer_dir) == []  # every group trained whole, in one step
     return ledger
 
 
@@ -264,7 +265,9 @@ def test_a_self_setting_bound_rises_when_generation_is_slower_than_training(tmp_
 
 def test_killed_explorer_job_the_trainer_drains_waits_and_a_new_explorer_goes_on(tmp_path, tiny_model_path,
                                                                                    ray_cluster):
-    cfg_path = _write_cfg(tmp_path, tiny_model_path, "explorer-killed", trainer__total_steps=12)
+    # streaming rollout: the killed explorer may leave a step part-written, which the new one completes
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, "explorer-killed", trainer__total_steps=12,
+                          explorer__rollout="stream", explorer__stream__flush_s=0)
     trainer = _driver(ray_cluster, cfg_path, "trainer")
     explorer = _driver(ray_cluster, cfg_path, "explorer")
     explorer_pid = _role_pid(explorer, "explorer")
