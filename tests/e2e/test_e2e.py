@@ -118,17 +118,24 @@ def test_async_with_zero_staleness_equals_sync(tmp_path, tiny_model_path, sync_r
 def test_a_streaming_async_run_trains_every_row_once_within_the_bound(tmp_path, tiny_model_path, ray_session):
     reward_file = tmp_path / "length_reward.py"
     reward_file.write_text(LENGTH_REWARD)
+    # responses of up to 4 tokens in pieces of 2: a version published mid-response makes the rest of it
     cfg = _cfg(tmp_path, tiny_model_path, "stream", "mode=async", "synchronizer.max_staleness=1",
-               "explorer.rollout=stream", "explorer.stream.flush_s=0", f"reward.function_path={reward_file}")
+               "explorer.rollout=stream", "explorer.stream.flush_s=0", "explorer.stream.on_new_version=resubmit",
+               "explorer.stream.chunk_tokens=2", f"reward.function_path={reward_file}")
     summary = run(cfg)
     records = _check_run(cfg, summary)
     assert summary["staleness_max"] <= 1
     explorer = [r for r in records if r["role"] == "explorer"]
     assert explorer and all("rollout/groups_written" in r for r in explorer)  # the stream wrote them
+    assert sum(r["rollout/engine_calls"] for r in explorer) > 6  # more calls than groups: responses were cut
     rows = query(RunPaths.of(cfg).buffer_dir).to_pylist()
     trained = {r["eid"]: r["step"] for r in consumption_table(RunPaths.of(cfg).buffer_dir).to_pylist()}
-    # no trained row is staler than the bound: trained at trainer step k (version k - 1) from version v
+    # no trained token is staler than the bound: trained at trainer step k (version k - 1) from version v, the
+    # row's oldest token's
     assert all(trained[r["eid"]] - 1 - r["model_version"] <= 1 for r in rows if r["eid"] in trained)
+    for r in rows:  # a row of several versions: its oldest is model_version, and they only rise
+        versions = r["token_versions"]
+        assert versions is None or (min(versions) == r["model_version"] and versions == sorted(versions))
 
 
 def _check_sync_without_files(cfg, records, method, failures: bool = False):

@@ -163,6 +163,16 @@ class StreamConfig:
     per group would make many small files); 0 = write each group at once."""
     flush_groups: int = _at_least(0, 0)
     """Also write as soon as this many finished groups wait; 0 = by `flush_s` alone."""
+    on_new_version: str = _choices("finish", ("finish", "resubmit"))
+    """What requests running when a version loads do: `finish` on the weights they started on (the load waits for
+    them), or `resubmit`: cut, and continued on the new weights (prompt plus the tokens so far; AReaL's
+    interruptible generation), so a load never waits for a long response and each token records the version
+    that made it (`token_versions`). vLLM's async engine cuts requests at once (abort and resubmit); the `hf`
+    engine and vLLM's synchronous one only between calls, so they need `chunk_tokens`."""
+    chunk_tokens: int = _at_least(0, 0)
+    """With `resubmit`: generate responses in pieces of at most this many tokens, so that a version loads between
+    two pieces and makes the rest (the `hf` engine's way to be interrupted; with vLLM's async engine also a cap on
+    how long a piece runs). 0 = whole responses (vLLM's async engine only)."""
 
 
 @dataclass

@@ -229,6 +229,20 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
         raise ConfigError(f"explorer.over_rollout_frac={ex.over_rollout_frac} ends a step before its last groups, "
                           "which explorer.rollout=stream does by itself (every group is written as it ends): set "
                           "over_rollout_frac=1.0, or rollout=step")
+    st = ex.stream
+    if ex.rollout == "step" and (st.on_new_version != "finish" or st.chunk_tokens):
+        raise ConfigError("explorer.stream.on_new_version / chunk_tokens act on streaming rollout; with "
+                          "explorer.rollout=step weights change only between steps: set rollout=stream or leave them out")
+    if st.chunk_tokens and st.on_new_version != "resubmit":
+        raise ConfigError(f"explorer.stream.chunk_tokens={st.chunk_tokens} cuts responses so that a new version "
+                          "makes the rest, which on_new_version=finish forbids (a request ends on its weights): set "
+                          "on_new_version=resubmit, or chunk_tokens=0")
+    async_vllm = ex.engine == "vllm" and ex.vllm.async_engine
+    if st.on_new_version == "resubmit" and not st.chunk_tokens and not async_vllm:
+        raise ConfigError(f"explorer.stream.on_new_version=resubmit with engine {ex.engine}"
+                          f"{'' if ex.engine == 'hf' else ' (synchronous)'}: this engine can be interrupted only "
+                          "between calls; set explorer.stream.chunk_tokens (e.g. 32) to cut responses into pieces"
+                          + ("" if ex.engine == "hf" else ", or explorer.vllm.async_engine=true"))
     if ex.rollout == "stream" and cfg.synchronizer.offset:
         raise ConfigError(f"synchronizer.offset={cfg.synchronizer.offset} delays the first weight load by explorer "
                           "steps; explorer.rollout=stream loads every version as soon as it is published, so it has "

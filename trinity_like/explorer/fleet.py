@@ -63,8 +63,9 @@ class EngineActor:
         self.sync_timeout_s = cfg.synchronizer.sync_timeout_s
         self.receiver = None
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
-        return self.engine.generate(prompts, sampling, seeds)
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                 offsets: list[int] | None = None) -> list[Sample]:
+        return self.engine.generate(prompts, sampling, seeds, offsets)
 
     def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
         return self.engine.chat(messages, sampling, seed)
@@ -127,8 +128,9 @@ class AsyncEngineActor(EngineActor):
     whose calls run on the thread that built the engine: vLLM's CPU kernels refuse a call from a thread with
     another OpenMP thread count.)"""
 
-    async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
-        return await self.engine.agenerate(prompts, sampling, seeds)
+    async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                       offsets: list[int] | None = None) -> list[Sample]:
+        return await self.engine.agenerate(prompts, sampling, seeds, offsets)
 
     async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
         return await self.engine.achat(messages, sampling, seed)
@@ -401,8 +403,10 @@ class EngineFleet:
                 slot.leave()
         raise EngineCallFailed(f"{method} failed on {len(tried)} engine(s) after {self.max_retries} retries: {last}")
 
-    async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
-        return await self.call("generate", prompts, sampling, seeds)
+    async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                       offsets: list[int] | None = None) -> list[Sample]:
+        """``offsets``: see ``RolloutEngine.generate`` (a continuation)."""
+        return await self.call("generate", prompts, sampling, seeds, offsets)
 
     async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
         return await self.call("chat", messages, sampling, seed)

@@ -222,12 +222,14 @@ class ExplorerRole:
         base = (self.cfg.seed * 1_000_003 + step) * 10_007 + position * repeat
         return dataclasses.replace(self.base_ctx, seeds=[base + j for j in range(repeat)], explore_step=step)
 
-    async def _run_task(self, task: Task, ctx: WorkflowContext) -> list[Experience] | None:
-        """The workflow on one task, with timeout and retries; None when it failed for good."""
+    async def _run_task(self, task: Task, ctx: WorkflowContext, engine=None) -> list[Experience] | None:
+        """The workflow on one task (with ``engine``, default the fleet), with timeout and retries; None when it
+        failed for good."""
         error = ""
         for attempt in range(self.cfg.explorer.max_retries + 1):
             try:
-                return await asyncio.wait_for(self.workflow.run(task, self.fleet, ctx), self.cfg.explorer.task_timeout_s)
+                return await asyncio.wait_for(self.workflow.run(task, engine or self.fleet, ctx),
+                                              self.cfg.explorer.task_timeout_s)
             except Exception as e:  # a workflow is user code: any failure costs this task only
                 error = f"{type(e).__name__}: {e}"
                 logger.warning("task %s failed (attempt %d): %s", task.task_id, attempt + 1, error)

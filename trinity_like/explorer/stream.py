@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from trinity_like.buffer import explore_group_rows
 from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task
+from trinity_like.explorer.continuing import ContinuingEngine
 from trinity_like.explorer.fleet import WeightsLoadFailed
 
 if TYPE_CHECKING:
@@ -104,6 +105,9 @@ class GroupStream:
         self.groups_written = 0
         self._blocked_since: float | None = None
         self._last_progress = time.perf_counter()
+        self.engine = ContinuingEngine(role.fleet, self.cfg.chunk_tokens) if self.cfg.chunk_tokens else None
+        """What the workflows call: the fleet, in pieces of ``chunk_tokens`` when set."""
+        self._calls_seen = 0
 
     @property
     def in_flight(self) -> int:
@@ -237,7 +241,7 @@ class GroupStream:
             state.first_start = time.perf_counter()
             state.timeline["timeline/rollout_start_unix_s"] = time.time()
         task = state.tasks[position]
-        fut = asyncio.ensure_future(role._run_task(task, role._context(state.step, position)))
+        fut = asyncio.ensure_future(role._run_task(task, role._context(state.step, position), self.engine))
         self.running[fut] = (state.step, position)
         state.started += 1
 
@@ -310,12 +314,21 @@ class GroupStream:
             "rollout/groups_in_flight": float(len(self.running)), "rollout/groups_written": float(self.groups_written),
             "rollout/groups_unstarted": float(len(state.positions) - state.started),
             "rollout/groups_taken_over": float(len(state.tasks) - len(state.positions)),
+            "rollout/mixed_version_rows": float(sum(e.token_versions is not None for e in state.rows)),
+            "rollout/engine_calls": float(self._take_calls()),
             "sync/version": float(role.fleet.version), "sync/failures": float(role.sync_failures),
             "sync/fingerprint_mismatches": float(role.fleet.fingerprint_mismatches),
             **self._take_loads(), **state.eval_metrics, **state.timeline})
         if role.auto_staleness:
             metrics["sync/staleness_bound"] = float(await role.synchronizer.report_explore.remote(state.wait_s))
         role.metrics.write(state.step + 1, metrics)
+
+    def _take_calls(self) -> int:
+        """Engine calls of pieces (``chunk_tokens``) since the last step record; 0 without pieces."""
+        if self.engine is None:
+            return 0
+        calls, self._calls_seen = self.engine.pieces - self._calls_seen, self.engine.pieces
+        return calls
 
     def _take_loads(self) -> dict[str, Any]:
         loads, self.loads = self.loads, _Loads()

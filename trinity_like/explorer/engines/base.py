@@ -82,12 +82,22 @@ def check_fingerprint(got: str, update: WeightUpdate, engine_id: str, served_ver
             f"{served_version} keeps serving")
 
 
+def continuation_seed(seed: int, offset: int) -> int:
+    """The seed of a continuation ``offset`` tokens into the response of request ``seed`` on an engine that
+    cannot resume a random stream mid-way (vLLM): a fixed function of both, so a run is still reproducible,
+    though the piece's tokens are not those of one uncut request."""
+    return seed if not offset else (seed * 1_000_003 + offset) % (2**63 - 1)
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     engine_id: str
     model_version: int
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                 offsets: list[int] | None = None) -> list[Sample]:
+        """``offsets[i]``: tokens of request i's response already generated, at the end of its prompt (a
+        continuation); its randomness goes on from there (``continuation_seed``). None: all 0."""
         ...
 
     def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:

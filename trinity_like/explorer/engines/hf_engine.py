@@ -154,8 +154,11 @@ class HFEngine(ChatByGenerate):
                 "backend": "hf", "device": str(self.device), "dtype": self.dtype, "kv_cache": self.kv_cache}
 
     # ------------------------------------------------------------ generation
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
-        """Sample one response per prompt. The same prompt, weights and seed give the same sample."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                 offsets: list[int] | None = None) -> list[Sample]:
+        """Sample one response per prompt. The same prompt, weights and seed give the same sample. ``offsets``:
+        tokens of each response already generated (ending its prompt): its random stream goes on from there, so
+        a response continued on unchanged weights is the uncut one (up to the prefill's rounding)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs a non-empty list of non-empty prompts")
         if len(seeds) != len(prompts):
@@ -165,7 +168,7 @@ class HFEngine(ChatByGenerate):
                 raise WeightsMismatch(f"engine {self.engine_id} serves weights that failed their fingerprint check; "
                                       "it takes requests again once a version loads and verifies")
             start = time.perf_counter()
-            tok_mat, lp_mat, lengths = self._sample(prompts, sampling, seeds)
+            tok_mat, lp_mat, lengths = self._sample(prompts, sampling, seeds, offsets or [0] * len(prompts))
             elapsed = time.perf_counter() - start
             version = self.model_version
             self._served += len(prompts)
@@ -180,7 +183,7 @@ class HFEngine(ChatByGenerate):
         return samples
 
     @torch.inference_mode()
-    def _sample(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]):
+    def _sample(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int], offsets: list[int]):
         batch = len(prompts)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)  # (B, P)
@@ -195,8 +198,9 @@ class HFEngine(ChatByGenerate):
         # One uniform per (request, position), from the request's own generator: sampling is inverse-CDF on
         # these, so a request's tokens do not depend on the other requests in the batch.
         # (drawn on the CPU, so a seed gives the same stream on any device)
-        uniforms = torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-                                for s in seeds]).to(dev)  # (B, T)
+        uniforms = torch.stack([torch.rand(k + steps, generator=torch.Generator().manual_seed(s),
+                                           dtype=torch.float64)[k:]
+                                for s, k in zip(seeds, offsets, strict=True)]).to(dev)  # (B, T)
         stop_ids = torch.tensor(sorted({self.eos_token_id, *sampling.stop_token_ids}), dtype=torch.long, device=dev)
 
         static = self.kv_cache == "static"

@@ -78,6 +78,7 @@ from trinity_like.explorer.engines.base import (
     WeightUpdate,
     check_fingerprint,
     check_one_source,
+    continuation_seed,
 )
 from trinity_like.weights.files import (
     CorruptWeightsError,
@@ -640,9 +641,10 @@ class VLLMEngine(ChatByGenerate):
             detokenize=False,
         )
 
-    def _requests(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]):
-        """vLLM requests for ``generate`` (token-id prompts, one SamplingParams each, seeded where ``seeded``) and the
-        stop ids."""
+    def _requests(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                  offsets: list[int] | None = None):
+        """vLLM requests for ``generate`` (token-id prompts, one SamplingParams each, seeded where ``seeded``; a
+        continuation ``offsets[i]`` tokens in gets ``continuation_seed``) and the stop ids."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs a non-empty list of non-empty prompts")
         if len(seeds) != len(prompts):
@@ -651,11 +653,13 @@ class VLLMEngine(ChatByGenerate):
 
         stops = sorted({*self._eos_ids, *(int(t) for t in sampling.stop_token_ids)})
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        seeds = [continuation_seed(s, k) for s, k in zip(seeds, offsets or [0] * len(seeds), strict=True)]
         return requests, [self._sampling_params(sampling, s if self.seeded else None, stops) for s in seeds], stops
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                 offsets: list[int] | None = None) -> list[Sample]:
         """Sample one response per prompt. With ``seeded``, the same prompt, weights and seed give the same sample."""
-        requests, params, stops = self._requests(prompts, sampling, seeds)
+        requests, params, stops = self._requests(prompts, sampling, seeds, offsets)
         with self._lock:
             start = time.perf_counter()
             outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -743,12 +747,13 @@ class AsyncVLLMEngine(VLLMEngine):
             gate.set()
 
     # ------------------------------------------------------------ generation
-    async def agenerate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[Sample]:
+    async def agenerate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                        offsets: list[int] | None = None) -> list[Sample]:
         """Sample one response per prompt, each a request of its own in vLLM's batch. With ``seeded``, the same
         prompt, weights and seed give the same sample, whatever else is running."""
         from vllm.sampling_params import RequestOutputKind
 
-        requests, params, stops = self._requests(prompts, sampling, seeds)
+        requests, params, stops = self._requests(prompts, sampling, seeds, offsets)
         for p in params:
             p.output_kind = RequestOutputKind.FINAL_ONLY
         await self._enter()
