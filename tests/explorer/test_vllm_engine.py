@@ -616,3 +616,55 @@ def test_async_engine_batches_concurrent_calls_and_updates_weights_between_them(
             assert sample.model_version == 0 and sample.response_ids.tolist() == before_greedy[i % n]
     assert all(s.model_version == 1 and s.response_ids.tolist() == [0] for s in after)
     assert version == 1 and health["model_version"] == 1 and health["in_flight"] == 0 and health["async"]
+
+
+def test_under_resubmit_a_weight_update_cuts_a_long_request_and_it_goes_on_with_the_new_weights(
+        engine, prompts, tiny_model_path, tmp_path, ray_session):
+    """Streaming rollout with ``on_new_version: resubmit``: an update does not wait for a long interruptible
+    request (vLLM aborts it, the engine loads, the request goes on from its prompt plus the tokens so far); its
+    tokens carry the version that made each, and a request that is not interruptible still ends on its weights."""
+    import asyncio
+    import time
+
+    import ray
+
+    from trinity_like.config import load_config
+    from trinity_like.explorer.fleet import EngineFleet
+
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
+                             "name=cut", "explorer.engine=vllm", "explorer.num_engines=1", "explorer.vllm.seeded=true",
+                             "explorer.vllm.async_engine=true", "mode=async", "explorer.rollout=stream",
+                             "explorer.stream.on_new_version=resubmit"])
+    greedy = SamplingConfig(temperature=0, max_new_tokens=400)
+    uncut = engine.generate(prompts, greedy, _seeds(len(prompts), 1))
+    i = max(range(len(prompts)), key=lambda k: len(uncut[k].response_ids))
+    prompt, full = prompts[i], uncut[i].response_ids.tolist()
+    assert len(full) >= 200, "the tiny model's greedy responses are all short: no long request to cut"
+    eos_weights = _eos(export_state_dict(load_causal_lm(tiny_model_path)))
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        try:
+            await fleet.ready()
+            await fleet.generate([prompt], greedy, [1])  # a fresh engine's first request with log-probs is slow
+            start = time.perf_counter()
+            await fleet.generate([prompt], greedy, [1])  # the uncut request's time, warm
+            whole_s = time.perf_counter() - start
+            long = asyncio.ensure_future(fleet.generate([prompt], greedy, [1], None, True))
+            await asyncio.sleep(0.3 * whole_s)
+            start = time.perf_counter()
+            await fleet.update_weights(WeightsInfo(version=1, refs=[ray.put(eos_weights)]))
+            load_s = time.perf_counter() - start
+            (sample,) = await long
+            health = (await fleet.health())[0]
+            return whole_s, load_s, sample, health
+        finally:
+            fleet.kill()
+
+    whole_s, load_s, sample, health = asyncio.run(main())
+    ids, versions = sample.response_ids.tolist(), sample.token_versions.tolist()
+    k = versions.index(1)
+    assert 0 < k < len(full) and ids[:k] == full[:k]  # version 0's tokens up to the cut
+    assert ids[k:] == [0] and versions == [0] * k + [1]  # then version 1 (its zeroed norm: EOS at once)
+    assert sample.model_version == 0 and sample.finish_reason == "stop" and health["cuts"] == 1
+    assert load_s < 0.5 * whole_s, f"the load took {load_s:.2f}s of a {whole_s:.2f}s request: it waited for it"

@@ -1,7 +1,9 @@
-"""The engine fleet as a workflow sees it under streaming rollout with ``explorer.stream.chunk_tokens``: each
-generate (or chat) call is generated in pieces of at most ``chunk_tokens`` new tokens, and a version loaded
-between two pieces makes the rest of the response (AReaL's interruptible generation at chunk granularity: the
-prompt plus the tokens so far go back to an engine, which goes on from there).
+"""The engine fleet as a workflow sees it under streaming rollout with ``explorer.stream.on_new_version:
+resubmit``: its calls are interruptible (vLLM's async engine cuts them when a version loads and continues them on
+it), and with ``chunk_tokens`` each generate (or chat) call is generated in pieces of at most that many new
+tokens, so that a version loaded between two pieces makes the rest of the response on any engine (AReaL's
+interruptible generation at chunk granularity: the prompt plus the tokens so far go back to an engine, which goes
+on from there).
 
 Every token carries the version of the weights that made it (``Sample.token_versions``); ``model_version`` is
 the oldest. A piece continues the request's own random stream at its offset (``RolloutEngine.generate``'s
@@ -22,12 +24,13 @@ from trinity_like.explorer.engines.base import Sample
 
 
 class ContinuingEngine:
-    """``generate`` and ``chat`` of an ``EngineFleet``, in pieces of ``chunk_tokens`` new tokens each."""
+    """``generate`` and ``chat`` of an ``EngineFleet``, interruptible, in pieces of ``chunk_tokens`` new tokens
+    each (0: whole responses)."""
 
-    def __init__(self, fleet: Any, chunk_tokens: int) -> None:
-        if chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-        self.fleet, self.chunk_tokens = fleet, chunk_tokens
+    def __init__(self, fleet: Any, chunk_tokens: int = 0, interruptible: bool = True) -> None:
+        if chunk_tokens < 0:
+            raise ValueError(f"chunk_tokens must be >= 0, got {chunk_tokens}")
+        self.fleet, self.chunk_tokens, self.interruptible = fleet, chunk_tokens, interruptible
         self.pieces = 0
         """Engine calls made (one per piece of every request still going); above the number of generate calls
         when responses were cut."""
@@ -41,7 +44,7 @@ class ContinuingEngine:
 
     async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
         piece = self._piece_sampling(sampling, 0)
-        first = await self.fleet.chat(messages, piece, seed)
+        first = await self.fleet.chat(messages, piece, seed, self.interruptible)
         self.pieces += 1
         prompt = [int(t) for t in first.prompt_ids]
         sample = (await self._go_on([prompt], sampling, [seed], [[first]]))[0]
@@ -49,14 +52,16 @@ class ContinuingEngine:
         return sample
 
     def _piece_sampling(self, sampling: SamplingConfig, done: int) -> SamplingConfig:
-        return dataclasses.replace(sampling, max_new_tokens=min(self.chunk_tokens, sampling.max_new_tokens - done))
+        left = sampling.max_new_tokens - done
+        return dataclasses.replace(sampling, max_new_tokens=min(self.chunk_tokens or left, left))
 
     async def _piece(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
                      so_far: list[list[Sample]]) -> list[list[Sample]]:
         """One more piece of every request (all have the same number of tokens so far)."""
         done = _length(so_far[0])
         samples = await self.fleet.generate([list(p) + _ids(s) for p, s in zip(prompts, so_far, strict=True)],
-                                            self._piece_sampling(sampling, done), seeds, [done] * len(prompts))
+                                            self._piece_sampling(sampling, done), seeds, [done] * len(prompts),
+                                            self.interruptible)
         self.pieces += 1
         return [s + [new] for s, new in zip(so_far, samples, strict=True)]
 

@@ -64,10 +64,12 @@ class EngineActor:
         self.receiver = None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
-                 offsets: list[int] | None = None) -> list[Sample]:
+                 offsets: list[int] | None = None, interruptible: bool = False) -> list[Sample]:
+        """``interruptible``: only an async engine can be cut mid-call; this one ends each call it starts."""
         return self.engine.generate(prompts, sampling, seeds, offsets)
 
-    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+    def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
+             interruptible: bool = False) -> Sample:
         return self.engine.chat(messages, sampling, seed)
 
     def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "",
@@ -129,11 +131,12 @@ class AsyncEngineActor(EngineActor):
     another OpenMP thread count.)"""
 
     async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
-                       offsets: list[int] | None = None) -> list[Sample]:
-        return await self.engine.agenerate(prompts, sampling, seeds, offsets)
+                       offsets: list[int] | None = None, interruptible: bool = False) -> list[Sample]:
+        return await self.engine.agenerate(prompts, sampling, seeds, offsets, interruptible)
 
-    async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
-        return await self.engine.achat(messages, sampling, seed)
+    async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
+                   interruptible: bool = False) -> Sample:
+        return await self.engine.achat(messages, sampling, seed, interruptible)
 
     async def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "",
                              shared: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -404,12 +407,14 @@ class EngineFleet:
         raise EngineCallFailed(f"{method} failed on {len(tried)} engine(s) after {self.max_retries} retries: {last}")
 
     async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
-                       offsets: list[int] | None = None) -> list[Sample]:
-        """``offsets``: see ``RolloutEngine.generate`` (a continuation)."""
-        return await self.call("generate", prompts, sampling, seeds, offsets)
+                       offsets: list[int] | None = None, interruptible: bool = False) -> list[Sample]:
+        """``offsets``: see ``RolloutEngine.generate`` (a continuation). ``interruptible``: an engine that cuts
+        requests when a version loads (vLLM's async engine under ``on_new_version: resubmit``) may cut these."""
+        return await self.call("generate", prompts, sampling, seeds, offsets, interruptible)
 
-    async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
-        return await self.call("chat", messages, sampling, seed)
+    async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
+                   interruptible: bool = False) -> Sample:
+        return await self.call("chat", messages, sampling, seed, interruptible)
 
     async def generate_spread(self, prompts: list[list[int]], sampling: SamplingConfig,
                               seeds: list[int]) -> list[Sample]:

@@ -105,8 +105,10 @@ class GroupStream:
         self.groups_written = 0
         self._blocked_since: float | None = None
         self._last_progress = time.perf_counter()
-        self.engine = ContinuingEngine(role.fleet, self.cfg.chunk_tokens) if self.cfg.chunk_tokens else None
-        """What the workflows call: the fleet, in pieces of ``chunk_tokens`` when set."""
+        resubmit = self.cfg.on_new_version == "resubmit"
+        self.engine = ContinuingEngine(role.fleet, self.cfg.chunk_tokens) if resubmit else None
+        """What the workflows call: the fleet (``finish``), or its interruptible view in pieces of ``chunk_tokens``
+        (``resubmit``)."""
         self._calls_seen = 0
 
     @property

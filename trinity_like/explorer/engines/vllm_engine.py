@@ -703,11 +703,23 @@ class AsyncVLLMEngine(VLLMEngine):
     version it was generated with. vLLM's engine core runs in a process of its own (``AsyncLLM`` always
     does; ~35 s to start on two cores with the CPU build)."""
 
+    def __init__(self, model_path: str | Path, engine_id: str = "vllm-0", cfg=None, **kwargs: Any) -> None:
+        """As ``VLLMEngine``; with ``cfg`` asking for streaming rollout with ``on_new_version: resubmit``, a weight
+        update cuts the interruptible requests running (``agenerate(..., interruptible=True)``) instead of waiting
+        for them, and they go on with the new weights."""
+        super().__init__(model_path, engine_id, cfg, **kwargs)
+        self.cut_on_load = (cfg is not None and cfg.explorer.rollout == "stream"
+                            and cfg.explorer.stream.on_new_version == "resubmit")
+
     def _start_llm(self, engine_args: dict[str, Any]):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        self._live: set[str] = set()
+        """vLLM request ids of interruptible requests running now (a load with ``cut_on_load`` aborts them)."""
+        self.cuts = 0
+        """Requests cut by a weight update and continued on the new weights."""
         self._in_flight = 0
         self._updating: asyncio.Event | None = None
         """Set while a weight update holds the gate; set (and dropped) when it opens."""
@@ -733,11 +745,14 @@ class AsyncVLLMEngine(VLLMEngine):
 
     @contextlib.asynccontextmanager
     async def _exclusive(self):
-        """Hold the gate: no call enters, and the calls inside have finished."""
+        """Hold the gate: no call enters, and the calls inside have finished (with ``cut_on_load``, the
+        interruptible ones are cut first: they come back at once and wait at the gate to go on)."""
         while self._updating is not None:  # one update at a time
             await self._updating.wait()
         self._updating = asyncio.Event()
         try:
+            if self.cut_on_load and self._live:
+                await self.llm.abort(list(self._live))
             while self._in_flight:
                 self._drained = asyncio.Event()
                 await self._drained.wait()
@@ -748,14 +763,16 @@ class AsyncVLLMEngine(VLLMEngine):
 
     # ------------------------------------------------------------ generation
     async def agenerate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
-                        offsets: list[int] | None = None) -> list[Sample]:
+                        offsets: list[int] | None = None, interruptible: bool = False) -> list[Sample]:
         """Sample one response per prompt, each a request of its own in vLLM's batch. With ``seeded``, the same
-        prompt, weights and seed give the same sample, whatever else is running."""
-        from vllm.sampling_params import RequestOutputKind
-
+        prompt, weights and seed give the same sample, whatever else is running. ``interruptible``: a weight
+        update (with ``cut_on_load``) may cut the requests, which then go on with the new weights from their
+        prompt plus the tokens so far (each token's version in ``token_versions``)."""
+        if interruptible and self.cut_on_load:
+            offsets = offsets or [0] * len(prompts)
+            return list(await asyncio.gather(*(
+                self._continued(p, sampling, s, k) for p, s, k in zip(prompts, seeds, offsets, strict=True))))
         requests, params, stops = self._requests(prompts, sampling, seeds, offsets)
-        for p in params:
-            p.output_kind = RequestOutputKind.FINAL_ONLY
         await self._enter()
         try:
             version = self.model_version
@@ -767,17 +784,68 @@ class AsyncVLLMEngine(VLLMEngine):
         self._served += len(prompts)
         return [self._sample(out, version, elapsed, set(stops)) for out in outputs]
 
-    async def _final(self, request, params):
+    async def _continued(self, prompt: list[int], sampling: SamplingConfig, seed: int, offset: int) -> Sample:
+        """One interruptible request: generated until it ends, each cut by a weight update continued (prompt
+        plus the tokens so far, the rest of ``max_new_tokens``) on the weights loaded then."""
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        start = time.perf_counter()
+        while True:
+            left = sampling.max_new_tokens - len(ids)
+            piece = dataclasses.replace(sampling, max_new_tokens=left)
+            requests, params, stops = self._requests([list(prompt) + ids], piece, [seed], [offset + len(ids)])
+            await self._enter()
+            try:
+                version = self.model_version
+                out = await self._final(requests[0], params[0], live=True)
+            finally:
+                self._leave()
+            completion = out.outputs[0]
+            got = [int(t) for t in completion.token_ids]
+            if completion.logprobs is None or len(completion.logprobs) != len(got):
+                raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+            ids += got
+            logprobs += [step[t].logprob for step, t in zip(completion.logprobs, got, strict=True)]
+            versions += [version] * len(got)
+            if completion.finish_reason != "abort":
+                break
+            self.cuts += 1
+            if len(ids) >= sampling.max_new_tokens:  # cut at its very last token
+                break
+        self._served += 1
+        stop_set = set(stops)
+        reason = "stop" if ids and ids[-1] in stop_set else "length"
+        if completion.finish_reason not in ("stop", "length", "abort"):
+            raise RuntimeError(f"vLLM ended request {out.request_id} with {completion.finish_reason!r}")
+        return Sample(response_ids=np.asarray(ids, np.int32), logprobs=np.asarray(logprobs, np.float32),
+                      finish_reason=reason, model_version=min(versions, default=self.model_version),
+                      token_versions=None if len(set(versions)) <= 1 else np.asarray(versions, np.int32),
+                      time_s=time.perf_counter() - start, engine_id=self.engine_id)
+
+    async def _final(self, request, params, live: bool = False):
+        """The request's final output (``FINAL_ONLY``: one output, at its end or when it is aborted, with the
+        tokens and log-probs so far). ``live``: it may be cut by a weight update (``_live``)."""
         import uuid
 
+        from vllm.sampling_params import RequestOutputKind
+
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        request_id = uuid.uuid4().hex
+        if live:
+            self._live.add(request_id)
         final = None
-        async for out in self.llm.generate(request, params, request_id=uuid.uuid4().hex):
-            final = out
+        try:
+            async for out in self.llm.generate(request, params, request_id=request_id):
+                final = out
+        finally:
+            self._live.discard(request_id)
         return final
 
-    async def achat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
+    async def achat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
+                    interruptible: bool = False) -> Sample:
         prompt = self.chat_prompt(messages)
-        sample = (await self.agenerate([prompt], sampling, [seed]))[0]
+        sample = (await self.agenerate([prompt], sampling, [seed], interruptible=interruptible))[0]
         sample.prompt_ids = np.asarray(prompt, np.int32)
         return sample
 
@@ -799,7 +867,7 @@ class AsyncVLLMEngine(VLLMEngine):
 
     def health(self) -> dict[str, Any]:
         return {**super().health(), "busy": bool(self._in_flight or self._updating), "in_flight": self._in_flight,
-                "async": True}
+                "async": True, "cuts": self.cuts}
 
     def _sync_only(self, *args, **kwargs):
         raise TypeError("AsyncVLLMEngine is called through its async methods (agenerate, achat, aupdate_weights, "
