@@ -1,4 +1,5 @@
-"""Async speed-up: the same workload in ``mode=sync`` and in ``mode=async`` (``max_staleness`` 1 and 2).
+"""Async speed-up: the same workload in ``mode=sync`` and in ``mode=async`` (``max_staleness`` 1 and 2), and with
+``--streaming`` also in ``mode=async`` with ``explorer.rollout=stream`` at each staleness.
 
 Workload: the tiny Qwen2 model built offline (``--hidden``/``--layers``), arithmetic tasks, ``--tasks`` tasks x
 ``--repeat`` samples per explorer step (GRPO groups), one engine and one trainer worker with one torch thread
@@ -14,8 +15,17 @@ mean length drifted from ~38 to ~59 tokens within 16 steps, which changes the wo
 
 Each run is ``trinity_like.launcher.run(cfg)`` on one local Ray instance started by this script: real
 explorer, engine, buffer segments on disk, trainer, ``checkpoint`` weight sync. Runs are interleaved
-(sync, async1, async2, sync, ...) over ``--repeats`` so that background load on the shared machine hits
-all modes alike; every figure is the median over repeats, with the min-max range printed.
+(sync, async1, async2, sync, ...; with ``--streaming``: sync, async1, stream1, async2, stream2, sync, ...) over
+``--repeats`` so that background load on the shared machine hits all modes alike; every figure is the median
+over repeats, with the min-max range printed.
+
+``--streaming`` adds the mode ``stream{S}`` for every ``--staleness S``: the overrides of ``async{S}`` plus
+``explorer.rollout=stream`` (trinity_like/explorer/stream.py: groups start one by one as the bound admits each,
+each is written when it ends, new weights load while groups run), ``explorer.stream.max_groups_in_flight``
+(``--max-groups-in-flight``) and, when given, ``explorer.stream.flush_s`` (``--flush-s``). With the ``hf`` engine a
+stream run generates each group in a call of its own, one call at a time per engine, where a step run generates a
+step's groups in one batched call (the workflow's ``run_batch``); and a weight load waits behind the calls queued
+before it, which ``--max-groups-in-flight 1`` keeps to one.
 
 What is timed (from the records in the run's ``metrics.jsonl``, each stamped with ``time``):
 
@@ -23,7 +33,15 @@ What is timed (from the records in the run's ``metrics.jsonl``, each stamped wit
   ``time/explore_step_s``, ``time/wait_buffer_s``, ``sync/wait_s`` and ``sync/seconds``) and ends when the
   last trainer step's record is written (after its weight publication and the final checkpoint). Ray
   start-up, model loading and actor set-up (``setup()`` of both roles) come before; role shutdown and the
-  summary after. sps = trained experiences (sum of ``train/batch_size``) / that wall time.
+  summary after. sps = trained experiences (sum of ``train/batch_size``) / that wall time. Stream records
+  overlap in time (one per explorer step, written when its last group is, so the first written need not be
+  the first begun): a stream run's loop starts at the earliest ``timeline/start_unix_s`` of its explorer
+  records (when the step was claimed), and its sum of ``time/explore_step_s`` (first group start to last
+  write, per step) counts overlapping spans more than once, so it is no phase time.
+- ``engine busy`` (every mode): the mean over a run's explorer records of ``rollout/engine_busy_frac`` (the
+  engines' busy share of the wall time since the previous record; the first record's span starts at the
+  explorer's set-up), unweighted (each record counts once, whatever span it covers); then the median over
+  repeats.
 - t_gen and t_train, "generation alone" and "training alone", come from the sync runs: there the two phases
   alternate (each runs while the other role is idle), so the sum of ``time/explore_step_s`` (rollout, reward,
   buffer write) and the sum of ``time/train_step_s`` (the PPO step on the batch) are each phase by itself on
@@ -48,13 +66,15 @@ by one engine on a held-out draw of arithmetic tasks (``explorer.eval_tasksets``
 from the training set, ``--eval-k`` samples per task at temperature 1, scored by the same reward;
 ``trinity_like.explorer.evaluation.evaluate``; not timed). With ``--max-operand 4`` there are only 25 distinct
 sums, so this measures the policy on fresh samples, not generalisation to unseen problems. It is there so
-that speed is never bought with learning. The headline ``async_*`` figures are those of ``max_staleness=1``
-(the default and the stricter bound); ``async2_*`` are printed beside them.
+that speed is never bought with learning. The headline ``async_*`` (and ``stream_*``) figures are those of the
+first ``--staleness`` (default 1: the stricter bound); ``async2_*`` are printed beside them.
 
     PYTHONPATH=. .venv/bin/python bench/async_speedup.py [--repeats 2] [--steps 16] [--keep DIR] [--quick]
+        [--streaming [--max-groups-in-flight N] [--flush-s S]]
 
-``--smoke`` (``.venv/bin/python bench/async_speedup.py --smoke``) runs the same code path on small sizes in seconds;
-``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
+``--smoke`` (``.venv/bin/python bench/async_speedup.py --smoke``) runs the same code path on small sizes in seconds,
+with ``--streaming`` on (one stream run); ``make test`` runs it and checks its ``RESULT`` lines
+(tests/bench/test_smoke.py).
 """
 
 from __future__ import annotations
@@ -72,10 +92,15 @@ from benchlib import add_smoke
 
 RESULT_FIELDS = {"async_speedup": ("sync_sps", "async_sps", "speedup", "ideal", "efficiency", "headline_staleness",
                                    "ideal_n", "t_gen_s", "t_train_s", "gen_over_train", "initial_eval_reward",
-                                   "sync_eval_reward", "sync_eval_acc", "len_mean", "len_p90", "len_max", "repeats",
-                                   "bench_s")}
+                                   "sync_eval_reward", "sync_eval_acc", "busy_sync", "busy_async", "len_mean",
+                                   "len_p90", "len_max", "repeats", "bench_s")}
 """Fields of the RESULT line (bench/benchlib.py); it also holds asyncS_sps, speedupS, efficiencyS and the
-held-out figures of every --staleness S."""
+held-out figures of every --staleness S, and with --streaming the STREAM_FIELDS (the smoke streams)."""
+STREAM_FIELDS = ("stream_sps", "stream_sps_range", "speedup_stream_vs_async", "speedup_stream_vs_async_range",
+                 "stream_eval_acc", "stream_eval_acc_range", "busy_stream")
+"""What --streaming adds to the RESULT line, at the headline staleness (``_range``: min-max over repeats; the
+speed-up's range is over the per-repeat ratios stream / async of the same repeat); it also holds streamS_sps and
+speedup_streamS_vs_asyncS of every --staleness S."""
 
 for _key, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
                      ("RAY_USAGE_STATS_ENABLED", "0")):
@@ -102,13 +127,15 @@ class CpuSampler:
     one) of every process this script started (Ray's workers descend from it), grouped by process title
     (``ray::EngineActor``, ``ray::TrainerRole``, ...), in a thread, every ``interval_s``. The run-queue wait
     of the engine and trainer processes during the loop tells how long they were ready to compute but had
-    no core: CPU contention, not waiting for each other."""
+    no core: CPU contention, not waiting for each other. Each thread is followed by itself (a thread that ends
+    takes its counters with it, so a process's sum over its live threads can fall)."""
 
     def __init__(self, interval_s: float = 0.25) -> None:
         import threading
 
         self.interval_s = interval_s
-        self.samples: list[tuple[float, dict[int, tuple[str, int, int]]]] = []
+        self.samples: list[tuple[float, dict[int, tuple[str, dict[int, tuple[int, int]]]]]] = []
+        """(time, pid -> (title, tid -> (cpu ns, run-queue ns)))."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -148,14 +175,17 @@ class CpuSampler:
                 try:
                     with open(f"/proc/{pid}/comm") as fh:
                         name = fh.read().strip()
-                    cpu = wait = 0
+                    threads = {}
                     for tid in os.listdir(f"/proc/{pid}/task"):
-                        with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                            a, b, _ = fh.read().split()
-                        cpu, wait = cpu + int(a), wait + int(b)
+                        try:
+                            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                                a, b, _ = fh.read().split()
+                        except OSError:  # the thread ended meanwhile
+                            continue
+                        threads[int(tid)] = (int(a), int(b))
                 except (OSError, ValueError):
                     continue
-                snap[pid] = (name, cpu, wait)
+                snap[pid] = (name, threads)
             self.samples.append((now, snap))
 
     def window(self, start: float, end: float) -> dict[str, tuple[float, float]]:
@@ -163,21 +193,30 @@ class CpuSampler:
         inside = [s for s in self.samples if start - self.interval_s <= s[0] <= end + self.interval_s]
         if len(inside) < 2:
             return {}
-        seen: dict[int, tuple[str, int, int, int, int]] = {}  # pid -> name, first cpu/wait, last cpu/wait
+        names: dict[int, str] = {}  # pid -> its last title
+        seen: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # (pid, tid) -> first cpu/wait, last cpu/wait
         for _, snap in inside:
-            for pid, (name, cpu, wait) in snap.items():
-                first = seen.get(pid)
-                seen[pid] = (name, cpu, wait, cpu, wait) if first is None else (name, first[1], first[2], cpu, wait)
+            for pid, (name, threads) in snap.items():
+                names[pid] = name
+                for tid, (cpu, wait) in threads.items():
+                    first = seen.get((pid, tid))
+                    seen[pid, tid] = (cpu, wait, cpu, wait) if first is None else (first[0], first[1], cpu, wait)
         out: dict[str, tuple[float, float]] = {}
-        for name, cpu0, wait0, cpu1, wait1 in seen.values():
-            c, w = out.get(name, (0.0, 0.0))
-            out[name] = (c + (cpu1 - cpu0) / 1e9, w + (wait1 - wait0) / 1e9)
+        for (pid, _), (cpu0, wait0, cpu1, wait1) in seen.items():
+            c, w = out.get(names[pid], (0.0, 0.0))
+            out[names[pid]] = (c + (cpu1 - cpu0) / 1e9, w + (wait1 - wait0) / 1e9)
         return out
 
 
 def overrides(args: argparse.Namespace, root: Path, model: Path, stops: list[int], mode: str, staleness: int,
-              name: str) -> list[str]:
-    return [
+              name: str, stream: bool = False) -> list[str]:
+    """The run's config overrides; ``stream`` adds ``explorer.rollout=stream`` and its settings to them."""
+    rollout = []
+    if stream:
+        rollout = ["explorer.rollout=stream", f"explorer.stream.max_groups_in_flight={args.max_groups_in_flight}"]
+        if args.flush_s is not None:
+            rollout.append(f"explorer.stream.flush_s={args.flush_s}")
+    return rollout + [
         f"checkpoint_root_dir={root}", "project=async_speedup", f"name={name}", f"mode={mode}", f"seed={args.seed}",
         f"model.path={model}",
         f"explorer.batch_size={args.tasks}", f"explorer.repeat_times={args.repeat}",
@@ -194,13 +233,17 @@ def overrides(args: argparse.Namespace, root: Path, model: Path, stops: list[int
     ]
 
 
-def loop_figures(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Wall time of the training loop and per-phase sums from one run's metrics records."""
+def loop_figures(records: list[dict[str, Any]], stream: bool = False) -> dict[str, float]:
+    """Wall time of the training loop and per-phase sums from one run's metrics records. ``stream``: the
+    explorer records overlap in time, so the loop starts at the earliest step claim (``timeline/start_unix_s``)."""
     explorer = sorted((r for r in records if r["role"] == "explorer"), key=lambda r: r["time"])
     trainer = sorted((r for r in records if r["role"] == "trainer"), key=lambda r: r["time"])
-    first = explorer[0]
-    start = (first["time"] - first["time/explore_step_s"] - first.get("time/wait_buffer_s", 0.0)
-             - first.get("sync/wait_s", 0.0) - first.get("sync/seconds", 0.0))
+    if stream:
+        start = min(r["timeline/start_unix_s"] for r in explorer)
+    else:  # one step at a time: the first record's time less its phases (as before stream records existed)
+        first = explorer[0]
+        start = (first["time"] - first["time/explore_step_s"] - first.get("time/wait_buffer_s", 0.0)
+                 - first.get("sync/wait_s", 0.0) - first.get("sync/seconds", 0.0))
     loop_s = trainer[-1]["time"] - start
     trained = sum(r["train/batch_size"] for r in trainer)
     lengths_mean = [r["rollout/response_length_mean"] for r in explorer if r["rollout/experiences"]]
@@ -223,6 +266,11 @@ def loop_figures(records: list[dict[str, Any]]) -> dict[str, float]:
         "len_mean": statistics.fmean(lengths_mean),
         "len_max": max(r["rollout/response_length_max"] for r in explorer),
         "truncated_frac": statistics.fmean(r["rollout/truncated_frac"] for r in explorer),
+        "engine_busy": statistics.fmean(r["rollout/engine_busy_frac"] for r in explorer),  # unweighted
+        "loads": total(explorer, "sync/loads") if stream else float(sum("sync/seconds" in r for r in explorer)),
+        "in_flight_mean": statistics.fmean(r.get("rollout/groups_in_flight", 0.0) for r in explorer),
+        "token_staleness_mean": statistics.fmean(r.get("train/token_staleness_mean", r["train/staleness_mean"])
+                                                 for r in trainer),
     }
 
 
@@ -237,12 +285,12 @@ def length_distribution(buffer_dir: Path) -> dict[str, float]:
 
 
 def run_once(args, root: Path, model: Path, stops: list[int], mode: str, staleness: int, name: str,
-             sampler: CpuSampler) -> dict:
+             sampler: CpuSampler, stream: bool = False) -> dict:
     from trinity_like.config import load_config
     from trinity_like.launcher import run
     from trinity_like.runtime.paths import RunPaths
 
-    cfg = load_config(None, overrides(args, root, model, stops, mode, staleness, name))
+    cfg = load_config(None, overrides(args, root, model, stops, mode, staleness, name, stream))
     load_before = os.getloadavg()[0]
     run_start = time.time()
     summary = run(cfg)
@@ -251,7 +299,7 @@ def run_once(args, root: Path, model: Path, stops: list[int], mode: str, stalene
         raise SystemExit(f"run {name} ended with {summary['exit_reason']}")
     paths = RunPaths.of(cfg)
     records = [json.loads(line) for line in paths.metrics.read_text().splitlines() if line.strip()]
-    out = loop_figures(records)
+    out = loop_figures(records, stream)
     out["setup_s"] = out["loop_start"] - run_start
     out["teardown_s"] = run_end - out["loop_end"]
     cpu = sampler.window(out["loop_start"], out["loop_end"])
@@ -330,17 +378,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-k", type=int, default=4, help="samples per held-out task (temperature 1)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--staleness", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--streaming", action="store_true",
+                        help="also run mode stream{S} (async{S} with explorer.rollout=stream) for each --staleness S")
+    parser.add_argument("--max-groups-in-flight", type=int, default=0,
+                        help="explorer.stream.max_groups_in_flight of the stream runs (0 = no cap)")
+    parser.add_argument("--flush-s", type=float, default=None,
+                        help="explorer.stream.flush_s of the stream runs (default: the config's, 1.0 s)")
     parser.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: a temp dir)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3 steps, 1 repeat, staleness 1, a small eval (mostly Ray/actor start-up)")
-    add_smoke(parser, "2 steps of 4 tasks x 4 samples of up to 16 tokens, sync and staleness 1, one repeat, "
-                      "8 held-out tasks x 2")
+    add_smoke(parser, "2 steps of 4 tasks x 4 samples of up to 16 tokens, sync and staleness 1 in step and stream "
+                      "rollout, one repeat, 8 held-out tasks x 2")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeats, args.staleness, args.eval_size, args.eval_k = 3, 1, [1], 8, 2
     if args.smoke:
         args.steps, args.repeats, args.staleness, args.eval_size, args.eval_k = 2, 1, [1], 8, 2
         args.tasks, args.repeat, args.max_new_tokens, args.micro = 4, 4, 16, 16
+        args.streaming = True
+    if args.streaming and min(args.staleness) < 1:
+        parser.error("--streaming needs every --staleness >= 1 (at bound 0 a stream run is a step run)")
     return args
 
 
@@ -359,18 +416,24 @@ def main(argv: list[str] | None = None) -> None:
         root.mkdir(parents=True, exist_ok=True)
         model = make_tiny_model(Path(tmp) / "model", seed=0, layers=args.layers, hidden=args.hidden)
         stops = stop_token_ids(model, args.stop_tokens)
-        modes = [("sync", 0)] + [("async", s) for s in args.staleness]
+        # (key, mode, staleness, stream rollout), in the order each repeat runs them
+        modes = [("sync", "sync", 0, False)]
+        for s in args.staleness:
+            modes.append((f"async{s}", "async", s, False))
+            if args.streaming:
+                modes.append((f"stream{s}", "async", s, True))
         results: dict[str, list[dict]] = {}
         stamp = time.strftime("%H%M%S")
         for rep in range(args.repeats):
-            for mode, s in modes:
-                key = "sync" if mode == "sync" else f"async{s}"
+            for key, mode, s, stream in modes:
                 with CpuSampler() as sampler:
-                    r = run_once(args, root, model, stops, mode, s, f"{key}-r{rep}-{stamp}", sampler)
+                    r = run_once(args, root, model, stops, mode, s, f"{key}-r{rep}-{stamp}", sampler, stream)
                 results.setdefault(key, []).append(r)
-                print(f"[{key} #{rep}] loop {r['loop_s']:.1f}s  sps {r['sps']:.1f}  gen {r['gen_s']:.1f}s  "
+                print(f"[{key} #{rep}] loop {r['loop_s']:.1f}s  sps {r['sps']:.1f}  engine busy "
+                      f"{r['engine_busy']:.2f}  gen {r['gen_s']:.1f}s{' (overlapping)' if stream else ''}  "
                       f"train {r['train_s']:.1f}s  wait_data {r['wait_data_s']:.1f}s  admission "
-                      f"{r['admission_wait_s']:.1f}s  publish {r['publish_s']:.1f}s  load {r['load_s']:.1f}s  "
+                      f"{r['admission_wait_s']:.1f}s  publish {r['publish_s']:.1f}s  load {r['load_s']:.1f}s "
+                      f"({r['loads']:.0f} loads)  "
                       f"staleness {r['staleness_mean']:.2f}/{r['staleness_max']:.0f}  len {r['len_mean']:.0f}/"
                       f"{r['len_max']:.0f}  engine cpu {r['engine_cpu_s']:.1f}s runq {r['engine_runq_s']:.1f}s  trainer cpu "
                       f"{r['trainer_cpu_s']:.1f}s runq {r['trainer_runq_s']:.1f}s  other cpu {r['rest_cpu_s']:.1f}s "
@@ -432,6 +495,25 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
               f"trainer wait_data {spread(runs, 'wait_data_s', '.1f')}s  explorer admission "
               f"{spread(runs, 'admission_wait_s', '.1f')}s  publish {spread(runs, 'publish_s', '.1f')}s  load "
               f"{spread(runs, 'load_s', '.1f')}s")
+    print("engine busy share of the wall time (mean of the explorer records' rollout/engine_busy_frac, unweighted): "
+          + "  ".join(f"{key} {spread(runs, 'engine_busy', '.3f')}" for key, runs in results.items()))
+    if args.streaming:
+        for s in args.staleness:
+            runs, step_runs = results[f"stream{s}"], results[f"async{s}"]
+            for r, a in zip(runs, step_runs, strict=True):  # the same repeat: the runs next to each other
+                r["vs_async"] = r["sps"] / a["sps"]
+            fields.update({f"stream{s}_sps": f"{med(runs, 'sps'):.2f}",
+                           f"speedup_stream{s}_vs_async{s}": f"{med(runs, 'sps') / med(step_runs, 'sps'):.3f}"})
+            print(f"stream max_staleness={s} (max_groups_in_flight {args.max_groups_in_flight}, flush_s "
+                  f"{'config' if args.flush_s is None else args.flush_s}): loop {spread(runs, 'loop_s', '.1f')}s  "
+                  f"sps {spread(runs, 'sps')}  vs async{s} x{spread(runs, 'vs_async', '.3f')} (per repeat)  vs sync "
+                  f"x{med(runs, 'sps') / sync_sps:.3f}  | engine busy {spread(runs, 'engine_busy', '.3f')} (async{s} "
+                  f"{spread(step_runs, 'engine_busy', '.3f')})  | trainer wait_data {spread(runs, 'wait_data_s', '.1f')}s"
+                  f"  explorer admission {spread(runs, 'admission_wait_s', '.1f')}s  loads "
+                  f"{spread(runs, 'loads', '.0f')} taking {spread(runs, 'load_s', '.1f')}s (async{s}: "
+                  f"{spread(step_runs, 'loads', '.0f')} taking {spread(step_runs, 'load_s', '.1f')}s)  groups in "
+                  f"flight at a record {spread(runs, 'in_flight_mean', '.1f')}  token staleness "
+                  f"{spread(runs, 'token_staleness_mean')} (async{s} {spread(step_runs, 'token_staleness_mean')})")
     # The runs that waited least for a core (run-queue seconds of engine + trainer per loop second), chosen by
     # that rule alone: the closest this shared machine came to two free cores.
     for runs in results.values():
@@ -447,6 +529,10 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
         print(f"least-contended pair (run-queue share sync {q_sync['runq_share']:.2f}, async{s} "
               f"{q['runq_share']:.2f}): sync {q_sync['sps']:.1f} sps, async{s} {q['sps']:.1f} sps, speedup "
               f"{q_speedup:.3f}, ideal {q_ideal:.3f}, efficiency {q_speedup / q_ideal:.3f}")
+        if args.streaming:
+            q_stream = quiet[f"stream{s}"]
+            print(f"least-contended stream{s} (run-queue share {q_stream['runq_share']:.2f}): {q_stream['sps']:.1f} "
+                  f"sps, x{q_stream['sps'] / q['sps']:.3f} the least-contended async{s}")
     print(f"load average (1 min) during the runs: {min(r['load_avg'] for v in results.values() for r in v):.1f}-"
           f"{max(r['load_avg'] for v in results.values() for r in v):.1f} on {os.cpu_count()} cores")
     print(f"\n| run | sps | loop s | sum gen s | sum train s | staleness mean/max | train reward first/last quarter "
@@ -457,6 +543,8 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
               f"{med(runs, 'train_s'):.1f} | {med(runs, 'staleness_mean'):.2f}/{med(runs, 'staleness_max'):.0f} | "
               f"{med(runs, 'reward_first'):.3f}/{med(runs, 'reward_last'):.3f} | {med(runs, 'eval_reward'):.3f} | "
               f"{med(runs, 'eval_acc'):.3f} |")
+    if args.streaming:
+        print("(stream rows: explorer steps overlap, so their sum of gen s counts overlapping spans more than once)")
     head = args.staleness[0]
     out = {"sync_sps": fields["sync_sps"], "async_sps": fields[f"async{head}_sps"],
            "speedup": fields[f"speedup{head}"], "ideal": f"{ideal:.3f}", "efficiency": fields[f"efficiency{head}"],
@@ -466,6 +554,21 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
     for key, runs in results.items():
         out[f"{key}_eval_reward"] = f"{med(runs, 'eval_reward'):.3f}"
         out[f"{key}_eval_acc"] = f"{med(runs, 'eval_acc'):.3f}"
+    out["busy_sync"] = f"{med(sync, 'engine_busy'):.3f}"
+    out["busy_async"] = f"{med(results[f'async{head}'], 'engine_busy'):.3f}"
+    if args.streaming:
+        runs = results[f"stream{head}"]
+
+        def span(key: str, fmt: str) -> str:
+            return f"{min(r[key] for r in runs):{fmt}}-{max(r[key] for r in runs):{fmt}}"
+
+        out.update({"stream_sps": fields[f"stream{head}_sps"], "stream_sps_range": span("sps", ".2f"),
+                    "speedup_stream_vs_async": fields[f"speedup_stream{head}_vs_async{head}"],
+                    "speedup_stream_vs_async_range": span("vs_async", ".3f"),
+                    "stream_eval_acc": out[f"stream{head}_eval_acc"], "stream_eval_acc_range": span("eval_acc", ".3f"),
+                    "busy_stream": f"{med(runs, 'engine_busy'):.3f}"})
+        missing = [k for k in STREAM_FIELDS if k not in out]
+        assert not missing, f"the RESULT line lacks {missing}"
     out.update({"len_mean": f"{lengths['mean']:.1f}", "len_p90": f"{lengths['p90']:.0f}",
                 "len_max": str(lengths["max"]), "repeats": str(args.repeats), "bench_s": f"{bench_s:.0f}"})
     print("RESULT async_speedup " + " ".join(f"{k}={v}" for k, v in out.items()), flush=True)
