@@ -119,3 +119,48 @@ def test_resubmit_and_chunk_settings_are_refused_where_they_cannot_act(tmp_path)
     vllm = _cfg(tmp_path, "m", *base, "explorer.engine=vllm", "explorer.vllm.async_engine=true",
                 "explorer.stream.on_new_version=resubmit")  # vLLM's async engine cuts requests itself
     assert vllm.explorer.stream.on_new_version == "resubmit"
+
+
+class CrashAfterFirstPiece(ContinuingEngine):
+    """Raises once its first piece is journaled: an explorer killed mid-response, as far as the journal knows."""
+
+    async def _piece(self, prompts, sampling, seeds, so_far):
+        out = await super()._piece(prompts, sampling, seeds, so_far)
+        if self.counts["pieces"] == 1:
+            self._record(0, seeds, out)
+            raise RuntimeError("killed")
+        return out
+
+
+def test_a_journal_left_mid_response_is_taken_up_where_it_was(tmp_path, tiny_model_path, ray_session):
+    from trinity_like.buffer.partial import PartialStore
+    from trinity_like.explorer.continuing import GroupJournal
+    cfg = _cfg(tmp_path, tiny_model_path)
+    prompts, seeds = _prompts(tiny_model_path, 6), list(range(300, 306))
+    store = PartialStore(tmp_path / "buffer")
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        await fleet.ready()
+        whole = await fleet.generate(prompts, SAMPLING, seeds)
+        with pytest.raises(RuntimeError, match="killed"):
+            await CrashAfterFirstPiece(fleet, 4, journal=GroupJournal(store, 5, 2, min_version=0)).generate(
+                prompts, SAMPLING, seeds)
+        journal = GroupJournal(store, 5, 2, min_version=0)  # a restarted explorer's
+        engine = ContinuingEngine(fleet, 4, journal=journal)
+        resumed = await engine.generate(prompts, SAMPLING, seeds)
+        too_old = GroupJournal(store, 5, 2, min_version=1)  # after a long outage the bound needs version 1
+        fleet.kill()
+        return whole, resumed, journal, engine.pieces, too_old
+
+    whole, resumed, journal, pieces, too_old = asyncio.run(main())
+    assert journal.resumed_tokens == sum(min(4, len(s.response_ids)) for s in whole)  # the first pieces
+    longest = max(len(s.response_ids) for s in whole)
+    assert pieces == -(-longest // 4) - 1  # only the pieces after the first were generated
+    for a, b in zip(whole, resumed, strict=True):  # the same weights: the uncut responses
+        assert a.response_ids.tolist() == b.response_ids.tolist()
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    assert too_old.discarded and too_old.calls == {} and store.load(5, 2) is None
+    assert store.steps() == [5]
+    store.drop_step(5)
+    assert store.steps() == []

@@ -212,3 +212,63 @@ def test_a_step_whose_explorer_is_killed_mid_step_is_finished_by_another_without
     assert record["rollout/groups_taken_over"] == 2.0 and record["rollout/experiences"] == 4.0
     consumer = BufferConsumer(RunPaths.of(cfg).buffer_dir)
     assert len(consumer.read(8, step=1, timeout_s=5)) == 8 and consumer.stats()["buffer/quarantined"] == 0
+
+
+def test_an_explorer_killed_mid_group_has_its_journaled_calls_taken_up_by_the_next(tmp_path, tiny_model_path,
+                                                                                   ray_session):
+    """Group 1's responses are all generated (and journaled) when its explorer is SIGKILLed before writing it; the
+    explorer that takes the step over does not generate them again, and the journal is gone once it is written."""
+    import os
+    import signal
+
+    from trinity_like.buffer.partial import PartialStore
+    flag = tmp_path / "hold"
+    flag.write_text("")
+    hold = tmp_path / "hold.py"
+    hold.write_text(
+        "import asyncio, os\n"
+        "from trinity_like.explorer.workflows import SingleTurnWorkflow\n"
+        "class Hold(SingleTurnWorkflow):\n"
+        "    async def run(self, task, engine, ctx):\n"
+        "        out = await super().run(task, engine, ctx)\n"
+        "        base = (42 * 1_000_003 + ctx.explore_step) * 10_007\n"
+        f"        while ctx.seeds[0] != base and os.path.exists({str(flag)!r}):  # group 1 waits, generated\n"
+        "            await asyncio.sleep(0.1)\n"
+        "        return out\n")
+    cfg = _cfg(tmp_path, tiny_model_path, "name=stream-journal", "synchronizer.max_staleness=1",
+               f"explorer.workflow={hold}:Hold", "explorer.batch_size=2", "explorer.repeat_times=2",
+               "trainer.batch_size=4", "explorer.sampling.max_new_tokens=12",
+               "explorer.stream.on_new_version=resubmit", "explorer.stream.chunk_tokens=4")
+    prepare_run_dir(cfg)
+    store = PartialStore(RunPaths.of(cfg).buffer_dir)
+    sync = get_synchronizer(namespace_of(cfg), heartbeat_timeout_s=3.0)
+    role_cls = ray.remote(num_cpus=0)(ExplorerRole)
+    first = role_cls.remote(cfg)
+    second = None
+    try:
+        ray.get(first.setup.remote())
+        first.run.remote(1)
+        assert len(_wait_rows(cfg, 2)) == 2  # group 0 written; group 1 generated and held
+        journal = store.load(0, 1)
+        assert journal is not None and journal.num_rows == 2 and store.steps() == [0]
+        assert store.load(0, 0) is None  # written: its journal went
+        os.kill(ray.get(first.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while ray.get(sync.status.remote())["explore_steps"]["returned"] != [0]:
+            assert time.monotonic() < deadline, "the killed explorer's step was never handed back"
+            time.sleep(0.5)
+        flag.unlink()
+        second = role_cls.remote(cfg)
+        ray.get(second.setup.remote())
+        assert ray.get(second.run.remote(1), timeout=120) == 1
+    finally:
+        for actor in (first, second):
+            if actor is not None:
+                ray.kill(actor)
+        ray.kill(sync)
+    rows = [r for r in _rows(cfg) if r["group_id"].endswith("-1")]
+    assert sorted(r["response_ids"] for r in rows) == sorted(journal.column("response_ids").to_pylist())
+    record = [json.loads(x) for x in RunPaths.of(cfg).metrics.read_text().splitlines() if '"explorer"' in x][-1]
+    resumed = sum(len(ids) for ids in journal.column("response_ids").to_pylist())
+    assert record["rollout/partial_resumed_tokens"] == resumed > 0 and record["rollout/engine_calls"] == 0
+    assert store.steps() == [] and len(_rows(cfg)) == 4

@@ -373,6 +373,25 @@ def test_explorer_steps_form_one_sequence_and_a_dead_explorers_steps_are_redone(
         ray.kill(sync)
 
 
+def test_steps_cut_off_mid_way_are_taken_up_again_and_known_as_redone(ray_session):
+    """Streaming rollout: a step whose ``buffer/partial`` folder survived a crash is part-written whatever rows
+    the buffer holds of it; it is handed out first, its rows are not counted, and its explorer is told it is a redo
+    (it then runs only the groups not written)."""
+    from trinity_like.synchronizer import get_synchronizer
+
+    sync = get_synchronizer("sync/cut", heartbeat_timeout_s=5.0, exit_grace_s=60.0, run_id="run-c")
+    try:
+        ray.get(sync.init_explore_steps.remote({0: 4, 1: 2, 2: 1}, [1, 3]))  # 1 part-written, 3 had nothing yet
+        st = ray.get(sync.status.remote())["explore_steps"]
+        assert st["next"] == 4 and st["returned"] == [1, 3] and st["rows_written"] == 5
+        ray.get(sync.register.remote("explorer", "e1"))
+        assert [ray.get(sync.claim_explore_step.remote("e1", _schedule(9))) for _ in range(3)] == [1, 3, 4]
+        assert [ray.get(sync.explore_step_redone.remote(s)) for s in (1, 3, 4)] == [True, True, False]
+        assert ray.get(sync.rows_before.remote(3, 4)) == 4 + 4 + 1  # step 1 counts its plan until finished
+    finally:
+        ray.kill(sync)
+
+
 def test_short_steps_and_dropped_rows_are_explored_again(ray_session):
     """Exploring ends on rows written, not on steps run: a step that writes fewer rows than it planned
     (dynamic sampling, failed tasks), or rows the trainer drops (too stale, quarantined), make more steps."""

@@ -169,6 +169,11 @@ class StreamConfig:
     interruptible generation), so a load never waits for a long response and each token records the version
     that made it (`token_versions`). vLLM's async engine cuts requests at once (abort and resubmit); the `hf`
     engine and vLLM's synchronous one only between calls, so they need `chunk_tokens`."""
+    keep_partial: bool = True
+    """Journal what each group has generated so far beside the buffer (`buffer/partial/`, after every piece, or
+    every whole call without `chunk_tokens`), so that an explorer or a whole run killed mid-group continues its
+    groups on restart instead of generating them again; a journal older than the staleness bound is dropped.
+    File transport only (with Redis the explorer keeps no buffer)."""
     chunk_tokens: int = _at_least(0, 0)
     """With `resubmit`: generate responses in pieces of at most this many tokens, so that a version loads between
     two pieces and makes the rest (the `hf` engine's way to be interrupted; with vLLM's async engine also a cap on

@@ -33,6 +33,7 @@ import numpy as np
 
 from trinity_like.algorithms.rewards import load_reward_manager
 from trinity_like.buffer import BufferWriter
+from trinity_like.buffer.partial import PartialStore
 from trinity_like.common.errors import RunError
 from trinity_like.common.experience import Experience
 from trinity_like.common.offline import set_offline_env
@@ -102,7 +103,9 @@ class ExplorerRole:
         # the trainer's run directory is this one (shared, or the same node): write there; else relay to it
         self.files = RunFiles(self.paths, self.synchronizer, relay=self.home is not None and self.home.run_id != local_id)
         written = await asyncio.to_thread(written_explore_steps, self.paths) if shared else {}
-        await self.synchronizer.init_explore_steps.remote(written)  # off the filesystem: the trainer did
+        # steps cut off mid-way by a crash (streaming rollout) are taken up again, whatever the buffer holds of them
+        running = PartialStore(self.paths.buffer_dir).steps() if shared and self.cfg.buffer.transport == "file" else []
+        await self.synchronizer.init_explore_steps.remote(written, running)  # off the filesystem: the trainer did
         self.explore_step_num = max(written) + 1 if written else 0  # lock-step driving resumes after them
         self._sync_state = "running"
         self.sync_failures = 0
@@ -227,6 +230,8 @@ class ExplorerRole:
         failed for good."""
         error = ""
         for attempt in range(self.cfg.explorer.max_retries + 1):
+            if hasattr(engine, "new_attempt"):
+                engine.new_attempt()
             try:
                 return await asyncio.wait_for(self.workflow.run(task, engine or self.fleet, ctx),
                                               self.cfg.explorer.task_timeout_s)

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trinity_like.buffer import explore_group_rows
+from trinity_like.buffer.partial import PartialStore
 from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task
-from trinity_like.explorer.continuing import ContinuingEngine
+from trinity_like.explorer.continuing import ContinuingEngine, GroupJournal
 from trinity_like.explorer.fleet import WeightsLoadFailed
 
 if TYPE_CHECKING:
@@ -68,6 +69,10 @@ class _Step:
     filtered: int = 0
     wait_s: float = 0.0
     """Time an admissible engine slot waited for a version this step's next group needs."""
+    resumed_tokens: int = 0
+    """Tokens its groups took from their journals (generated before a restart) instead of generating them."""
+    discarded: int = 0
+    """Journals dropped as too old for the bound (the group was generated again)."""
     buffer_wait_s: float = 0.0
     first_start: float | None = None
 
@@ -105,10 +110,12 @@ class GroupStream:
         self.groups_written = 0
         self._blocked_since: float | None = None
         self._last_progress = time.perf_counter()
-        resubmit = self.cfg.on_new_version == "resubmit"
-        self.engine = ContinuingEngine(role.fleet, self.cfg.chunk_tokens) if resubmit else None
-        """What the workflows call: the fleet (``finish``), or its interruptible view in pieces of ``chunk_tokens``
-        (``resubmit``)."""
+        self.resubmit = self.cfg.on_new_version == "resubmit"
+        self.store = PartialStore(role.paths.buffer_dir) if self.cfg.keep_partial and role.writer is not None else None
+        """Where each group's engine calls are journaled as they go (``keep_partial``, file transport)."""
+        self.counts = {"pieces": 0}
+        self.journals: dict[tuple[int, int], GroupJournal] = {}
+        """(step, position) -> the journal of a group running or ended and not yet written."""
         self._calls_seen = 0
 
     @property
@@ -194,6 +201,8 @@ class GroupStream:
                 logger.warning("explorer step %d was handed over with %d of its %d groups written; running the other "
                                "%d", step, len(written), len(tasks), len(tasks) - len(written))
         positions = [p for p in range(len(tasks)) if p not in written]
+        if self.store is not None:
+            self.store.open_step(step)
         state = _Step(step, tasks, positions, sum(written.values()), time.perf_counter(), timeline, eval_metrics)
         self.steps[step] = state
         if not positions:  # every group was written before: only the Synchronizer has to hear it
@@ -218,7 +227,7 @@ class GroupStream:
                     self._blocked(state, need)
                     return
                 self._unblocked(state)
-                self._start(state)
+                self._start(state, need)
         self._blocked_since = None
 
     def _blocked(self, state: _Step, need: int) -> None:
@@ -237,15 +246,29 @@ class GroupStream:
             self._blocked_since = None
             self.role._sync_state = "running"
 
-    def _start(self, state: _Step) -> None:
+    def _start(self, state: _Step, need: int) -> None:
         role, position = self.role, state.positions[state.started]
         if state.first_start is None:
             state.first_start = time.perf_counter()
             state.timeline["timeline/rollout_start_unix_s"] = time.time()
         task = state.tasks[position]
-        fut = asyncio.ensure_future(role._run_task(task, role._context(state.step, position), self.engine))
+        fut = asyncio.ensure_future(role._run_task(task, role._context(state.step, position),
+                                                   self._engine(state, position, need)))
         self.running[fut] = (state.step, position)
         state.started += 1
+
+    def _engine(self, state: _Step, position: int, need: int):
+        """What the group's workflow calls: the fleet itself (``finish``, no journal), else its view that is
+        interruptible (``resubmit``; in pieces of ``chunk_tokens``) and journals every piece (``keep_partial``),
+        taking up what a journal left by a killed explorer holds of this group."""
+        journal = None
+        if self.store is not None:
+            journal = GroupJournal(self.store, state.step, position, need)
+            state.discarded += journal.discarded
+            self.journals[(state.step, position)] = journal
+        if journal is None and not self.resubmit:
+            return None
+        return ContinuingEngine(self.role.fleet, self.cfg.chunk_tokens, self.resubmit, journal, self.counts)
 
     # ------------------------------------------------------------ weights
     async def _load(self, info) -> None:
@@ -291,6 +314,11 @@ class GroupStream:
             rows.extend(exps)
         wait_s = await role._write_rows(rows)
         self.groups_written += len(done)
+        for step, position, *_ in done:  # in the buffer now: the buffer decides, the journal goes
+            journal = self.journals.pop((step, position), None)
+            if journal is not None:
+                self.steps[step].resumed_tokens += journal.resumed_tokens
+                self.store.drop_group(step, position)
         for step in sorted({s for s, *_ in done}):
             state = self.steps[step]
             state.buffer_wait_s += wait_s
@@ -302,6 +330,8 @@ class GroupStream:
         role = self.role
         del self.steps[state.step]
         await role.synchronizer.finish_explore_step.remote(state.step, state.earlier_rows + len(state.rows))
+        if self.store is not None:
+            self.store.drop_step(state.step)
         role.steps_done += 1
         role.explore_step_num = max(role.explore_step_num, state.step + 1)
         role._count_empty(state.earlier_rows + len(state.rows))
@@ -318,6 +348,8 @@ class GroupStream:
             "rollout/groups_taken_over": float(len(state.tasks) - len(state.positions)),
             "rollout/mixed_version_rows": float(sum(e.token_versions is not None for e in state.rows)),
             "rollout/engine_calls": float(self._take_calls()),
+            "rollout/partial_resumed_tokens": float(state.resumed_tokens),
+            "rollout/partial_discarded": float(state.discarded),
             "sync/version": float(role.fleet.version), "sync/failures": float(role.sync_failures),
             "sync/fingerprint_mismatches": float(role.fleet.fingerprint_mismatches),
             **self._take_loads(), **state.eval_metrics, **state.timeline})
@@ -327,9 +359,7 @@ class GroupStream:
 
     def _take_calls(self) -> int:
         """Engine calls of pieces (``chunk_tokens``) since the last step record; 0 without pieces."""
-        if self.engine is None:
-            return 0
-        calls, self._calls_seen = self.engine.pieces - self._calls_seen, self.engine.pieces
+        calls, self._calls_seen = self.counts["pieces"] - self._calls_seen, self.counts["pieces"]
         return calls
 
     def _take_loads(self) -> dict[str, Any]:

@@ -346,14 +346,16 @@ class Synchronizer:
         return self._staleness.bound
 
     # ------------------------------------------------------------ the global sequence of explorer steps
-    async def init_explore_steps(self, written: dict[int, int]) -> None:
+    async def init_explore_steps(self, written: dict[int, int], running: list[int] | tuple = ()) -> None:
         """Start the sequence after the steps the buffer already holds (``written``: step -> rows; first
         explorer only); a step below the highest written one that is missing (its explorer died, or the
-        synchronizer did) is done again."""
+        synchronizer did) is done again, and so is one of ``running`` (streaming rollout: cut off mid-way, its
+        groups part-written; the explorer that takes it up runs the others)."""
         if self._steps.initialized:
             return
-        done = {int(k): int(v) for k, v in written.items()}
-        self._steps.next = max(done) + 1 if done else 0
+        cut = {int(k) for k in running}
+        done = {int(k): int(v) for k, v in written.items() if int(k) not in cut}
+        self._steps.next = max([*done, *cut]) + 1 if done or cut else 0
         self._steps.returned = sorted(set(range(self._steps.next)) - set(done))
         self._steps.rows = done
         self._steps.initialized = True
