@@ -22,10 +22,10 @@ over repeats, with the min-max range printed.
 ``--streaming`` adds the mode ``stream{S}`` for every ``--staleness S``: the overrides of ``async{S}`` plus
 ``explorer.rollout=stream`` (trinity_like/explorer/stream.py: groups start one by one as the bound admits each,
 each is written when it ends, new weights load while groups run), ``explorer.stream.max_groups_in_flight``
-(``--max-groups-in-flight``) and, when given, ``explorer.stream.flush_s`` (``--flush-s``). With the ``hf`` engine a
-stream run generates each group in a call of its own, one call at a time per engine, where a step run generates a
-step's groups in one batched call (the workflow's ``run_batch``); and a weight load waits behind the calls queued
-before it, which ``--max-groups-in-flight 1`` keeps to one.
+(``--max-groups-in-flight``), when given ``explorer.stream.flush_s`` (``--flush-s``), and
+``explorer.stream.on_new_version`` / ``chunk_tokens`` (``--on-new-version resubmit --chunk-tokens N``: responses in
+pieces, a version loaded between two). With the ``hf`` engine a stream run makes a call per group, and the fleet
+merges the calls waiting for an engine into one (``fleet._Pool``); a weight load waits for the engine call running.
 
 What is timed (from the records in the run's ``metrics.jsonl``, each stamped with ``time``):
 
@@ -216,6 +216,8 @@ def overrides(args: argparse.Namespace, root: Path, model: Path, stops: list[int
         rollout = ["explorer.rollout=stream", f"explorer.stream.max_groups_in_flight={args.max_groups_in_flight}"]
         if args.flush_s is not None:
             rollout.append(f"explorer.stream.flush_s={args.flush_s}")
+        rollout += [f"explorer.stream.on_new_version={args.on_new_version}",
+                    f"explorer.stream.chunk_tokens={args.chunk_tokens}"]
     return rollout + [
         f"checkpoint_root_dir={root}", "project=async_speedup", f"name={name}", f"mode={mode}", f"seed={args.seed}",
         f"model.path={model}",
@@ -384,6 +386,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="explorer.stream.max_groups_in_flight of the stream runs (0 = no cap)")
     parser.add_argument("--flush-s", type=float, default=None,
                         help="explorer.stream.flush_s of the stream runs (default: the config's, 1.0 s)")
+    parser.add_argument("--on-new-version", choices=("finish", "resubmit"), default="finish",
+                        help="explorer.stream.on_new_version of the stream runs")
+    parser.add_argument("--chunk-tokens", type=int, default=0,
+                        help="explorer.stream.chunk_tokens of the stream runs (with --on-new-version resubmit)")
     parser.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: a temp dir)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3 steps, 1 repeat, staleness 1, a small eval (mostly Ray/actor start-up)")

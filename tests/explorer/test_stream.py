@@ -272,3 +272,34 @@ def test_an_explorer_killed_mid_group_has_its_journaled_calls_taken_up_by_the_ne
     resumed = sum(len(ids) for ids in journal.column("response_ids").to_pylist())
     assert record["rollout/partial_resumed_tokens"] == resumed > 0 and record["rollout/engine_calls"] == 0
     assert store.steps() == [] and len(_rows(cfg)) == 4
+
+
+def test_streaming_merges_the_group_calls_waiting_for_an_hf_engine_into_one(tmp_path, tiny_model_path, ray_session):
+    """Per-group calls to an engine that serves one call at a time, arriving together: they go as one engine call,
+    and every request gets the tokens it gets alone."""
+    import asyncio
+
+    from trinity_like.common.tokenizer import hf_tokenizer
+    from trinity_like.config import SamplingConfig
+    from trinity_like.explorer.fleet import EngineFleet
+    cfg = _cfg(tmp_path, tiny_model_path, "name=pool", "synchronizer.max_staleness=1")
+    tok = hf_tokenizer(tiny_model_path)
+    groups = [[tok.encode(f"{g}+{g}=")] * 2 for g in range(8)]
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=8)
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        await fleet.ready()
+        assert fleet.pooled
+        pooled = await asyncio.gather(*(fleet.generate(p, sampling, [10 * g, 10 * g + 1])
+                                        for g, p in enumerate(groups)))
+        calls = fleet.pooled_calls
+        fleet.pooled = False
+        alone = [await fleet.generate(p, sampling, [10 * g, 10 * g + 1]) for g, p in enumerate(groups)]
+        fleet.kill()
+        return pooled, calls, alone
+
+    pooled, calls, alone = asyncio.run(main())
+    assert calls == 1
+    assert [[s.response_ids.tolist() for s in g] for g in pooled] == [[s.response_ids.tolist() for s in g]
+                                                                      for g in alone]

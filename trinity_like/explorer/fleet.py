@@ -204,6 +204,52 @@ def engine_actor_options(cfg: Config) -> tuple[dict[str, Any], Any]:
     return {"num_gpus": 0, "num_cpus": 0.01, "scheduling_strategy": strategy}, group
 
 
+class _Pool:
+    """Generate calls with one sampling setting, merged: a call waits until an engine is free (at most one pool
+    call per engine at a time), then goes with every call waiting beside it as one engine call, and each gets its
+    own samples back (per-request seeds make a request's tokens independent of its batch mates). Continuous
+    batching at call granularity: a call arriving while others decode joins the next engine call, not the end of
+    a queue of them. Its samples carry the version of the engine that made them, as any call's."""
+
+    def __init__(self, fleet: EngineFleet, sampling: SamplingConfig) -> None:
+        self.fleet, self.sampling = fleet, sampling
+        self.waiting: list[tuple[list[list[int]], list[int], list[int], asyncio.Future]] = []
+        self.running = 0
+        """Engine calls of this pool in flight."""
+
+    async def submit(self, prompts: list[list[int]], seeds: list[int], offsets: list[int]) -> list[Sample]:
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting.append((prompts, seeds, offsets, fut))
+        if self.running < len(self.fleet.slots):
+            self.running += 1
+            asyncio.ensure_future(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        """Send what waits as one call, again while anything waits."""
+        try:
+            while self.waiting:
+                batch, self.waiting = self.waiting, []
+                prompts = [p for b in batch for p in b[0]]
+                seeds = [s for b in batch for s in b[1]]
+                offsets = [k for b in batch for k in b[2]]
+                self.fleet.pooled_calls += 1
+                try:
+                    samples = await self.fleet.call("generate", prompts, self.sampling, seeds, offsets, False)
+                except Exception as e:  # every call of the batch failed with it (their tasks are retried)
+                    for *_, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(e)
+                    continue
+                k = 0
+                for p, _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_result(samples[k:k + len(p)])
+                    k += len(p)
+        finally:
+            self.running -= 1
+
+
 @dataclass
 class _Slot:
     """The fleet's view of one engine: its actor, calls in flight, and the weights it holds."""
@@ -271,6 +317,14 @@ class EngineFleet:
         self._lock = asyncio.Lock()
         """Serialises weight updates with the catch-up of restarted engines."""
         self.restarts = 0
+        sc = cfg.synchronizer
+        self.pooled = (cfg.explorer.rollout == "stream" and not async_engine and cfg.mode == "async"
+                       and sc.max_staleness > 0)
+        """Merge the generate calls waiting for an engine into one (``_Pool``): streaming rollout calls per group,
+        and an engine that serves one call at a time would otherwise decode each group's batch alone."""
+        self._pools: dict[str, _Pool] = {}
+        self.pooled_calls = 0
+        """Engine calls the pools made (fewer than the generate calls they served)."""
 
     async def ready(self) -> None:
         await asyncio.gather(*(s.actor.health.remote() for s in self.slots))
@@ -409,8 +463,18 @@ class EngineFleet:
     async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
                        offsets: list[int] | None = None, interruptible: bool = False) -> list[Sample]:
         """``offsets``: see ``RolloutEngine.generate`` (a continuation). ``interruptible``: an engine that cuts
-        requests when a version loads (vLLM's async engine under ``on_new_version: resubmit``) may cut these."""
-        return await self.call("generate", prompts, sampling, seeds, offsets, interruptible)
+        requests when a version loads (vLLM's async engine under ``on_new_version: resubmit``) may cut these.
+        With ``pooled``, the call joins the others waiting with the same sampling settings in one engine call."""
+        if not self.pooled:
+            return await self.call("generate", prompts, sampling, seeds, offsets, interruptible)
+        if not prompts or len(seeds) != len(prompts):  # refused here: in a pool it would fail the others' call
+            raise ValueError(f"generate needs non-empty prompts and one seed each, got {len(prompts)} prompts and "
+                             f"{len(seeds)} seeds")
+        key = repr(sampling)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool(self, sampling)
+        return await pool.submit(prompts, seeds, offsets or [0] * len(prompts))
 
     async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
                    interruptible: bool = False) -> Sample:

@@ -295,7 +295,14 @@ class GroupStream:
             return False
         due = time.perf_counter() - self.first_done >= self.cfg.flush_s
         full = self.cfg.flush_groups and len(self.done) >= self.cfg.flush_groups
-        return bool(due or full or stopping or not self.running)
+        return bool(due or full or stopping or not self.running or self._completes_a_step())
+
+    def _completes_a_step(self) -> bool:
+        """The ended groups include a step's last one: the trainer's batch may be waiting for it."""
+        ending: dict[int, int] = {}
+        for step, *_ in self.done:
+            ending[step] = ending.get(step, 0) + 1
+        return any(self.steps[s].ended + n == len(self.steps[s].positions) for s, n in ending.items())
 
     async def _flush(self) -> None:
         """Write the ended groups as one segment; finish each step whose last group that was."""
@@ -338,6 +345,8 @@ class GroupStream:
         start = state.first_start or state.opened
         elapsed = time.perf_counter() - start - state.buffer_wait_s
         metrics = role._metrics(state.rows, elapsed)
+        if state.rows:  # the rows' own (oldest) version: loads go on while a step's groups run
+            metrics["rollout/model_version"] = float(min(e.model_version for e in state.rows))
         metrics.update({
             "rollout/failed_tasks": float(state.failed), "rollout/filtered_groups": float(state.filtered),
             "rollout/engine_restarts": float(role.fleet.restarts), "time/wait_buffer_s": state.buffer_wait_s,
