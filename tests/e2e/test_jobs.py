@@ -366,3 +366,31 @@ def test_signals_stop_the_run_cleanly_and_resume_goes_on(tmp_path, tiny_model_pa
         assert ledger.pending().num_rows == 0 and len(committed) == step * BATCH
         assert len({r["eid"] for r in committed}) == step * BATCH  # each experience trained once
         assert sorted({r["step"] for r in committed}) == list(range(1, step + 1))
+
+
+def test_a_streaming_run_killed_whole_resumes_its_cut_steps_and_trains_every_group_once(tmp_path, tiny_model_path,
+                                                                                       ray_cluster):
+    """Streaming rollout with responses in pieces journaled as they go: the whole run (driver, explorer, engines,
+    trainer) is SIGKILLed mid-run, some steps part-written, some groups part-generated; `--resume` takes the cut
+    steps up again (their written groups kept, their journaled pieces continued), and every group is trained once,
+    whole, with nothing left in buffer/partial at the end."""
+    cfg_path = _write_cfg(tmp_path, tiny_model_path, "stream-killed", trainer__total_steps=14,
+                          trainer__save_interval=2, explorer__rollout="stream", explorer__stream__flush_s=0,
+                          explorer__stream__on_new_version="resubmit", explorer__stream__chunk_tokens=2,
+                          explorer__sampling__max_new_tokens=8)
+    paths = RunPaths.of(load_config(cfg_path))
+    run = _driver(ray_cluster, cfg_path, "all")
+    _wait_until(lambda: len(_records(cfg_path, "trainer")) >= 3, 240, "three trainer steps", [run], poll_s=0.02)
+    run.kill()
+    again = _driver(ray_cluster, cfg_path, "all", "--resume")
+    assert again.wait(300) == 0, again.output
+    summary = json.loads(paths.summary.read_text())
+    assert summary["exit_reason"] == "completed" and summary["final_version"] == 14 and summary["staleness_max"] <= 1
+    check_ledger(cfg_path)  # each row once, every step a full batch, every group whole in one step
+    assert not any((paths.buffer_dir / "partial").iterdir()), "journals were left behind"
+    rows = query(paths.buffer_dir).to_pylist()
+    groups = {}
+    for r in rows:
+        info = json.loads(r["info"])
+        groups.setdefault((info["explore_step"], info["explore_position"]), set()).add(r["group_id"])
+    assert all(len(ids) == 1 for ids in groups.values())  # no group written under two ids or twice
