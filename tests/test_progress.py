@@ -38,6 +38,11 @@ def test_plain_lines_one_per_step_and_only_new_records(tmp_path):
         "trainer  step    1/10  reward 0.500  staleness 1.00  pg_loss -0.0100  0.25s",
     ]
     assert [r["role"] for r in progress.records] == ["explorer", "trainer"]
+    # streaming rollout's records say how many groups are written and generating
+    _append(metrics, _explorer(2, 0.5, 1, **{"rollout/groups_written": 8.0, "rollout/groups_in_flight": 3.0}))
+    progress.poll()
+    assert out.getvalue().splitlines()[-1] == (
+        "explorer step    2       reward 0.500  version 1  0.50s  groups 8 written, 3 in flight")
 
 
 def test_live_bar_shows_steps_reward_staleness_versions_and_eval(tmp_path, monkeypatch):

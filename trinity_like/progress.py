@@ -74,7 +74,7 @@ class RunProgress:
                     f"staleness {r['train/staleness_mean']:.2f}  pg_loss {r.get('actor/pg_loss', float('nan')):+.4f}  "
                     f"{r['time/train_step_s']:.2f}s")
         return (f"explorer step {r['step']:>4}       reward {r['rollout/reward_mean']:.3f}  "
-                f"version {int(r['rollout/model_version'])}  {r['time/explore_step_s']:.2f}s")
+                f"version {int(r['rollout/model_version'])}  {r['time/explore_step_s']:.2f}s{_groups(r)}")
 
     # ------------------------------------------------------------------ the live bar
     def _stats(self, r: dict[str, Any]) -> str:
@@ -82,7 +82,8 @@ class RunProgress:
             text = (f"reward {r['train/reward_mean']:.3f}  staleness {r['train/staleness_mean']:.2f}"
                     f"/{r['train/staleness_max']:.0f}  version {int(r.get('trainer/version', r['step']))}")
         else:
-            text = f"reward {r['rollout/reward_mean']:.3f}  generating with version {int(r['rollout/model_version'])}"
+            text = (f"reward {r['rollout/reward_mean']:.3f}  generating with version {int(r['rollout/model_version'])}"
+                    f"{_groups(r)}")
         if self.eval is not None:
             text += f"  eval {self.eval[0]} {self.eval[1]:.3f}"
         return text
@@ -115,3 +116,10 @@ class RunProgress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+def _groups(r: dict[str, Any]) -> str:
+    """Streaming rollout's groups (``explorer.rollout: stream``): written so far, and generating now."""
+    if "rollout/groups_written" not in r:
+        return ""
+    return f"  groups {int(r['rollout/groups_written'])} written, {int(r['rollout/groups_in_flight'])} in flight"
