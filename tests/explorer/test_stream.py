@@ -156,10 +156,26 @@ def test_stream_refuses_what_it_cannot_mean(tmp_path):
         _cfg(tmp_path, "m", "synchronizer.offset=1")
 
 
-def test_a_step_whose_explorer_is_killed_mid_step_is_finished_by_another_without_repeating_a_group(
-        tmp_path, tiny_model_path, ray_session):
+def _kill_and_take_over(first, sync, role_cls, cfg, flag):
+    """SIGKILL explorer ``first``; once the Synchronizer hands its step 0 back, release the held groups (``flag``)
+    and let a new explorer run the step; return the new one."""
     import os
     import signal
+
+    os.kill(ray.get(first.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while ray.get(sync.status.remote())["explore_steps"]["returned"] != [0]:
+        assert time.monotonic() < deadline, "the killed explorer's step was never handed back"
+        time.sleep(0.5)
+    flag.unlink()
+    second = role_cls.remote(cfg)
+    ray.get(second.setup.remote())
+    assert ray.get(second.run.remote(1), timeout=120) == 1
+    return second
+
+
+def test_a_step_whose_explorer_is_killed_mid_step_is_finished_by_another_without_repeating_a_group(
+        tmp_path, tiny_model_path, ray_session):
 
     from trinity_like.buffer import BufferConsumer
     flag = tmp_path / "slow-flag"
@@ -186,15 +202,7 @@ def test_a_step_whose_explorer_is_killed_mid_step_is_finished_by_another_without
         ray.get(first.setup.remote())
         first.run.remote(1)
         assert len(_wait_rows(cfg, 4)) == 4  # groups 0 and 1 written; 2 and 3 hang
-        os.kill(ray.get(first.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while ray.get(sync.status.remote())["explore_steps"]["returned"] != [0]:
-            assert time.monotonic() < deadline, "the killed explorer's step was never handed back"
-            time.sleep(0.5)
-        flag.unlink()
-        second = role_cls.remote(cfg)
-        ray.get(second.setup.remote())
-        assert ray.get(second.run.remote(1), timeout=120) == 1
+        second = _kill_and_take_over(first, sync, role_cls, cfg, flag)
         status = ray.get(sync.status.remote())
     finally:
         for actor in (first, second):
@@ -218,8 +226,6 @@ def test_an_explorer_killed_mid_group_has_its_journaled_calls_taken_up_by_the_ne
                                                                                    ray_session):
     """Group 1's responses are all generated (and journaled) when its explorer is SIGKILLed before writing it; the
     explorer that takes the step over does not generate them again, and the journal is gone once it is written."""
-    import os
-    import signal
 
     from trinity_like.buffer.partial import PartialStore
     flag = tmp_path / "hold"
@@ -252,15 +258,7 @@ def test_an_explorer_killed_mid_group_has_its_journaled_calls_taken_up_by_the_ne
         journal = store.load(0, 1)
         assert journal is not None and journal.num_rows == 2 and store.steps() == [0]
         assert store.load(0, 0) is None  # written: its journal went
-        os.kill(ray.get(first.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while ray.get(sync.status.remote())["explore_steps"]["returned"] != [0]:
-            assert time.monotonic() < deadline, "the killed explorer's step was never handed back"
-            time.sleep(0.5)
-        flag.unlink()
-        second = role_cls.remote(cfg)
-        ray.get(second.setup.remote())
-        assert ray.get(second.run.remote(1), timeout=120) == 1
+        second = _kill_and_take_over(first, sync, role_cls, cfg, flag)
     finally:
         for actor in (first, second):
             if actor is not None:
