@@ -17,6 +17,7 @@ import threading
 import time
 
 from trinity_like.buffer import BufferConsumer
+from trinity_like.buffer.partial import PartialStore
 from trinity_like.common.errors import UserError
 from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tokenizer import model_vocab_size
@@ -123,7 +124,8 @@ class TrainerRole:
                 timeout_s=self.cfg.synchronizer.timeout_s)).start()
         self.relay = None
         if self.cfg.mode != "offline":  # explorers on nodes without this run directory meet it here
-            ray.get(self.synchronizer.init_explore_steps.remote(written_explore_steps(self.paths)))
+            running = PartialStore(self.paths.buffer_dir).steps()  # cut off by a crash: taken up again
+            ray.get(self.synchronizer.init_explore_steps.remote(written_explore_steps(self.paths), running))
             publish_run_home(self.cfg, self.paths, self.synchronizer)
             self.relay = RelayDrain(self.synchronizer, self.paths.run_dir).start()
 
