@@ -222,4 +222,6 @@ def test_the_peak_memory_of_a_no_grad_pass_does_not_grow_with_the_batch(tmp_path
     whole = _peak_growth_mb(tiny_model_path, tmp_path, 128, 1_000_000)
     print(f"peak growth: 16 rows {small:.1f} MB, 128 rows {large:.1f} MB, 128 rows in one micro-batch {whole:.1f} MB")
     assert whole > large + 40
-    assert large < small + 12
+    # RSS high-water marks move by allocator arenas: 12.5 MB was seen once with the other xdist worker busy (2026-11-27),
+    # against ~460 MB for one micro-batch; what is asserted is that the peak does not follow the batch
+    assert large < small + 24 and large < whole / 8
