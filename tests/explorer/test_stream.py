@@ -156,6 +156,18 @@ def test_stream_refuses_what_it_cannot_mean(tmp_path):
         _cfg(tmp_path, "m", "synchronizer.offset=1")
 
 
+def _first_explorer(cfg):
+    """A Synchronizer that declares a silent explorer dead within 3 s, and a first explorer running step 0 (not
+    awaited); returns (synchronizer, the explorer actor class, the explorer)."""
+    prepare_run_dir(cfg)
+    sync = get_synchronizer(namespace_of(cfg), heartbeat_timeout_s=3.0)
+    role_cls = ray.remote(num_cpus=0)(ExplorerRole)
+    first = role_cls.remote(cfg)
+    ray.get(first.setup.remote())
+    first.run.remote(1)
+    return sync, role_cls, first
+
+
 def _kill_and_take_over(first, sync, role_cls, cfg, flag):
     """SIGKILL explorer ``first``; once the Synchronizer hands its step 0 back, release the held groups (``flag``)
     and let a new explorer run the step; return the new one."""
@@ -193,14 +205,9 @@ def test_a_step_whose_explorer_is_killed_mid_step_is_finished_by_another_without
     cfg = _cfg(tmp_path, tiny_model_path, "name=stream-takeover", "synchronizer.max_staleness=1",
                f"explorer.workflow={slow}:Slow", "explorer.batch_size=4", "explorer.repeat_times=2",
                "trainer.batch_size=8")
-    prepare_run_dir(cfg)
-    sync = get_synchronizer(namespace_of(cfg), heartbeat_timeout_s=3.0)
-    role_cls = ray.remote(num_cpus=0)(ExplorerRole)
-    first = role_cls.remote(cfg)
+    sync, role_cls, first = _first_explorer(cfg)
     second = None
     try:
-        ray.get(first.setup.remote())
-        first.run.remote(1)
         assert len(_wait_rows(cfg, 4)) == 4  # groups 0 and 1 written; 2 and 3 hang
         second = _kill_and_take_over(first, sync, role_cls, cfg, flag)
         status = ray.get(sync.status.remote())
@@ -245,15 +252,10 @@ def test_an_explorer_killed_mid_group_has_its_journaled_calls_taken_up_by_the_ne
                f"explorer.workflow={hold}:Hold", "explorer.batch_size=2", "explorer.repeat_times=2",
                "trainer.batch_size=4", "explorer.sampling.max_new_tokens=12",
                "explorer.stream.on_new_version=resubmit", "explorer.stream.chunk_tokens=4")
-    prepare_run_dir(cfg)
+    sync, role_cls, first = _first_explorer(cfg)
     store = PartialStore(RunPaths.of(cfg).buffer_dir)
-    sync = get_synchronizer(namespace_of(cfg), heartbeat_timeout_s=3.0)
-    role_cls = ray.remote(num_cpus=0)(ExplorerRole)
-    first = role_cls.remote(cfg)
     second = None
     try:
-        ray.get(first.setup.remote())
-        first.run.remote(1)
         assert len(_wait_rows(cfg, 2)) == 2  # group 0 written; group 1 generated and held
         journal = store.load(0, 1)
         assert journal is not None and journal.num_rows == 2 and store.steps() == [0]
