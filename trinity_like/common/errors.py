@@ -12,3 +12,13 @@ class RunError(UserError):
 
 class ConfigError(UserError):
     """A user mistake in the configuration; the message is one sentence saying what to change."""
+
+
+class StorageError(RunError):
+    """A write the file system refused for a reason the user can fix (no space left, a read-only file system);
+    the message names the path and what was being written. Whatever was stored before is intact: every write is
+    atomic, so the failed one left nothing behind."""
+
+
+class DiskFullError(StorageError):
+    """No space left on the device (or over the disk quota) while writing."""

@@ -7,10 +7,17 @@ point leaves at most a stray temporary file (named ``.<name>.tmp-*``, which no r
 fsyncs: for files that only carry something to other processes and are made again from a durable copy, such as
 the weight versions sent to the engines (after a power loss they may be incomplete, and their checksums refuse
 them). Whatever must survive a power loss (checkpoints, the ledger, the run's config) keeps the default.
+
+A write the file system refuses for a reason the user can fix (no space left, over quota, read-only) raises
+``StorageError`` (``DiskFullError`` for space) naming the path and what was being written, after the temporary
+file is removed: what was stored before is intact. ``torch.save`` and other writers that report a failed write
+in their own words (torch: "unexpected pos ...") are recognised by the space left on the file system when they
+fail.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -19,6 +26,71 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from trinity_like.common.errors import DiskFullError, StorageError
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_LOW_SPACE = 1 << 20
+"""A writer that fails in its own words while its file system has less than this free ran out of space."""
+
+# What a file of the run is, by the names in its path (first match wins): for the one-line error of a failed write.
+_KINDS = (("consumers", "the consumption ledger"), ("catalog", "the buffer catalog"),
+          ("rejects", "the rejected rows"), ("partial", "a partial-rollout journal"), ("serve", "serve records"),
+          ("state_dict", "a weights version"), ("latest", "a checkpoint pointer"), ("checkpoints", "a checkpoint"),
+          ("segments", "a buffer segment"), ("buffer", "a buffer segment"), ("metrics.jsonl", "the metrics log"),
+          ("config.yaml", "the run's config"))
+
+
+def describe(path: str | os.PathLike) -> str:
+    """What the file at ``path`` is to a run ("a buffer segment", "a checkpoint", ...), from its path."""
+    parts = Path(path).parts
+    for key, kind in _KINDS:
+        if any(part == key or part.startswith(key + "_") for part in parts):
+            return kind
+    return "a file"
+
+
+def _free_bytes(path: Path) -> int | None:
+    for p in (path, *path.parents):
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return None
+
+
+def storage_error(exc: BaseException, path: str | os.PathLike) -> StorageError | None:
+    """The user-facing error for ``exc`` raised while writing ``path``, or None when it is not a storage fault.
+    Call before removing what the failed write left (a writer's own error is judged by the space left)."""
+    path = Path(path)
+    what = describe(path)
+    if isinstance(exc, StorageError):
+        return None
+    if isinstance(exc, OSError) and exc.errno in _FULL:
+        full = True
+    elif isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        return StorageError(f"cannot write {what} '{path}': the file system is read-only; remount it writable "
+                            "(or move the run directory), then resume the run with --resume")
+    elif isinstance(exc, (OSError, RuntimeError)):
+        free = _free_bytes(path.parent)
+        full = free is not None and free < _LOW_SPACE
+    else:
+        full = False
+    if not full:
+        return None
+    free = _free_bytes(path.parent)
+    left = f" ({free / 1e6:.1f} MB free)" if free is not None else ""
+    return DiskFullError(f"no space left on the device writing {what} '{path}'{left}; nothing half-written was "
+                         "kept: free space (or move the run directory), then resume the run with --resume")
+
+
+def _refused(exc: BaseException, path: Path, cleanup: Callable[[], None]) -> None:
+    """Clean up a failed write, then raise its storage error (if it is one) from ``exc``."""
+    err = storage_error(exc, path)
+    cleanup()
+    if err is not None:
+        raise err from exc
 
 
 def fsync_path(path: Path) -> None:
@@ -52,12 +124,13 @@ def atomic_write_named(folder: str | os.PathLike, write: Callable[[Path], None],
             fsync_path(tmp)
         path = folder / name_of(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        _refused(exc, folder / tmp_prefix, lambda: tmp.unlink(missing_ok=True))
         raise
     if durable:
         fsync_path(folder)
     return path
+
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> Path:
@@ -93,8 +166,8 @@ def atomic_publish_dir(path: str | os.PathLike, fill: Callable[[Path], None]) ->
         fsync_path(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        _refused(exc, path, lambda: shutil.rmtree(tmp, ignore_errors=True))
         raise
     return path
 
@@ -105,9 +178,16 @@ def append_line(path: str | os.PathLike, line: str) -> None:
     Used for logs (metrics.jsonl) that several processes append to: each line is one write() call, so lines
     from different writers do not interleave; a reader skips a torn last line after a crash."""
     data = (line.rstrip("\n") + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, data)
+            if written != len(data):  # a full disk takes what fits: cut the torn line off again
+                os.ftruncate(fd, os.fstat(fd).st_size - written)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _refused(exc, Path(path), lambda: None)
+        raise
