@@ -63,7 +63,7 @@ def test_send_ingest_and_drop_duplicates(redis_server, tmp_path):
         return ingester.stats, pending
 
     stats, pending = asyncio.run(main())
-    assert stats == {"entries": 4, "rows": 12, "duplicates": 4}
+    assert stats == {"entries": 4, "rows": 12, "duplicates": 4, "group_recreated": 0}
     assert pending["pending"] == 0  # every entry acknowledged
     eids = query(tmp_path / "buf").column("eid").to_pylist()
     assert len(eids) == len(set(eids)) == 12
