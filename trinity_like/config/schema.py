@@ -637,11 +637,16 @@ class BufferConfig:
     """How explorers hand experiences over: `file` (write segments into the buffer folder) or `redis` (a
     Redis Stream, for explorers on hosts that share no filesystem with the trainer)."""
     redis_url: str = ""
-    """Redis server of the `redis` transport (run it with `appendonly yes` to survive its restarts). Empty =
-    port 6380 on the Ray head node (`redis://<head ip>:6380/0`), which every node of the cluster reaches: run
-    Redis there, listening on that address, not loopback only."""
+    """Redis server of the `redis` transport, a relay only: explorers keep each batch until the trainer stored
+    it, so a Redis restart, with or without `appendonly yes`, loses no row. Empty = port 6380 on the Ray head
+    node (`redis://<head ip>:6380/0`), which every node of the cluster reaches: run Redis there, listening on
+    that address, not loopback only."""
     redis_stream: str = ""
     """Stream name of the `redis` transport; empty = `<project>/<name>/experiences`."""
+    redis_timeout_s: float = _at_least(600.0, 1.0)
+    """How long the `redis` transport keeps retrying a Redis that does not answer (a restart or failover takes
+    seconds) before the explorer or the trainer stops with an error naming the address; the run is resumable:
+    rows already stored stay, the rest are delivered once."""
     mix: dict[str, float] = field(default_factory=dict)
     """Share of each experience source in a training batch, e.g. `{explorer: 0.75, agent: 0.25}`; sources
     `explorer`, `human`, `agent`, `import`, shares > 0, normalised to sum to 1 (`{explorer: 3, human: 1}` is
