@@ -3,6 +3,7 @@ file, and whole episodes (a scripted engine for the tool path, the real tiny mod
 
 import asyncio
 import re
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -32,6 +33,10 @@ from trinity_like.explorer.tools import (
 )
 from trinity_like.explorer.workflows import WorkflowContext, load_workflow
 
+SANDBOX = "bwrap" if shutil.which("bwrap") else "guard"
+"""The python tool of ``TOOLS_YAML`` runs under bubblewrap where it is installed, else under the weaker guard, so
+the workflow tests run on either machine."""
+
 TOOLS_YAML = """\
 tools:
   - class_name: calculator
@@ -43,14 +48,14 @@ tools:
         description: Evaluate an arithmetic expression.
         parameters: {type: object, properties: {expression: {type: string}}, required: [expression]}
   - class_name: verl.tools.python_tool.PythonTool
-    config: {type: native, timeout_s: 3}
+    config: {type: native, timeout_s: 3, sandbox: SANDBOX}
     tool_schema:
       type: function
       function:
         name: python
         description: Run Python code and return what it prints.
         parameters: {type: object, properties: {code: {type: string}}, required: [code]}
-"""
+""".replace("SANDBOX", SANDBOX)
 
 
 # ---------------------------------------------------------------- calculator
@@ -108,25 +113,26 @@ def test_calculator_needs_its_argument(calc):
     assert "longer than" in calc({"expression": "1+" * 300 + "1"}).text  # 601 characters > max_length 500
 
 
-# ---------------------------------------------------------------- python
+# ---------------------------------------------------------------- python, sandbox: guard
+# (the bubblewrap sandbox, the default, has tests of its own: test_python_sandbox.py)
 
 
 @pytest.fixture(scope="module")
 def python():
     """The tool as the tests of what code may do use it: a timeout no loaded machine reaches (a fresh-clone run
     at load 9 took over 2 s to start the interpreter and import pathlib); the timeout tests use ``quick``."""
-    return PythonTool(PythonTool.Config(timeout_s=30, memory_mb=256))
+    return PythonTool(PythonTool.Config(timeout_s=30, memory_mb=256, sandbox="guard"))
 
 
 @pytest.fixture(scope="module")
 def quick():
-    return PythonTool(PythonTool.Config(timeout_s=2, memory_mb=256))
+    return PythonTool(PythonTool.Config(timeout_s=2, memory_mb=256, sandbox="guard"))
 
 
 def test_python_returns_what_it_prints(python):
     assert python({"code": "print(6 * 7)\nprint('done')"}) == _ok("42\ndone")
     assert python({"code": "x = 1"}) == _ok("(no output)")
-    long = PythonTool(PythonTool.Config(max_output_chars=50))({"code": "print('a' * 80)"})
+    long = PythonTool(PythonTool.Config(max_output_chars=50, sandbox="guard"))({"code": "print('a' * 80)"})
     assert long.ok and long.text == "a" * 50 + "\n... [30 more characters cut]"  # 80 - 50 cut
 
 
@@ -277,6 +283,10 @@ def _entry(class_name="calculator", name="calculator", props="{expression: {type
     ("tools:\n" + _entry(config="{timeout_s: 3}"), "unknown config key(s) timeout_s"),
     ("tools:\n" + _entry(config="{max_exponent: -1}"), "config.max_exponent must be a positive int"),
     ("tools:\n" + _entry(config="{type: mcp}"), "config.type 'mcp' is not supported"),
+    ("tools:\n" + _entry("python", "python", "{code: {type: string}}", "{sandbox: none}"),
+     "config.sandbox must be one of bwrap, guard, got 'none'"),
+    ("tools:\n" + _entry("python", "python", "{code: {type: string}}", "{bwrap_path: 3}"),
+     "config.bwrap_path must be non-empty text, got 3"),
     ("tools:\n  - class_name: calculator\n    tool_schema: {type: function}\n", "needs tool_schema"),
     ("tools:\n  - class_name: calculator\n    schema: {}\n", "unknown key(s) schema"),
 ])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,11 @@ class CalculatorSettings:
     """Longest expression, in characters."""
 
 
+SANDBOXES = ("bwrap", "guard")
+"""``PythonSettings.sandbox``: ``bwrap`` a bubblewrap sandbox (kernel namespaces, read-only file system, an
+unprivileged user), ``guard`` the weaker in-process guard (see ``trinity_like.explorer.tools.PythonTool``)."""
+
+
 @dataclass
 class PythonSettings:
     """The settings (``config``) of the built-in ``python``."""
@@ -63,9 +69,32 @@ class PythonSettings:
     memory_mb: int = 256
     """Address-space limit (RLIMIT_AS) of the process."""
     file_size_mb: int = 16
-    """Largest file the process may write (RLIMIT_FSIZE), its stdout and stderr included."""
+    """Largest file the process may write (RLIMIT_FSIZE), its stdout and stderr included; under ``bwrap`` also
+    the size of its working directory (a tmpfs)."""
     max_output_chars: int = 2000
     """Output returned to the model: stdout cut to this, and on failure the end of stderr too."""
+    sandbox: str = "bwrap"
+    """``bwrap`` (bubblewrap: no network, read-only file system, unprivileged user; the tool refuses to load
+    without it) or ``guard`` (in-process guards only, which code can get round; for machines without bwrap)."""
+    bwrap_path: str = "bwrap"
+    """The bubblewrap binary, looked up on PATH unless it is a path."""
+    max_processes: int = 32
+    """Processes (and threads) the code may have at once (RLIMIT_NPROC), under ``bwrap`` only: a fork bomb stops
+    there. ``guard`` runs as the explorer's user, whose other processes would count too."""
+
+    def __post_init__(self) -> None:
+        if self.sandbox not in SANDBOXES:
+            raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {self.sandbox!r}")
+
+
+def find_bwrap(settings: PythonSettings) -> str:
+    """The bubblewrap binary ``settings`` names, resolved; UserError saying how to install it or do without."""
+    found = shutil.which(settings.bwrap_path)
+    if found is None:
+        raise UserError(f"the python tool runs code under bubblewrap and {settings.bwrap_path!r} is not on this "
+                        "machine: install it (apt-get install bubblewrap) or set the tool's config sandbox: guard "
+                        "to accept the weaker in-process guard")
+    return found
 
 
 @dataclass(frozen=True)
@@ -220,6 +249,10 @@ def _settings(tool: BuiltinTool, config: Any, where: str) -> Any:
         raise UserError(f"{where}: unknown config key(s) {', '.join(unknown)}; the {tool.class_name} settings are "
                         f"{', '.join(fields) or 'none'}")
     for key, value in config.items():
+        if fields[key].type == "str":
+            if not isinstance(value, str) or not value:
+                raise UserError(f"{where}: config.{key} must be non-empty text, got {value!r}")
+            continue
         want = (int, float) if fields[key].type == "float" else (int,)
         if float in want and isinstance(value, str):  # YAML 1.1 reads 1.0e18 (no exponent sign) as text
             try:
@@ -228,4 +261,13 @@ def _settings(tool: BuiltinTool, config: Any, where: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, want) or value <= 0:
             raise UserError(f"{where}: config.{key} must be a positive {fields[key].type}, got {value!r}")
-    return tool.settings(**config)
+    try:
+        settings = tool.settings(**config)
+    except ValueError as e:
+        raise UserError(f"{where}: config.{e}") from None
+    if isinstance(settings, PythonSettings) and settings.sandbox == "bwrap":
+        try:
+            find_bwrap(settings)
+        except UserError as e:
+            raise UserError(f"{where}: {e}") from None
+    return settings

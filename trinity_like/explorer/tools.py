@@ -10,16 +10,20 @@ Tool calls are parsed from the model's text in the Hermes / Qwen format that cha
 tag is one call: malformed JSON, a missing closing tag, an unknown tool or a missing argument is a failed call
 whose error text goes back to the model like any result.
 
-The ``python`` sandbox is best effort, not a security boundary: see :class:`PythonTool`.
+The ``python`` tool runs code under bubblewrap (kernel namespaces, read-only file system, unprivileged user,
+rlimits), or with ``sandbox: guard`` under weaker in-process guards: see :class:`PythonTool`.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
+import logging
 import math
 import operator
 import os
+import random
 import re
 import signal
 import subprocess
@@ -31,8 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trinity_like.common.errors import UserError
 from trinity_like.common.registry import Registry
-from trinity_like.config.tools import CALCULATOR, PYTHON, ToolSpec, read_tool_config
+from trinity_like.config.tools import CALCULATOR, PYTHON, ToolSpec, find_bwrap, read_tool_config
+
+logger = logging.getLogger(__name__)
 
 ERROR_KINDS = ("bad_call", "error", "timeout")
 """``ToolResult.error``: ``bad_call`` the call could not be made (malformed JSON, unknown tool, missing
@@ -156,12 +163,24 @@ def _number_text(value: int | float) -> str:
 
 # ---------------------------------------------------------------- python
 
-_BOOTSTRAP = r"""
-import builtins, io, os, resource, signal, socket, sys
-memory_b, cpu_s, fsize_b = (int(x) for x in sys.argv[1:4])
-for limit, value in ((resource.RLIMIT_AS, memory_b), (resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_FSIZE, fsize_b)):
+_LIMITS = r"""
+import os, resource, signal, sys
+memory_b, cpu_s, fsize_b, nproc, uid = (int(x) for x in sys.argv[1:6])
+limits = [(resource.RLIMIT_AS, memory_b), (resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_FSIZE, fsize_b),
+          (resource.RLIMIT_CORE, 0)] + ([(resource.RLIMIT_NPROC, nproc)] if nproc else [])
+for limit, value in limits:
     resource.setrlimit(limit, (value, value))
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE raises OSError instead of killing
+if uid >= 0:  # bwrap ran as root: become a uid of our own (no capabilities left, so no limit can be raised)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+del limits, limit, value, memory_b, cpu_s, fsize_b, nproc, uid, resource, signal
+"""
+"""Runs first in the child: hard resource limits, then (bwrap as root) the drop to an unprivileged uid."""
+
+_GUARD = r"""
+import builtins, io, socket
 try:  # a network namespace of our own has no interface but a down loopback: nothing is reachable
     import ctypes
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -197,8 +216,13 @@ def _guarded_os_open(path, flags, *args, **kwargs):
     return _os_open(path, flags, *args, **kwargs)
 builtins.open = io.open = _guarded_open
 os.open = _guarded_os_open
-del builtins, io, resource, signal, socket
-with _open("main.py", encoding="utf-8") as _f:
+del builtins, io, socket
+"""
+"""``sandbox: guard`` only: the network namespace (when the kernel allows it) and the in-process network and
+write guards."""
+
+_RUN = r"""
+with open("main.py", encoding="utf-8") as _f:
     _source = _f.read()
 try:
     exec(compile(_source, "main.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
@@ -209,39 +233,76 @@ except BaseException as _e:  # the traceback from the user's code on, without th
     traceback.print_exception(type(_e), _e, _e.__traceback__.tb_next)
     sys.exit(1)
 """
-"""Runs in the child before the user's code: resource limits, the network namespace (when the kernel allows
-it) and the in-process network and write guards; then the code of ``main.py`` in the working directory."""
+"""Runs last: the code of ``main.py`` in the working directory."""
+
+_BOX = "/sandbox"
+"""The working directory inside the bwrap sandbox: a tmpfs of its own, HOME and TMPDIR too."""
+
+_SANDBOX_UIDS = range(2_000_000_000, 2_100_000_000)
+"""bwrap as root: each run becomes a uid drawn from here, which no account uses, so RLIMIT_NPROC (counted per uid)
+counts that run's processes only, and runs going on at once do not share one budget."""
+
+_SANDBOX_USER = "65534"
+"""bwrap as another user: the uid and gid inside its user namespace (nobody); RLIMIT_NPROC counts per user
+namespace, so again per run."""
 
 
 @TOOLS.register(PYTHON.name)
 class PythonTool(Tool):
     """Runs a code string in a fresh Python process and returns what it printed.
 
-    Limits, all set in the child before the code runs:
-    - a new temporary working directory, deleted afterwards (with anything written there);
-    - ``python -I`` (no user site, no PYTHON* variables, no script directory on sys.path) with an environment
-      of PATH, HOME (the working directory) and LANG only, so the parent's variables (keys) are not passed on;
-    - wall time ``timeout_s``: the process group (the child and anything it started) is killed then, and
-      after every call;
-    - ``RLIMIT_AS`` ``memory_mb`` (address space), ``RLIMIT_CPU`` (``timeout_s`` + 1 s of CPU),
-      ``RLIMIT_FSIZE`` ``file_size_mb`` (largest file, stdout and stderr included);
-    - network: a network namespace of its own (``unshare(CLONE_NEWNET)``, or with a user namespace) when the
-      kernel allows it, silently skipped otherwise; and in every case ``socket.socket``,
-      ``socket.create_connection`` and friends replaced by functions that raise;
-    - writes: ``open`` / ``io.open`` / ``os.open`` refuse to write outside the working directory.
+    ``sandbox: bwrap`` (the default) runs it under bubblewrap (``bwrap``), enforced by the kernel:
+    - no network: a network namespace of its own (``--unshare-net``), with nothing but a down loopback;
+    - a read-only file system holding only ``/usr``, ``/lib*``, ``/bin``, the interpreter's prefix, ``/etc``'s
+      ``ld.so.cache`` and ``localtime``, a fresh ``/proc`` and a minimal ``/dev``: the run directory, the
+      project, ``/root``, ``~/.ray`` and the host's ``/tmp`` are not there. The working directory (and HOME,
+      TMPDIR) is a tmpfs of ``file_size_mb``, gone with the run; the code arrives there as ``main.py``. The
+      interpreter is the base one (``sys._base_executable``) with its own site-packages: a virtualenv's
+      packages are not mounted;
+    - an unprivileged user: as root, bwrap runs without a user namespace and the child drops to a uid of
+      its own (``_SANDBOX_UIDS``) before the code runs; as any other user, ``--unshare-user`` makes it
+      uid 65534 in a user namespace whose nesting is disabled. Either way no capability is left, and
+      ``no_new_privs`` (bwrap's) stops setuid binaries. (``--unshare-user`` as root would map the sandbox
+      to root outside, which the kernel exempts from RLIMIT_NPROC: tried here, a fork bomb ran on.)
+    - pid, ipc and uts namespaces of its own (``--unshare-pid``: when its first process ends, the kernel
+      ends every other), ``--new-session`` (no terminal to inject into), ``--die-with-parent``;
+    - hard rlimits set before the code runs, which an unprivileged process cannot raise: ``RLIMIT_AS``
+      ``memory_mb``, ``RLIMIT_CPU`` ``timeout_s`` + 1 s, ``RLIMIT_FSIZE`` ``file_size_mb`` (its stdout and
+      stderr files on the host included), ``RLIMIT_NPROC`` ``max_processes``, no core files;
+    - wall time ``timeout_s``: the process group is killed then, which ends the sandbox's pid namespace;
+    - output: stdout cut to ``max_output_chars`` (stderr's end on failure).
+    The tool refuses to load when bwrap is missing or cannot start a sandbox (say ``sandbox: guard`` to
+    accept the weaker guard). What bwrap does not bound: memory the code's tmpfs files take (bounded by
+    ``file_size_mb``), CPU time across ``max_processes`` processes (bounded by the wall time), and reads of
+    what is mounted (the standard library, ``/usr``).
 
-    What this is NOT: a kernel sandbox. The network and write guards live inside the child's interpreter,
-    so code that reaches below them (``_socket``, ``_io``, ``ctypes``, ``os.system``, a subprocess) gets
-    around them; the rlimits are set as hard limits, but a child running as root can raise them again. The
-    child runs as the explorer's user (nothing drops privileges) and may read any file that user can. Run
-    model-written code you do not trust under a real sandbox (a container without network, gVisor,
-    nsjail); this tool is for arithmetic and small scripts from a model being trained.
+    ``sandbox: guard`` runs the old, weaker way, said once in the log: ``python -I`` as the explorer's user in a
+    temporary directory, with the same rlimits (no RLIMIT_NPROC), a network namespace when the kernel allows it,
+    and ``open`` / ``socket`` replaced in the child's interpreter so that writes outside the directory and
+    sockets are refused. Code reaching below those (``_socket``, ``ctypes``, a subprocess) gets round them,
+    and it can read whatever the explorer's user can.
 
-    Limits are set in the child's own first lines rather than a ``preexec_fn``: the workflow calls tools from
-    worker threads (``asyncio.to_thread``), and ``preexec_fn`` is not safe in a process with threads."""
+    Either way: ``python -I`` (no user site, no PYTHON* variables) with an environment of PATH, HOME and LANG
+    (TMPDIR under bwrap), so the parent's variables (keys) are not passed on. Limits are set in the child's own
+    first lines rather than a ``preexec_fn``: the workflow calls tools from worker threads
+    (``asyncio.to_thread``), and ``preexec_fn`` is not safe in a process with threads."""
 
     argument = PYTHON.argument
     Config = PYTHON.settings
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self._bwrap: str | None = None
+        """The resolved bubblewrap binary; None with ``sandbox: guard``."""
+        if config.sandbox == "guard":
+            _say_guard_is_weaker()
+            return
+        self._bwrap = find_bwrap(config)
+        probe = self.run("print('ok')")
+        if probe != ToolResult(True, "ok"):
+            raise UserError(f"bubblewrap ({self._bwrap}) could not run the python tool's sandbox on this machine "
+                            f"({probe.text.strip().splitlines()[-1] if probe.text.strip() else probe.error}); fix "
+                            "that or set the tool's config sandbox: guard to accept the weaker in-process guard")
 
     def run(self, value: str) -> ToolResult:
         c = self.config
@@ -250,12 +311,15 @@ class PythonTool(Tool):
             work.mkdir()
             (work / "main.py").write_text(value, encoding="utf-8")
             out, err = Path(box) / "stdout", Path(box) / "stderr"
-            limits = [str(c.memory_mb * 2**20), str(math.ceil(c.timeout_s) + 1), str(c.file_size_mb * 2**20)]
-            env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(work), "LANG": "C.UTF-8"}
-            with open(out, "wb") as stdout, open(err, "wb") as stderr:
-                proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOTSTRAP, *limits], cwd=work, env=env,
-                                        stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                                        start_new_session=True)  # its own process group, killed as one
+            with open(out, "wb") as stdout, open(err, "wb") as stderr, open(work / "main.py", "rb") as source:
+                if self._bwrap is None:
+                    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(work), "LANG": "C.UTF-8"}
+                    argv, cwd, fds = [sys.executable, "-I", "-c", _LIMITS + _GUARD + _RUN, *self._limits(-1)], work, ()
+                else:
+                    env, cwd, fds = {"PATH": os.defpath}, box, (source.fileno(),)
+                    argv = self._bwrap_argv(source.fileno())
+                proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                        stderr=stderr, pass_fds=fds, start_new_session=True)  # its own group
                 try:
                     code = proc.wait(timeout=c.timeout_s)
                     timed_out = False
@@ -272,6 +336,57 @@ class PythonTool(Tool):
                 f" (signal {signal.Signals(-code).name})" if code < 0 else "")
             return ToolResult(False, f"{printed}\n{reason}".lstrip(), "error")
         return ToolResult(True, printed if printed else "(no output)")
+
+    def _limits(self, uid: int) -> list[str]:
+        """The bootstrap's arguments: RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NPROC (0: unset) and the uid to
+        become (-1: stay)."""
+        c = self.config
+        nproc = c.max_processes if self._bwrap is not None else 0
+        return [str(c.memory_mb * 2**20), str(math.ceil(c.timeout_s) + 1), str(c.file_size_mb * 2**20), str(nproc),
+                str(uid)]
+
+    def _bwrap_argv(self, source_fd: int) -> list[str]:
+        """The bwrap command line of one run (``PythonTool``'s docstring says why each part is there)."""
+        python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+        as_root = os.geteuid() == 0
+        argv = [self._bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--new-session", "--die-with-parent"]
+        if as_root:  # keep only what the drop to an unprivileged uid needs; it drops those too
+            argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            argv += ["--unshare-user", "--uid", _SANDBOX_USER, "--gid", _SANDBOX_USER, "--disable-userns"]
+        argv += ["--ro-bind", "/usr", "/usr"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):  # merged /usr: /lib -> usr/lib
+                argv += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                argv += ["--ro-bind", top, top]
+        made = set()
+        for tree in sorted({sys.base_prefix, sys.base_exec_prefix, os.path.dirname(python)}):
+            if tree == "/usr" or tree.startswith("/usr/"):
+                continue
+            for parent in reversed(Path(tree).parents[:-1]):  # bwrap would make them 0700: unreadable after the drop
+                if parent not in made:
+                    made.add(parent)
+                    argv += ["--perms", "0755", "--dir", str(parent)]
+            argv += ["--ro-bind", tree, tree]
+        for path in ("/etc/ld.so.cache", "/etc/localtime"):
+            argv += ["--ro-bind-try", path, path]
+        argv += ["--proc", "/proc", "--dev", "/dev",
+                 "--perms", "0777", "--size", str(self.config.file_size_mb * 2**20), "--tmpfs", _BOX,
+                 "--file", str(source_fd), f"{_BOX}/main.py", "--remount-ro", "/", "--chdir", _BOX,
+                 "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", _BOX,
+                 "--setenv", "TMPDIR", _BOX, "--setenv", "LANG", "C.UTF-8", "--"]
+        uid = random.randrange(_SANDBOX_UIDS.start, _SANDBOX_UIDS.stop) if as_root else -1
+        return argv + [python, "-I", "-c", _LIMITS + _RUN, *self._limits(uid)]
+
+
+@functools.cache
+def _say_guard_is_weaker() -> None:
+    """Once per process: ``sandbox: guard`` is not a security boundary."""
+    logger.warning("the python tool runs with sandbox: guard, in-process guards that code can get round (it "
+                   "can read what the explorer's user can); install bubblewrap and drop that setting for the "
+                   "kernel-enforced sandbox")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
