@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -446,3 +447,59 @@ def verl_script_on_the_tiny_model(name, tmp_path, tiny_model_path, train, val):
         # (4 samples per prompt: groups of 2 are too often all right or all wrong for the tiny model)
         extra += ["data.gen_batch_size=4", "reward_model.overlong_buffer.len=2", "actor_rollout_ref.rollout.n=4"]
     return entry, out + extra
+
+
+class SmallDisk:
+    """A tmpfs of ``size`` mounted at ``path`` (needs root; tests skip where mounting is refused)."""
+
+    FILLER = ".filler"
+
+    def __init__(self, path, size: str = "4m") -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip() or 'mount refused'}): the disk-full "
+                        "tests need root")
+
+    def fill(self, leave: int = 0) -> None:
+        """Fill the disk until at most ``leave`` bytes (rounded to blocks) are free."""
+        with open(self.path / self.FILLER, "ab", buffering=0) as f:
+            chunk = 1 << 16
+            while chunk >= 4096:
+                st = os.statvfs(self.path)
+                if st.f_bavail * st.f_frsize <= leave:
+                    return
+                try:
+                    f.write(b"\0" * chunk)
+                except OSError:
+                    chunk //= 2
+
+    def free(self) -> None:
+        (self.path / self.FILLER).unlink(missing_ok=True)
+
+    def remount(self, *options: str) -> None:
+        subprocess.run(["mount", "-o", ",".join(("remount", *options)), str(self.path)], check=True)
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], check=False)
+
+
+@pytest.fixture
+def small_disk_of(tmp_path):
+    """``small_disk_of(size)``: a real tmpfs of ``size`` (e.g. "24m") under ``tmp_path``, unmounted after the test."""
+    made: list[SmallDisk] = []
+
+    def make(size: str = "4m") -> SmallDisk:
+        made.append(SmallDisk(tmp_path / f"disk{len(made)}", size))
+        return made[-1]
+    yield make
+    for disk in made:
+        disk.unmount()
+
+
+@pytest.fixture
+def small_disk(small_disk_of):
+    """A real 4 MB tmpfs (the disk-full tests: tests/common/test_disk_full.py)."""
+    return small_disk_of("4m")

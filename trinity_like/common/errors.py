@@ -14,10 +14,11 @@ class ConfigError(UserError):
     """A user mistake in the configuration; the message is one sentence saying what to change."""
 
 
-class StorageError(RunError):
+class StorageError(RunError, OSError):
     """A write the file system refused for a reason the user can fix (no space left, a read-only file system);
     the message names the path and what was being written. Whatever was stored before is intact: every write is
-    atomic, so the failed one left nothing behind."""
+    atomic, so the failed one left nothing behind. Also an ``OSError``, as the error it replaces was: code that
+    treats a failed write as optional (the buffer catalog, a monitor) still does."""
 
 
 class DiskFullError(StorageError):

@@ -88,7 +88,11 @@ def storage_error(exc: BaseException, path: str | os.PathLike) -> StorageError |
 def _refused(exc: BaseException, path: Path, cleanup: Callable[[], None]) -> None:
     """Clean up a failed write, then raise its storage error (if it is one) from ``exc``."""
     err = storage_error(exc, path)
-    cleanup()
+    try:
+        cleanup()
+    except OSError:  # a read-only file system keeps nothing to clean up either
+        if err is None:
+            raise
     if err is not None:
         raise err from exc
 
@@ -113,7 +117,11 @@ def atomic_write_named(folder: str | os.PathLike, write: Callable[[Path], None],
     """Like ``atomic_write_with``, for a file whose name depends on its content (a checksum in the name):
     ``name_of(tmp_path)`` is asked for the final name after the data is written and synced."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _refused(exc, folder / tmp_prefix, lambda: None)
+        raise
     # A fresh name that ``write`` creates: a file made first (mkstemp) and then opened for writing is truncated,
     # and ext4 (auto_da_alloc) then starts writing the file back to disk when it is closed: 0.1-0.5 s more for a
     # 0.4 GB weights version on the development VM, 3x the write itself (bench/sync.py method checkpoint).
@@ -150,8 +158,12 @@ def atomic_publish_dir(path: str | os.PathLike, fill: Callable[[Path], None]) ->
 
     An existing folder at ``path`` is replaced (moved aside, then deleted after the rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as exc:
+        _refused(exc, path, lambda: None)
+        raise
     try:
         fill(tmp)
         for f in tmp.rglob("*"):

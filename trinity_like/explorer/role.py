@@ -135,7 +135,7 @@ class ExplorerRole:
         if self.cfg.buffer.transport == "redis":
             from trinity_like.buffer.redis_transport import RedisSender
 
-            self.sender = RedisSender(redis_url(self.cfg), redis_stream(self.cfg), timeout_s=sc.timeout_s)
+            self.sender = RedisSender(redis_url(self.cfg), redis_stream(self.cfg), timeout_s=self.cfg.buffer.redis_timeout_s)
         else:
             self.writer = BufferWriter(self.paths.buffer_dir, writer_id="explorer", capacity=self.cfg.buffer.capacity)
         self.metrics = open_metrics_writer(self.cfg, self.paths, role="explorer",
