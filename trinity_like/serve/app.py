@@ -12,7 +12,9 @@ GRPO group.
 Robustness: a request body over ``serve.max_body_bytes`` gets 413; malformed JSON, a wrong shape or a value
 out of range gets 400 with an OpenAI-style ``{"error": {"message", "type", "param"}}``; a missing or wrong
 bearer key gets 401 when a key is set. A client that disconnects before its completion is recorded leaves
-no trace: the turn is dropped, not half-written.
+no trace: the turn is dropped, not half-written. A record or a commit the disk has no room for gets 507 (503 for
+a read-only file system) naming the path; nothing of that request is kept, on disk or in memory (the pending
+store changes its index only after the write: ``PendingStore.update``), and the server goes on.
 
 Departures from the OpenAI API: ``n`` must be 1; ``top_logprobs`` is not offered; ``stop`` strings cut the
 response after the token that completes them (the tokens the policy produced up to there are what is
@@ -22,6 +24,7 @@ recorded); ``tool_choice`` and ``response_format`` other than text are not honou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import math
@@ -40,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trinity_like.common.chat import ChatFormatError, continuation_ids, normalize_messages, render_ids
+from trinity_like.common.errors import DiskFullError, StorageError
 from trinity_like.config import SamplingConfig, ServeConfig
 from trinity_like.explorer.fleet import EngineCallFailed
 from trinity_like.serve.records import PendingStore, Record
@@ -157,6 +161,45 @@ class Guard:
         await self.app(scope, limited, send)
 
 
+class SessionLocks:
+    """One ``asyncio.Lock`` per session with a request in flight: the turns of a session are recorded one at a
+    time, in order, and a commit waits for the turn in progress of each session it takes. An entry lives only
+    while a request holds or waits for its lock, so the table stays as small as the requests in flight however
+    many sessions come and go (one lock per session ever seen, kept forever, grew without bound)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        """session id -> (its lock, the requests holding or waiting for it)."""
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, *sessions: str | None):
+        """Hold the locks of ``sessions`` (None: a request without a session, which needs none), taken in sorted
+        order so that two holders of several never wait for each other."""
+        names = sorted({s for s in sessions if s is not None})
+        for s in names:
+            lock, users = self._locks.get(s, (None, 0))
+            self._locks[s] = (lock or asyncio.Lock(), users + 1)
+        taken: list[asyncio.Lock] = []
+        try:
+            for s in names:
+                lock = self._locks[s][0]
+                await lock.acquire()
+                taken.append(lock)
+            yield
+        finally:
+            for lock in taken:
+                lock.release()
+            for s in names:
+                lock, users = self._locks[s]
+                if users == 1:
+                    del self._locks[s]
+                else:
+                    self._locks[s] = (lock, users - 1)
+
+
 @dataclass
 class ServeState:
     cfg: ServeConfig
@@ -172,8 +215,7 @@ class ServeState:
 def build_app(state: ServeState) -> Guard:
     """The ASGI app: the routes behind ``Guard``."""
     app = FastAPI(title="trinity_like serve", docs_url=None, redoc_url=None)
-    locks: dict[str, asyncio.Lock] = {}
-    """One lock per session: the turns of a session are recorded one at a time, in order."""
+    locks = SessionLocks()
     store_lock = asyncio.Lock()
     """Serialises feedback and commit with each other (they touch several records)."""
     tok = state.backend.tokenizer
@@ -197,6 +239,14 @@ def build_app(state: ServeState) -> Guard:
     @app.exception_handler(EngineCallFailed)
     async def engines_down(_request, e: EngineCallFailed):
         return _error(503, f"the policy's engines could not answer ({e}); retry later", kind="server_error")
+
+    @app.exception_handler(StorageError)
+    async def storage_refused(_request, e: StorageError):
+        # the store and the buffer write atomically and change nothing in memory before the disk: nothing of
+        # this request was kept, and the server goes on
+        status = 507 if isinstance(e, DiskFullError) else 503
+        return _error(status, f"{str(e).partition('; ')[0]}; nothing of this request was recorded or committed "
+                              "(what was stored before is intact); retry once space is freed", kind="server_error")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request, e: StarletteHTTPException):
@@ -290,16 +340,19 @@ def build_app(state: ServeState) -> Guard:
         if await request.is_disconnected():
             return None
         cid = f"{record.record_id}-{len(record.turn_ends)}"
-        record.response_ids += context_ids + ids
-        record.action_mask += [False] * len(context_ids) + [True] * len(ids)
-        record.logprobs += [0.0] * len(context_ids) + logprobs
-        record.turn_ends.append(max(len(record.response_ids) - 1, 0))  # an empty reply has no token of its own
-        record.versions.append(int(sample.model_version))
-        record.completion_ids.append(cid)
-        record.engine_ids.append(sample.engine_id)
-        record.truncated = record.truncated or finish == "length"
-        record.messages = record.messages + new_messages + [reply]
-        state.store.save(record)
+
+        def add_turn(r: Record) -> None:
+            r.response_ids += context_ids + ids
+            r.action_mask += [False] * len(context_ids) + [True] * len(ids)
+            r.logprobs += [0.0] * len(context_ids) + logprobs
+            r.turn_ends.append(max(len(r.response_ids) - 1, 0))  # an empty reply has no token of its own
+            r.versions.append(int(sample.model_version))
+            r.completion_ids.append(cid)
+            r.engine_ids.append(sample.engine_id)
+            r.truncated = r.truncated or finish == "length"
+            r.messages = r.messages + new_messages + [reply]
+
+        state.store.update(record, add_turn)  # a full disk: 507, and the record is as it was
         return cid
 
     def session_record(session: str | None, group: str | None, messages, tools, render_new, extend):
@@ -352,8 +405,7 @@ def build_app(state: ServeState) -> Guard:
             ids = continuation_ids(record.messages, new, tok, tools)
             return None if ids is None else (ids, new)
 
-        lock = locks.setdefault(session, asyncio.Lock()) if session else asyncio.Lock()
-        async with lock:
+        async with locks.hold(session):
             try:
                 record, context, new_messages = session_record(
                     session, group, messages, tools, lambda: render_ids(messages, tok, True, tools), extend)
@@ -404,8 +456,7 @@ def build_app(state: ServeState) -> Guard:
                 return None
             return prompt_ids[len(held):], []
 
-        lock = locks.setdefault(session, asyncio.Lock()) if session else asyncio.Lock()
-        async with lock:
+        async with locks.hold(session):
             record, context, _ = session_record(session, group, [], None, lambda: prompt_ids, extend)
             sample, ids, logprobs, finish, text = await generate(record.input_ids() + context, sampling, seed, stops)
             cid = await record_turn(request, record, context, ids, logprobs, sample, finish,
@@ -462,14 +513,17 @@ def build_app(state: ServeState) -> Guard:
                 if len(body.turn_rewards) != turns:
                     raise ApiError(400, f"turn_rewards has {len(body.turn_rewards)} values for {turns} assistant "
                                         "turns", "turn_rewards")
-            for r in records:
+
+            def give(r: Record) -> None:
                 if body.reward is not None:
                     r.reward = float(body.reward)
                 if body.turn_rewards is not None:
                     r.turn_rewards = [float(v) for v in body.turn_rewards]
                 if body.group_id is not None:
                     r.group_id = body.group_id
-                state.store.save(r)
+
+            for r in records:
+                state.store.update(r, give)
         return {"object": "feedback", "experience_ids": [r.record_id for r in records],
                 "rewarded": all(r.rewarded for r in records)}
 
@@ -497,16 +551,10 @@ def build_app(state: ServeState) -> Guard:
                 if unrewarded:
                     raise ApiError(409, f"{len(unrewarded)} experience(s) have no reward yet ({unrewarded[0]}...); "
                                         "POST /v1/feedback first", kind="conflict_error")
-            sessions = {r.session_id for r in chosen}
-            held = [locks.setdefault(s, asyncio.Lock()) for s in sorted(sessions)]
-            for lk in held:  # no turn of these sessions is half-way while they are committed
-                await lk.acquire()
-            try:
+            # no turn of these sessions is half-way while they are committed
+            async with locks.hold(*{r.session_id for r in chosen}):
                 segment = await state.commit(chosen) if chosen else None
                 state.store.remove(chosen)
-            finally:
-                for lk in held:
-                    lk.release()
         return {"object": "commit", "committed": len(chosen), "experience_ids": [r.record_id for r in chosen],
                 "segment": segment, "pending": len(state.store.records)}
 

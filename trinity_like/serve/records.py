@@ -18,10 +18,12 @@ the next start, so a record is never committed twice (``eid`` = record id).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,8 +89,9 @@ class Record:
 
 
 class PendingStore:
-    """The pending records of one run, on disk and indexed in memory. Not thread-safe: the server mutates it
-    from its event loop only (one turn of a session at a time, under the session's lock)."""
+    """The pending records of one run, on disk and indexed in memory; the index changes only after the disk did
+    (``save``, ``update``). Not thread-safe: the server mutates it from its event loop only (one turn of a session
+    at a time, under the session's lock)."""
 
     def __init__(self, folder: str | Path, committed_eids: set[str] | None = None) -> None:
         self.folder = Path(folder)
@@ -128,13 +131,23 @@ class PendingStore:
             self.open_by_session[record.session_id] = record.record_id
 
     def save(self, record: Record) -> None:
-        """Write ``record`` (atomically). A new record of a session closes the one that was open: the session's
-        next turn extends the new one."""
+        """Write ``record`` (atomically) and index it. A new record of a session closes the one that was open: the
+        session's next turn extends the new one. A write that fails (``DiskFullError``) indexes nothing."""
         old = self.open_by_session.get(record.session_id)
         if old is not None and old != record.record_id and not record.closed:
-            self.records[old].closed = True
-            atomic_write_json(self._path(old), asdict(self.records[old]))
+            self.update(self.records[old], lambda r: setattr(r, "closed", True))
         atomic_write_json(self._path(record.record_id), asdict(record))
+        self._index(record)
+
+    def update(self, record: Record, change: Callable[[Record], None]) -> None:
+        """Apply ``change`` to ``record`` and save it, all or nothing: the change is made on a copy, the copy is
+        saved, and only then does ``record`` (the same object, which callers may hold) take it. A save that fails
+        (a full disk) leaves ``record`` as it was, in memory as on disk, so the server never goes on from a turn
+        or a reward that is not stored."""
+        changed = copy.deepcopy(record)
+        change(changed)
+        self.save(changed)
+        vars(record).update(vars(changed))
         self._index(record)
 
     def new_record(self, session_id: str, group_id: str | None, prompt_ids: list[int],
