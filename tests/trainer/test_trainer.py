@@ -85,8 +85,8 @@ def test_state_dict_and_checkpoint_files(tmp_path, tiny_model_path, batch_exps):
         assert torch.equal(v, trained[k])
     ckpt = t.save_checkpoint()
     assert ckpt.name == "step_1" and t.latest_checkpoint() == ckpt
-    assert sorted(p.name for p in ckpt.iterdir()) == ["model", "optimizer.pt", "rng.pt", "scheduler.pt",
-                                                      "trainer_state.json"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["checksums.json", "model", "optimizer.pt", "rng.pt",
+                                                      "scheduler.pt", "trainer_state.json"]
     assert not [p for p in ckpt.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
     # the checkpoint's model loads in plain transformers, with its tokenizer, and holds the trained weights
     from transformers import AutoModelForCausalLM

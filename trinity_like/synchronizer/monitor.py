@@ -109,7 +109,12 @@ class CheckpointMonitor:
 
     def rollback(self, step: int) -> None:
         """A trainer resumed from checkpoint ``step``: delete the weight versions above it (written by the
-        run it replaces) and move ``state_dict/latest`` back, so that its own versions take their place."""
+        run it replaces) and move ``state_dict/latest`` back, so that its own versions take their place; move
+        ``checkpoints/latest`` back too when it named a later (damaged, skipped) checkpoint, so that the
+        checkpoints written from ``step`` on move it again."""
+        if self.latest_checkpoint_step > step:
+            write_pointer(self.dir / "latest", step)
+            self.latest_checkpoint_step = step
         for d in self.state_dict_root.glob("version-*"):
             v = version_of(d)
             if v is not None and v > step:

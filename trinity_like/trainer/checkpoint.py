@@ -9,8 +9,10 @@ A checkpoint holds everything an exact resume needs:
     adapter/            LoRA adapters (trainer.lora.enabled), the trainable state
     optimizer.pt        AdamW state;  scheduler.pt  learning-rate schedule position
     critic.pt           value model and its optimizer (GAE)
-    trainer_state.json  step, KL controller coefficient, strategy (written last: marks the checkpoint complete)
     rng.pt              torch / numpy / random states (and the trainer GPU's)
+    checksums.json      size and CRC-32 of every file above: a resume skips a checkpoint that fails them
+                        (``trinity_like.runtime.checkpoints.resume_checkpoint``)
+    trainer_state.json  step, KL controller coefficient, strategy (written last: marks the checkpoint complete)
 
 Under FSDP2 every rank calls ``save`` and ``load`` (assembling full tensors is collective) and rank 0 writes.
 Everything is written from and read to the CPU (``map_location``), so a checkpoint written on a GPU resumes on
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -30,7 +33,7 @@ import torch
 from trinity_like.common.errors import UserError
 from trinity_like.common.fs import atomic_publish_dir
 from trinity_like.common.modeling import export_state_dict
-from trinity_like.runtime.checkpoints import TRAINER_STATE, write_pointer
+from trinity_like.runtime.checkpoints import TRAINER_STATE, write_checksums, write_pointer
 from trinity_like.trainer import parallel
 from trinity_like.trainer.device import to_host
 
@@ -45,6 +48,13 @@ def _load(path: Path):
     """A ``torch.save`` file's content on the CPU (written on any device); optimizers move state to their
     parameters' device when it is loaded into them."""
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _os_error(err: Exception) -> Exception:
+    """safetensors reports a failed write as a ``SafetensorError`` ("I/O error: No space left on device (os error
+    28)"): the OSError it wraps, so that ``atomic_publish_dir`` tells a full disk from other faults."""
+    m = re.search(r"os error (\d+)", str(err))
+    return OSError(int(m.group(1)), str(err)) if m else RuntimeError(str(err))
 
 
 class Checkpointer:
@@ -77,6 +87,14 @@ class Checkpointer:
             return path
 
         def fill(tmp: Path) -> None:
+            from safetensors import SafetensorError
+
+            try:
+                write(tmp)
+            except SafetensorError as err:
+                raise _os_error(err) from err
+
+        def write(tmp: Path) -> None:
             from safetensors.torch import save_file
 
             if e.cfg.trainer.lora.enabled:
@@ -103,6 +121,7 @@ class Checkpointer:
             torch.save(rng, tmp / "rng.pt")
             if critic is not None:
                 torch.save(critic, tmp / "critic.pt")
+            write_checksums(tmp)
             (tmp / TRAINER_STATE).write_text(json.dumps(
                 {"step": step, "kl_coef": e.kl_ctrl.value, "strategy": self._strategy()}) + "\n")
 
@@ -119,7 +138,8 @@ class Checkpointer:
 
     def load(self, path: Path) -> int:
         """Restore everything ``save`` wrote into the engine (after its ``prepare`` and, with workers,
-        ``enable_data_parallel``); return the step it was written at."""
+        ``enable_data_parallel``); return the step it was written at. The files are not checked against their
+        checksums here (every data-parallel rank loads): a resume picks ``path`` with ``resume_checkpoint``."""
         from safetensors.torch import load_file
 
         e = self.engine

@@ -18,11 +18,11 @@ import time
 
 from trinity_like.buffer import BufferConsumer
 from trinity_like.buffer.partial import PartialStore
-from trinity_like.common.errors import UserError
+from trinity_like.common.errors import RunError, UserError
 from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tokenizer import model_vocab_size
 from trinity_like.config import Config
-from trinity_like.runtime.checkpoints import latest_checkpoint
+from trinity_like.runtime.checkpoints import resume_checkpoint, set_aside
 from trinity_like.runtime.metrics import open_metrics_writer
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
 from trinity_like.runtime.run_home import RelayDrain, publish_run_home, written_explore_steps
@@ -48,6 +48,41 @@ def make_train_engine(cfg: Config, synchronizer=None) -> TrainEngineWrapper:
 
 
 CONSUMER_NAME = "trainer"
+
+_OOM_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it wraps (a Ray error from a data-parallel worker, a chained cause), is a
+    failed allocation: ``torch.OutOfMemoryError`` (CUDA), torch's CPU allocator refusing ("DefaultCPUAllocator:
+    can't allocate memory"), or Python's ``MemoryError``."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+            return True
+        if isinstance(e, RuntimeError) and any(w in str(e).split("\n", 1)[0].lower() for w in _OOM_WORDS):
+            return True
+        e = getattr(e, "cause", None) or e.__cause__
+    return False
+
+
+def out_of_memory_message(cfg: Config, step: int, exc: BaseException, checkpointing: bool | None = None) -> str:
+    """The one line a trainer step that ran out of memory ends the run with: where, and which setting to lower
+    (``checkpointing``: whether the engine already recomputes activations; None = as configured)."""
+    tr = cfg.trainer
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = first if len(first) <= 160 else first[:157] + "..."
+    if tr.max_token_len_per_micro_batch:
+        fix = f"lower trainer.max_token_len_per_micro_batch (now {tr.max_token_len_per_micro_batch})"
+    else:
+        fix = (f"lower trainer.micro_batch_size (now {tr.micro_batch_size}) or set "
+               "trainer.max_token_len_per_micro_batch (a token budget per micro-batch)")
+    if not (tr.gradient_checkpointing if checkpointing is None else checkpointing):
+        fix += ", or turn on trainer.gradient_checkpointing"
+    return (f"trainer step {step} ran out of memory ({first}); {fix}, then continue the run with --resume "
+            "(nothing is lost: the step's experiences were not committed)")
 
 
 class TrainerRole:
@@ -134,11 +169,22 @@ class TrainerRole:
         self.state = "running"
 
     def _load_checkpoint(self) -> int:
-        """Load the newest checkpoint (if any) and return its step: the step the ledger resumes from."""
-        path = latest_checkpoint(self.paths.checkpoint_dir)
+        """Load the newest intact checkpoint (if any) and return its step: the step the ledger, the Synchronizer
+        and the weight versions resume from. Damaged ones after it (``resume_checkpoint``) are moved to
+        ``checkpoints/damaged/`` and ``checkpoints/latest`` back to it, once it has loaded."""
+        path, damaged = resume_checkpoint(self.paths.checkpoint_dir)
         if path is not None:
             self.engine.load_checkpoint(path)
             self._saved_step = self.engine.train_step_num
+            for bad, problem in damaged:
+                logger.warning("checkpoint %s is damaged (%s): resumed from %s instead; moved it to %s", bad,
+                               problem, path.name, set_aside(bad))
+            if damaged:  # the run's CheckpointMonitor moves checkpoints/latest back, and saves move it on again
+                import ray
+
+                from trinity_like.synchronizer import CheckpointMonitor
+
+                ray.get(CheckpointMonitor.get_actor(namespace_of(self.cfg)).rollback.remote(self.engine.train_step_num))
             logger.warning("trainer resumed from %s (step %d)", path, self.engine.train_step_num)
         self.resumed_from = self.engine.train_step_num
         return self.engine.train_step_num
@@ -182,7 +228,7 @@ class TrainerRole:
             exps = self._read_batch()
         wait_s = time.perf_counter() - wait_start
         timeline["timeline/train_start_unix_s"] = time.time()
-        metrics = self.engine.train_step(exps)
+        metrics = self._train(exps)
         step = self.engine.train_step_num
         if self.replay is not None:
             metrics["replay/epoch"] = float(self._replay_epoch)
@@ -210,6 +256,17 @@ class TrainerRole:
             metrics.update(self.consumer.stats())
         self.metrics.write(step, metrics)
         return metrics
+
+    def _train(self, exps: list) -> dict[str, float]:
+        """One engine step. A step that runs out of memory ends the run with a RunError naming the setting to
+        lower: nothing is lost, its rows stay pending in the ledger (a resume hands them out again)."""
+        try:
+            return self.engine.train_step(exps)
+        except Exception as e:
+            if not out_of_memory(e):
+                raise
+            raise RunError(out_of_memory_message(self.cfg, self.engine.train_step_num + 1, e,
+                                                 getattr(self.engine, "checkpointing", None))) from e
 
     def save(self) -> None:
         """Commit the ledger, then write a full checkpoint of the current step. Ledger first: a crash between
