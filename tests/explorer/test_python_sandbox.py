@@ -237,7 +237,7 @@ def test_the_tool_refuses_to_load_without_bwrap(tmp_path, monkeypatch):
 
 def test_a_bwrap_that_cannot_start_a_sandbox_is_refused_too():
     with pytest.raises(UserError, match="could not run the python tool's sandbox.*sandbox: guard"):
-        PythonTool(PythonTool.Config(bwrap_path="false"))  # a real binary that is not bubblewrap
+        PythonTool(PythonTool.Config(bwrap_path=sys.executable))  # a real binary that is not bubblewrap
 
 
 def test_guard_runs_without_bwrap_and_says_once_that_it_is_weaker(tmp_path, caplog):

@@ -252,7 +252,7 @@ class PythonTool(Tool):
     """Runs a code string in a fresh Python process and returns what it printed.
 
     ``sandbox: bwrap`` (the default) runs it under bubblewrap (``bwrap``), enforced by the kernel:
-    - no network: a network namespace of its own (``--unshare-net``), with nothing but a down loopback;
+    - no network: a network namespace of its own (``--unshare-net``): only its own loopback, where nothing listens;
     - a read-only file system holding only ``/usr``, ``/lib*``, ``/bin``, the interpreter's prefix, ``/etc``'s
       ``ld.so.cache`` and ``localtime``, a fresh ``/proc`` and a minimal ``/dev``: the run directory, the
       project, ``/root``, ``~/.ray`` and the host's ``/tmp`` are not there. The working directory (and HOME,
@@ -272,9 +272,10 @@ class PythonTool(Tool):
     - wall time ``timeout_s``: the process group is killed then, which ends the sandbox's pid namespace;
     - output: stdout cut to ``max_output_chars`` (stderr's end on failure).
     The tool refuses to load when bwrap is missing or cannot start a sandbox (say ``sandbox: guard`` to
-    accept the weaker guard). What bwrap does not bound: memory the code's tmpfs files take (bounded by
-    ``file_size_mb``), CPU time across ``max_processes`` processes (bounded by the wall time), and reads of
-    what is mounted (the standard library, ``/usr``).
+    accept the weaker guard). What it does not stop: CPU time across ``max_processes`` processes (only the
+    wall time bounds it), reads of what is mounted (the standard library, ``/usr``), and, as root, a nested
+    user namespace (``--disable-userns`` needs ``--unshare-user``, ruled out above): root over its own copy of
+    the same read-only view, not over the host, but more of the kernel to attack.
 
     ``sandbox: guard`` runs the old, weaker way, said once in the log: ``python -I`` as the explorer's user in a
     temporary directory, with the same rlimits (no RLIMIT_NPROC), a network namespace when the kernel allows it,
