@@ -211,6 +211,10 @@ def test_out_of_memory_is_recognised_through_wrappers():
     wrapped = RuntimeError("worker 1 failed")
     wrapped.__cause__ = torch.OutOfMemoryError("CUDA out of memory")
     assert out_of_memory(wrapped)
+    from ray.exceptions import RayTaskError  # a data-parallel worker's step, as the trainer role receives it
+
+    assert out_of_memory(RayTaskError("call", "Traceback ...", torch.OutOfMemoryError("CUDA out of memory"))
+                         .as_instanceof_cause())
     assert not out_of_memory(RuntimeError("shape mismatch")) and not out_of_memory(ValueError("out of memory"))
 
 

@@ -347,7 +347,8 @@ class TrainerConfig:
     save_interval: int = _at_least(0, 0)
     """Write a full checkpoint (weights + optimizer) every N steps and at the end; 0 = only at the end."""
     keep_checkpoints: int = _at_least(3, 0)
-    """Full checkpoints kept (the newest); 0 = keep all."""
+    """Full checkpoints kept (the newest); 0 = keep all. A resume skips a damaged checkpoint (one that fails its
+    checksums) for the one before it: 1 leaves none to fall back to."""
     num_threads: int = _at_least(1, 1)
     """torch threads for the trainer (per worker)."""
     type: str = _registered("ppo", "trinity_like.trainer.ppo:TRAINERS")

@@ -176,15 +176,16 @@ class TrainerRole:
         if path is not None:
             self.engine.load_checkpoint(path)
             self._saved_step = self.engine.train_step_num
-            for bad, problem in damaged:
-                logger.warning("checkpoint %s is damaged (%s): resumed from %s instead; moved it to %s", bad,
-                               problem, path.name, set_aside(bad))
-            if damaged:  # the run's CheckpointMonitor moves checkpoints/latest back, and saves move it on again
+            if damaged:  # latest first (the run's CheckpointMonitor moves it, and saves move it on again), then
+                # the damaged folders go: a crash in between leaves a pointer that names a complete checkpoint
                 import ray
 
                 from trinity_like.synchronizer import CheckpointMonitor
 
                 ray.get(CheckpointMonitor.get_actor(namespace_of(self.cfg)).rollback.remote(self.engine.train_step_num))
+            for bad, problem in damaged:
+                logger.warning("checkpoint %s is damaged (%s): resumed from %s instead; moved it to %s", bad,
+                               problem, path.name, set_aside(bad))
             logger.warning("trainer resumed from %s (step %d)", path, self.engine.train_step_num)
         self.resumed_from = self.engine.train_step_num
         return self.engine.train_step_num
