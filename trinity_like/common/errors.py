@@ -18,7 +18,13 @@ class StorageError(RunError, OSError):
     """A write the file system refused for a reason the user can fix (no space left, a read-only file system);
     the message names the path and what was being written. Whatever was stored before is intact: every write is
     atomic, so the failed one left nothing behind. Also an ``OSError``, as the error it replaces was: code that
-    treats a failed write as optional (the buffer catalog, a monitor) still does."""
+    treats a failed write as optional (the buffer catalog, a monitor) still does.
+
+    ``fault`` says what happened to which file; the message adds what to do about it (for a run: resume it)."""
+
+    def __init__(self, fault: str, advice: str = "") -> None:
+        super().__init__(f"{fault}; {advice}" if advice else fault)
+        self.fault = fault
 
 
 class DiskFullError(StorageError):

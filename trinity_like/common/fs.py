@@ -70,8 +70,8 @@ def storage_error(exc: BaseException, path: str | os.PathLike) -> StorageError |
     if isinstance(exc, OSError) and exc.errno in _FULL:
         full = True
     elif isinstance(exc, OSError) and exc.errno == errno.EROFS:
-        return StorageError(f"cannot write {what} '{path}': the file system is read-only; remount it writable "
-                            "(or move the run directory), then resume the run with --resume")
+        return StorageError(f"cannot write {what} '{path}': the file system is read-only",
+                            "remount it writable (or move the run directory), then resume the run with --resume")
     elif isinstance(exc, (OSError, RuntimeError)):
         free = _free_bytes(path.parent)
         full = free is not None and free < _LOW_SPACE
@@ -81,8 +81,9 @@ def storage_error(exc: BaseException, path: str | os.PathLike) -> StorageError |
         return None
     free = _free_bytes(path.parent)
     left = f" ({free / 1e6:.1f} MB free)" if free is not None else ""
-    return DiskFullError(f"no space left on the device writing {what} '{path}'{left}; nothing half-written was "
-                         "kept: free space (or move the run directory), then resume the run with --resume")
+    return DiskFullError(f"no space left on the device writing {what} '{path}'{left}",
+                         "nothing half-written was kept: free space (or move the run directory), then resume the run "
+                         "with --resume")
 
 
 def _refused(exc: BaseException, path: Path, cleanup: Callable[[], None]) -> None:

@@ -244,9 +244,10 @@ def build_app(state: ServeState) -> Guard:
     async def storage_refused(_request, e: StorageError):
         # the store and the buffer write atomically and change nothing in memory before the disk: nothing of
         # this request was kept, and the server goes on
-        status = 507 if isinstance(e, DiskFullError) else 503
-        return _error(status, f"{str(e).partition('; ')[0]}; nothing of this request was recorded or committed "
-                              "(what was stored before is intact); retry once space is freed", kind="server_error")
+        full = isinstance(e, DiskFullError)
+        return _error(507 if full else 503, f"{e.fault}; nothing of this request was recorded or committed (what was "
+                      f"stored before is intact); retry once {'space is freed' if full else 'the disk is writable'}",
+                      kind="server_error")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request, e: StarletteHTTPException):
