@@ -30,6 +30,8 @@ from typing import Any
 from trinity_like.common.errors import DiskFullError, StorageError
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+_FULL_WORDS = ("No space left on device", "os error 28")
+"""How writers that wrap the OS error in their own type say it (safetensors: "... (os error 28)")."""
 _LOW_SPACE = 1 << 20
 """A writer that fails in its own words while its file system has less than this free ran out of space."""
 
@@ -67,7 +69,7 @@ def storage_error(exc: BaseException, path: str | os.PathLike) -> StorageError |
     what = describe(path)
     if isinstance(exc, StorageError):
         return None
-    if isinstance(exc, OSError) and exc.errno in _FULL:
+    if isinstance(exc, OSError) and exc.errno in _FULL or any(m in str(exc) for m in _FULL_WORDS):
         full = True
     elif isinstance(exc, OSError) and exc.errno == errno.EROFS:
         return StorageError(f"cannot write {what} '{path}': the file system is read-only",

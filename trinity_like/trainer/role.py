@@ -156,7 +156,7 @@ class TrainerRole:
 
             self.ingester = IngesterThread(RedisIngester(
                 redis_url(self.cfg), redis_stream(self.cfg), self.paths.buffer_dir,
-                timeout_s=self.cfg.synchronizer.timeout_s)).start()
+                timeout_s=self.cfg.buffer.redis_timeout_s)).start()
         self.relay = None
         if self.cfg.mode != "offline":  # explorers on nodes without this run directory meet it here
             running = PartialStore(self.paths.buffer_dir).steps()  # cut off by a crash: taken up again
@@ -303,6 +303,8 @@ class TrainerRole:
         if self._stop.is_set():
             return True
         if self.ingester is not None and self.ingester.error is not None:
+            if isinstance(self.ingester.error, RunError):  # Redis unreachable, a full disk: one line, as it is
+                raise self.ingester.error
             raise RuntimeError(f"the redis ingester stopped: {self.ingester.error}")
         now = time.monotonic()
         if now - self._last_end_check < 1.0:
