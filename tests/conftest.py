@@ -488,11 +488,12 @@ class SmallDisk:
 
 @pytest.fixture
 def small_disk_of(tmp_path):
-    """``small_disk_of(size)``: a real tmpfs of ``size`` (e.g. "24m") under ``tmp_path``, unmounted after the test."""
+    """``small_disk_of(size)``: a real tmpfs of ``size`` (e.g. "24m") at ``tmp_path/disk`` (then ``disk1``, ...),
+    unmounted after the test."""
     made: list[SmallDisk] = []
 
     def make(size: str = "4m") -> SmallDisk:
-        made.append(SmallDisk(tmp_path / f"disk{len(made)}", size))
+        made.append(SmallDisk(tmp_path / ("disk" if not made else f"disk{len(made)}"), size))
         return made[-1]
     yield make
     for disk in made:

@@ -222,16 +222,9 @@ def test_out_of_memory_is_recognised_through_wrappers():
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A real 32 MiB tmpfs at tmp_path/disk (skipped where mounting is refused); unmounted afterwards."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def small_disk(small_disk_of):
+    """A real 32 MiB tmpfs (tests/conftest.py ``SmallDisk``; skipped where mounting is refused): its folder."""
+    return small_disk_of("32m").path
 
 
 def test_a_checkpoint_on_a_full_disk_keeps_the_previous_one(make_trainer, batch_exps, small_disk):

@@ -36,7 +36,7 @@ from trinity_like.common.experience import (
     readable_versions,
     upgrade_table,
 )
-from trinity_like.common.fs import atomic_write_named
+from trinity_like.common.fs import atomic_write_named, file_crc32
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ SEGMENTS = "segments"
 QUARANTINE = "quarantine"
 SUFFIX = ".arrow"
 _NAME = re.compile(r"^(\d{20})-(.+)-(\d{6})-(\d+)-([0-9a-f]{8})\.arrow$")
-_CHUNK = 1 << 22
 
 
 class SegmentError(RuntimeError):
@@ -96,14 +95,6 @@ def list_segments(buffer_dir: str | os.PathLike) -> list[SegmentInfo]:
             continue
         out.append(info)
     return out
-
-
-def file_crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 def write_segment(buffer_dir: str | os.PathLike, table: pa.Table, writer_id: str, seq: int,

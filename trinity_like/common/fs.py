@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import uuid
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,12 @@ def append_line(path: str | os.PathLike, line: str) -> None:
     except OSError as exc:
         _refused(exc, Path(path), lambda: None)
         raise
+
+
+def file_crc32(path: str | os.PathLike, chunk_bytes: int = 16 << 20) -> int:
+    """CRC-32 of a file, read in chunks (zlib releases the GIL on each)."""
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            crc = zlib.crc32(chunk, crc)
+    return crc

@@ -16,11 +16,10 @@ import json
 import logging
 import os
 import shutil
-import zlib
 from pathlib import Path
 
 from trinity_like.common.errors import RunError
-from trinity_like.common.fs import atomic_write_text
+from trinity_like.common.fs import atomic_write_text, file_crc32
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +33,6 @@ but itself and ``trainer_state.json``; written just before ``trainer_state.json`
 DAMAGED_DIR = "damaged"
 """``checkpoints/damaged/step_<k>``: where a resume that skipped a damaged checkpoint moves it (out of the
 ``step_*`` folders that pruning and the pointer see; kept for inspection, deleted by hand)."""
-
-_CHUNK = 16 << 20
 
 
 class CheckpointPointerError(RunError):
@@ -77,15 +74,6 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
 
 class DamagedCheckpointError(RunError):
     """Every checkpoint a resume could use is damaged (its files differ from its checksums)."""
-
-
-def file_crc32(path: Path) -> int:
-    """CRC-32 of a file, read in 16 MiB chunks (zlib releases the GIL on each)."""
-    crc = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 def write_checksums(folder: Path) -> None:
