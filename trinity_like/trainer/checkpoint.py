@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 from pathlib import Path
 
@@ -48,13 +47,6 @@ def _load(path: Path):
     """A ``torch.save`` file's content on the CPU (written on any device); optimizers move state to their
     parameters' device when it is loaded into them."""
     return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def _os_error(err: Exception) -> Exception:
-    """safetensors reports a failed write as a ``SafetensorError`` ("I/O error: No space left on device (os error
-    28)"): the OSError it wraps, so that ``atomic_publish_dir`` tells a full disk from other faults."""
-    m = re.search(r"os error (\d+)", str(err))
-    return OSError(int(m.group(1)), str(err)) if m else RuntimeError(str(err))
 
 
 class Checkpointer:
@@ -87,14 +79,6 @@ class Checkpointer:
             return path
 
         def fill(tmp: Path) -> None:
-            from safetensors import SafetensorError
-
-            try:
-                write(tmp)
-            except SafetensorError as err:
-                raise _os_error(err) from err
-
-        def write(tmp: Path) -> None:
             from safetensors.torch import save_file
 
             if e.cfg.trainer.lora.enabled:
