@@ -34,10 +34,10 @@ demo: install
 	$(BIN)/trinity-like run configs/quickstart.yaml
 
 # xdist workers (TEST_WORKERS); tests of the shared `ray start` cluster, and each shared end-to-end run, stay on
-# one worker.
+# one worker. The 25 slowest tests are listed at the end: where the suite's time goes (docs/testing.md).
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # The inner loop: no Ray, no end-to-end runs.
 test-fast: install
