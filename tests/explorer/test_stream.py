@@ -303,3 +303,65 @@ def test_streaming_merges_the_group_calls_waiting_for_an_hf_engine_into_one(tmp_
     assert calls == 1
     assert [[s.response_ids.tolist() for s in g] for g in pooled] == [[s.response_ids.tolist() for s in g]
                                                                       for g in alone]
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_a_group_needing_a_new_version_starts_on_an_engine_that_loaded_it_before_the_others_do(
+        tmp_path, tiny_model_path, ray_session, pooled):
+    """Per-engine admission. (1) While engine 1 is busy with a long call (a load waits behind it, as under
+    `finish` it waits for the engine's drain), engine 0 loads version 1 at once; a group that needs version 1 runs
+    there (`at_least(1)`) before the whole fleet holds it, and its samples carry version 1. (2) The routing: with
+    only engine 0 holding version 2 and busy, a call that needs version 2 waits for engine 0, while one that does
+    not goes to idle engine 1 (pooled: it joins the other)."""
+    import asyncio
+
+    from trinity_like.common.tokenizer import hf_tokenizer
+    from trinity_like.config import SamplingConfig
+    from trinity_like.explorer.fleet import EngineFleet
+    cfg = _cfg(tmp_path, tiny_model_path, f"name=ahead-{pooled}", "explorer.num_engines=2",
+               "synchronizer.max_staleness=1")
+    tok = hf_tokenizer(tiny_model_path)
+    prompts = [tok.encode(f"{i}+{i}=") for i in range(4)]
+    short, long = SamplingConfig(max_new_tokens=6), SamplingConfig(max_new_tokens=300)
+    v1 = ray.put(_weights(tiny_model_path))
+
+    async def busy(fleet, engine):
+        call = asyncio.ensure_future(fleet.call("generate", prompts * 8, long, list(range(32)), None, False,
+                                                engine=engine))
+        while fleet.slots[engine].in_flight == 0:
+            await asyncio.sleep(0.001)
+        return call
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        await fleet.ready()
+        fleet.pooled = pooled
+        # (1) admission ahead of the fleet's version
+        first = await busy(fleet, 1)
+        load = asyncio.ensure_future(fleet.update_weights(WeightsInfo(version=1, refs=[v1], method="memory")))
+        while fleet.slots[0].version < 1:
+            await asyncio.sleep(0.001)
+        seen = (fleet.version, fleet.newest_version)
+        ahead = await fleet.at_least(1).generate(prompts, short, [1, 2, 3, 4])
+        still_loading = not load.done()
+        await load
+        await first
+        loaded = (fleet.version, fleet.newest_version)
+        # (2) routing: engine 0 alone gets version 2, then is kept busy
+        await fleet._sync_slot(fleet.slots[0], WeightsInfo(version=2, refs=[v1], method="memory"))
+        second = await busy(fleet, 0)
+        needs_2, any_version = await asyncio.gather(fleet.at_least(2).generate(prompts, short, [1, 2, 3, 4]),
+                                                    fleet.generate(prompts, short, [1, 2, 3, 4]))
+        await second
+        fleet.kill()
+        return seen, ahead, still_loading, loaded, needs_2, any_version
+
+    seen, ahead, still_loading, loaded, needs_2, any_version = asyncio.run(main())
+    assert seen == (0, 1) and loaded == (1, 1)
+    assert still_loading  # the group did not wait for engine 1's load
+    assert {s.model_version for s in ahead} == {1} and {s.engine_id for s in ahead} == {"hf-0"}
+    assert {s.model_version for s in needs_2} == {2} and {s.engine_id for s in needs_2} == {"hf-0"}
+    # unpooled, the other call goes to the idle engine; pooled, it joins the waiting call (one engine call, on an
+    # engine holding the newest version any of the merged calls needs)
+    expected = ({2}, {"hf-0"}) if pooled else ({1}, {"hf-1"})
+    assert ({s.model_version for s in any_version}, {s.engine_id for s in any_version}) == expected

@@ -213,13 +213,14 @@ class _Pool:
 
     def __init__(self, fleet: EngineFleet, sampling: SamplingConfig) -> None:
         self.fleet, self.sampling = fleet, sampling
-        self.waiting: list[tuple[list[list[int]], list[int], list[int], asyncio.Future]] = []
+        self.waiting: list[tuple[list[list[int]], list[int], list[int], int, asyncio.Future]] = []
         self.running = 0
         """Engine calls of this pool in flight."""
 
-    async def submit(self, prompts: list[list[int]], seeds: list[int], offsets: list[int]) -> list[Sample]:
+    async def submit(self, prompts: list[list[int]], seeds: list[int], offsets: list[int],
+                     min_version: int = 0) -> list[Sample]:
         fut = asyncio.get_running_loop().create_future()
-        self.waiting.append((prompts, seeds, offsets, fut))
+        self.waiting.append((prompts, seeds, offsets, min_version, fut))
         if self.running < len(self.fleet.slots):
             self.running += 1
             asyncio.ensure_future(self._drain())
@@ -234,15 +235,16 @@ class _Pool:
                 seeds = [s for b in batch for s in b[1]]
                 offsets = [k for b in batch for k in b[2]]
                 self.fleet.pooled_calls += 1
-                try:
-                    samples = await self.fleet.call("generate", prompts, self.sampling, seeds, offsets, False)
+                try:  # on an engine that holds the newest version any of the merged calls needs
+                    samples = await self.fleet.call("generate", prompts, self.sampling, seeds, offsets, False,
+                                                    min_version=max(b[3] for b in batch))
                 except Exception as e:  # every call of the batch failed with it (their tasks are retried)
                     for *_, fut in batch:
                         if not fut.done():
                             fut.set_exception(e)
                     continue
                 k = 0
-                for p, _, _, fut in batch:
+                for p, *_, fut in batch:
                     if not fut.done():
                         fut.set_result(samples[k:k + len(p)])
                     k += len(p)
@@ -314,6 +316,8 @@ class EngineFleet:
         self._weights = WeightsInfo(version=0)
         """The newest weights every engine loaded. Restarted engines get these (by broadcast: the newest version
         the trainer offers)."""
+        self._offered = self._weights
+        """The newest version asked of the engines (``update_weights``): some may hold it before all do."""
         self._lock = asyncio.Lock()
         """Serialises weight updates with the catch-up of restarted engines."""
         self.restarts = 0
@@ -331,7 +335,18 @@ class EngineFleet:
 
     @property
     def version(self) -> int:
+        """The version every engine holds (the oldest): what the fleet reports and loads from."""
         return self._weights.version
+
+    @property
+    def newest_version(self) -> int:
+        """The newest version an engine in service holds: a call that needs it (``min_version``) goes there
+        while the others are still loading (under ``on_new_version: finish``, draining their requests first)."""
+        return max([self.version, *(s.version for s in self.slots if not s.stalled)])
+
+    def at_least(self, version: int) -> AtLeast:
+        """This fleet, its calls sent only to engines that hold ``version`` or newer."""
+        return AtLeast(self, version)
 
     async def update_weights(self, info: WeightsInfo) -> int:
         """Load the version ``info`` describes into every engine (concurrently); return the bytes loaded. If any
@@ -340,6 +355,8 @@ class EngineFleet:
         the engines that do not hold it yet."""
         async with self._lock:
             self._check_stalled()
+            if info.version > self._offered.version:
+                self._offered = info
             live = [s for s in self.slots if not s.stalled]
             if not live:
                 raise WeightsLoadFailed(f"no engine can load version {info.version}: all {len(self.slots)} are "
@@ -419,26 +436,31 @@ class EngineFleet:
                  "verified": (s.fingerprint == expected) if expected and s.version == self.version else None,
                  "mismatches": s.mismatches, "stalled": s.stalled} for s in self.slots]
 
-    def _pick(self, exclude: set[int]) -> _Slot:
+    def _pick(self, exclude: set[int], min_version: int = 0) -> _Slot:
+        """The least-loaded engine in service, not tried yet, among those holding ``min_version`` where any
+        does (else it is brought up to date before the call)."""
         self._check_stalled()
         serving = [s for s in self.slots if not s.stalled] or self.slots
         candidates = [s for s in serving if s.index not in exclude] or serving
-        return min(candidates, key=lambda s: (s.in_flight, s.index))
+        current = [s for s in candidates if s.version >= min_version] or candidates
+        return min(current, key=lambda s: (s.in_flight, s.index))
 
-    async def call(self, method: str, *args: Any, engine: int | None = None) -> Any:
-        """Run ``method(*args)`` on engine ``engine`` (default: the least-loaded one); if that engine dies or
-        does not answer within ``explorer.call_timeout_s`` (then it is taken out of service), retry on the
-        least-loaded engine not tried yet."""
+    async def call(self, method: str, *args: Any, engine: int | None = None, min_version: int = 0) -> Any:
+        """Run ``method(*args)`` on engine ``engine`` (default: the least-loaded one holding ``min_version``);
+        if that engine dies or does not answer within ``explorer.call_timeout_s`` (then it is taken out of
+        service), retry on the least-loaded engine not tried yet. An engine older than the fleet's version, or
+        than ``min_version`` when no engine holds it, loads it first."""
         tried: set[int] = set()
         last: BaseException | None = None
         for attempt in range(self.max_retries + 1):
             pinned = attempt == 0 and engine is not None and not self.slots[engine].stalled
-            slot = self.slots[engine] if pinned else self._pick(tried)
+            slot = self.slots[engine] if pinned else self._pick(tried, min_version)
             slot.enter()
             try:
-                if slot.version < self.version:
+                target = self._offered if min_version > self.version else self._weights
+                if slot.version < target.version:
                     async with self._lock:
-                        await self._bounded_sync(slot, self._weights)
+                        await self._bounded_sync(slot, target)
                 return await asyncio.wait_for(_ray_await(getattr(slot.actor, method).remote(*args)),
                                               self.call_timeout_s)
             except EngineStalled as e:  # it could not be brought up to date in time
@@ -461,12 +483,15 @@ class EngineFleet:
         raise EngineCallFailed(f"{method} failed on {len(tried)} engine(s) after {self.max_retries} retries: {last}")
 
     async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
-                       offsets: list[int] | None = None, interruptible: bool = False) -> list[Sample]:
+                       offsets: list[int] | None = None, interruptible: bool = False,
+                       min_version: int = 0) -> list[Sample]:
         """``offsets``: see ``RolloutEngine.generate`` (a continuation). ``interruptible``: an engine that cuts
         requests when a version loads (vLLM's async engine under ``on_new_version: resubmit``) may cut these.
-        With ``pooled``, the call joins the others waiting with the same sampling settings in one engine call."""
+        ``min_version``: only on an engine holding it (see ``call``). With ``pooled``, the call joins the others
+        waiting with the same sampling settings in one engine call."""
         if not self.pooled:
-            return await self.call("generate", prompts, sampling, seeds, offsets, interruptible)
+            return await self.call("generate", prompts, sampling, seeds, offsets, interruptible,
+                                   min_version=min_version)
         if not prompts or len(seeds) != len(prompts):  # refused here: in a pool it would fail the others' call
             raise ValueError(f"generate needs non-empty prompts and one seed each, got {len(prompts)} prompts and "
                              f"{len(seeds)} seeds")
@@ -474,11 +499,11 @@ class EngineFleet:
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = _Pool(self, sampling)
-        return await pool.submit(prompts, seeds, offsets or [0] * len(prompts))
+        return await pool.submit(prompts, seeds, offsets or [0] * len(prompts), min_version)
 
     async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
-                   interruptible: bool = False) -> Sample:
-        return await self.call("chat", messages, sampling, seed, interruptible)
+                   interruptible: bool = False, min_version: int = 0) -> Sample:
+        return await self.call("chat", messages, sampling, seed, interruptible, min_version=min_version)
 
     async def generate_spread(self, prompts: list[list[int]], sampling: SamplingConfig,
                               seeds: list[int]) -> list[Sample]:
@@ -501,3 +526,22 @@ class EngineFleet:
         for group in self.placement_groups:
             ray.util.remove_placement_group(group)
         self.placement_groups = []
+
+
+class AtLeast:
+    """An ``EngineFleet`` whose ``generate`` and ``chat`` go only to engines holding ``version`` or newer: what a
+    streaming group admitted for ``version`` runs on, so it starts as soon as one engine has loaded it."""
+
+    def __init__(self, fleet: EngineFleet, version: int) -> None:
+        self.fleet, self.min_version = fleet, version
+
+    def __getattr__(self, name: str) -> Any:  # version, generate_spread, ...: the fleet's own
+        return getattr(self.fleet, name)
+
+    async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                       offsets: list[int] | None = None, interruptible: bool = False) -> list[Sample]:
+        return await self.fleet.generate(prompts, sampling, seeds, offsets, interruptible, self.min_version)
+
+    async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
+                   interruptible: bool = False) -> Sample:
+        return await self.fleet.chat(messages, sampling, seed, interruptible, self.min_version)

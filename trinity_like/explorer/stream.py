@@ -3,8 +3,10 @@ each, are written as soon as they end, and a new version is loaded as soon as it
 
 The explorer claims steps of the run's sequence as in step mode, so a step's tasks, seeds and group ids are the
 same whichever way it runs; but a step is no longer a unit of generation. Group ``p`` of step ``s`` starts as soon
-as the fleet holds the version ``Schedule.version_needed(rows_before_group(rows_before(s), p))`` (AReaL's capacity
-rule, per group), and every admitted group runs at once (``stream.max_groups_in_flight`` caps them): the engines
+as an engine holds the version ``Schedule.version_needed(rows_before_group(rows_before(s), p))`` (AReaL's capacity
+rule, per group), on the engines that hold it (``EngineFleet.at_least``: a load need not reach every engine, whose
+slowest may be draining a long response, before groups of the new version start), and every admitted group runs
+at once (``stream.max_groups_in_flight`` caps them): the engines
 hold work whenever any is admissible, instead of idling while each step's longest response ends. A finished group
 waits at most ``stream.flush_s`` to share a segment with others. When the last group of a step is written, the
 step is finished in the Synchronizer and one metrics record is written for it, as in step mode (the records of
@@ -223,7 +225,7 @@ class GroupStream:
                     return
                 position = state.positions[state.started]
                 need = role.schedule.version_needed(role.schedule.rows_before_group(rows_before, position), bound)
-                if role.fleet.version < need:
+                if role.fleet.newest_version < need:  # one engine holding it is enough: the group runs there
                     self._blocked(state, need)
                     return
                 self._unblocked(state)
@@ -258,17 +260,18 @@ class GroupStream:
         state.started += 1
 
     def _engine(self, state: _Step, position: int, need: int):
-        """What the group's workflow calls: the fleet itself (``finish``, no journal), else its view that is
-        interruptible (``resubmit``; in pieces of ``chunk_tokens``) and journals every piece (``keep_partial``),
-        taking up what a journal left by a killed explorer holds of this group."""
+        """What the group's workflow calls: the fleet's engines that hold ``need`` (``finish``, no journal), else
+        that view interruptible (``resubmit``; in pieces of ``chunk_tokens``) and journaling every piece
+        (``keep_partial``), taking up what a journal left by a killed explorer holds of this group."""
+        fleet = self.role.fleet.at_least(need)
         journal = None
         if self.store is not None:
             journal = GroupJournal(self.store, state.step, position, need)
             state.discarded += journal.discarded
             self.journals[(state.step, position)] = journal
         if journal is None and not self.resubmit:
-            return None
-        return ContinuingEngine(self.role.fleet, self.cfg.chunk_tokens, self.resubmit, journal, self.counts)
+            return fleet
+        return ContinuingEngine(fleet, self.cfg.chunk_tokens, self.resubmit, journal, self.counts)
 
     # ------------------------------------------------------------ weights
     async def _load(self, info) -> None:
