@@ -66,23 +66,17 @@ def _free_bytes(path: Path) -> int | None:
 def storage_error(exc: BaseException, path: str | os.PathLike) -> StorageError | None:
     """The user-facing error for ``exc`` raised while writing ``path``, or None when it is not a storage fault.
     Call before removing what the failed write left (a writer's own error is judged by the space left)."""
-    path = Path(path)
-    what = describe(path)
     if isinstance(exc, StorageError):
         return None
-    if isinstance(exc, OSError) and exc.errno in _FULL or any(m in str(exc) for m in _FULL_WORDS):
-        full = True
-    elif isinstance(exc, OSError) and exc.errno == errno.EROFS:
-        return StorageError(f"cannot write {what} '{path}': the file system is read-only",
+    path = Path(path)
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        return StorageError(f"cannot write {describe(path)} '{path}': the file system is read-only",
                             "remount it writable (or move the run directory), then resume the run with --resume")
-    elif isinstance(exc, (OSError, RuntimeError)):
-        free = _free_bytes(path.parent)
-        full = free is not None and free < _LOW_SPACE
-    else:
-        full = False
-    if not full:
-        return None
     free = _free_bytes(path.parent)
+    said_full = isinstance(exc, OSError) and exc.errno in _FULL or any(m in str(exc) for m in _FULL_WORDS)
+    if not (said_full or isinstance(exc, (OSError, RuntimeError)) and free is not None and free < _LOW_SPACE):
+        return None
+    what = describe(path)
     left = f" ({free / 1e6:.1f} MB free)" if free is not None else ""
     return DiskFullError(f"no space left on the device writing {what} '{path}'{left}",
                          "nothing half-written was kept: free space (or move the run directory), then resume the run "
@@ -142,7 +136,6 @@ def atomic_write_named(folder: str | os.PathLike, write: Callable[[Path], None],
     if durable:
         fsync_path(folder)
     return path
-
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> Path:

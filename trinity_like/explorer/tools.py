@@ -346,13 +346,13 @@ class PythonTool(Tool):
         return [str(c.memory_mb * 2**20), str(math.ceil(c.timeout_s) + 1), str(c.file_size_mb * 2**20), str(nproc),
                 str(uid)]
 
-    def _bwrap_argv(self, source_fd: int) -> list[str]:
-        """The bwrap command line of one run (``PythonTool``'s docstring says why each part is there)."""
-        python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-        as_root = os.geteuid() == 0
+    @functools.cached_property
+    def _bwrap_base(self) -> list[str]:
+        """The bwrap command line up to the code's file: the same for every run of this tool (``PythonTool``'s
+        docstring says why each part is there), so worked out once."""
         argv = [self._bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--new-session", "--die-with-parent"]
-        if as_root:  # keep only what the drop to an unprivileged uid needs; it drops those too
+        if os.geteuid() == 0:  # keep only what the drop to an unprivileged uid needs; it drops those too
             argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
             argv += ["--unshare-user", "--uid", _SANDBOX_USER, "--gid", _SANDBOX_USER, "--disable-userns"]
@@ -363,7 +363,7 @@ class PythonTool(Tool):
             elif os.path.isdir(top):
                 argv += ["--ro-bind", top, top]
         made = set()
-        for tree in sorted({sys.base_prefix, sys.base_exec_prefix, os.path.dirname(python)}):
+        for tree in sorted({sys.base_prefix, sys.base_exec_prefix, os.path.dirname(_python())}):
             if tree == "/usr" or tree.startswith("/usr/"):
                 continue
             for parent in reversed(Path(tree).parents[:-1]):  # bwrap would make them 0700: unreadable after the drop
@@ -373,13 +373,22 @@ class PythonTool(Tool):
             argv += ["--ro-bind", tree, tree]
         for path in ("/etc/ld.so.cache", "/etc/localtime"):
             argv += ["--ro-bind-try", path, path]
-        argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--perms", "0777", "--size", str(self.config.file_size_mb * 2**20), "--tmpfs", _BOX,
-                 "--file", str(source_fd), f"{_BOX}/main.py", "--remount-ro", "/", "--chdir", _BOX,
-                 "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", _BOX,
-                 "--setenv", "TMPDIR", _BOX, "--setenv", "LANG", "C.UTF-8", "--"]
-        uid = random.randrange(_SANDBOX_UIDS.start, _SANDBOX_UIDS.stop) if as_root else -1
-        return argv + [python, "-I", "-c", _LIMITS + _RUN, *self._limits(uid)]
+        return argv + ["--proc", "/proc", "--dev", "/dev",
+                       "--perms", "0777", "--size", str(self.config.file_size_mb * 2**20), "--tmpfs", _BOX]
+
+    def _bwrap_argv(self, source_fd: int) -> list[str]:
+        """The bwrap command line of one run: the code's file descriptor and, as root, a fresh uid."""
+        argv = self._bwrap_base + [
+            "--file", str(source_fd), f"{_BOX}/main.py", "--remount-ro", "/", "--chdir", _BOX,
+            "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", _BOX,
+            "--setenv", "TMPDIR", _BOX, "--setenv", "LANG", "C.UTF-8", "--"]
+        uid = random.randrange(_SANDBOX_UIDS.start, _SANDBOX_UIDS.stop) if os.geteuid() == 0 else -1
+        return argv + [_python(), "-I", "-c", _LIMITS + _RUN, *self._limits(uid)]
+
+
+def _python() -> str:
+    """The base interpreter (a virtualenv's is a link to it, and its packages are not mounted)."""
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
 @functools.cache

@@ -146,7 +146,7 @@ class PendingStore:
         or a reward that is not stored."""
         changed = copy.deepcopy(record)
         change(changed)
-        self.save(changed)
+        atomic_write_json(self._path(changed.record_id), asdict(changed))
         vars(record).update(vars(changed))
         self._index(record)
 

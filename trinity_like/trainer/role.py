@@ -183,9 +183,8 @@ class TrainerRole:
                 from trinity_like.synchronizer import CheckpointMonitor
 
                 ray.get(CheckpointMonitor.get_actor(namespace_of(self.cfg)).rollback.remote(self.engine.train_step_num))
-            for bad, problem in damaged:
-                logger.warning("checkpoint %s is damaged (%s): resumed from %s instead; moved it to %s", bad,
-                               problem, path.name, set_aside(bad))
+            for bad, _ in damaged:  # what is wrong with each was logged by resume_checkpoint
+                logger.warning("resumed from %s instead of damaged %s; moved it to %s", path.name, bad, set_aside(bad))
             logger.warning("trainer resumed from %s (step %d)", path, self.engine.train_step_num)
         self.resumed_from = self.engine.train_step_num
         return self.engine.train_step_num
