@@ -98,9 +98,11 @@ def async_run(tmp_path_factory, tiny_model_path, ray_session):
 
 class RedisServer:
     """A real redis-server on a free loopback port (never 6379, Ray's default), with an append-only file
-    fsynced on every write, so that a restart (even after SIGKILL) keeps every acknowledged entry."""
+    fsynced on every write, so that a restart (even after SIGKILL) keeps every acknowledged entry; or, not
+    ``persistent``, with no AOF and no RDB, so that a SIGKILL loses everything. ``start`` again after ``kill``
+    comes back on the same port."""
 
-    def __init__(self, workdir, host: str = "127.0.0.1") -> None:
+    def __init__(self, workdir, host: str = "127.0.0.1", persistent: bool = True) -> None:
         """``host``: the address it listens on; on another than loopback (for roles on other nodes) it asks for
         a password, as a server reachable from the network must (protected mode refuses the others)."""
         import secrets
@@ -109,7 +111,7 @@ class RedisServer:
         with socket.socket() as s:
             s.bind((host, 0))
             self.port = s.getsockname()[1]
-        self.workdir, self.host = workdir, host
+        self.workdir, self.host, self.persistent = workdir, host, persistent
         self.password = "" if host == "127.0.0.1" else secrets.token_hex(16)
         self.proc = None
 
@@ -125,7 +127,7 @@ class RedisServer:
 
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", self.host, "--dir", str(self.workdir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
+             "--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
              *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
@@ -142,6 +144,13 @@ class RedisServer:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=10)
 
+    def restart_later(self, delay_s: float) -> None:
+        """Start again after ``delay_s``, off the running event loop (so its clients see a real outage)."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        loop.call_later(delay_s, lambda: loop.run_in_executor(None, self.start))
+
 
 @pytest.fixture
 def redis_server_at(tmp_path):
@@ -156,8 +165,8 @@ def redis_server_at(tmp_path):
         pytest.skip(reason)
     servers = []
 
-    def start(host: str = "127.0.0.1") -> RedisServer:
-        server = RedisServer(tmp_path / f"redis-{len(servers)}", host=host)
+    def start(host: str = "127.0.0.1", persistent: bool = True) -> RedisServer:
+        server = RedisServer(tmp_path / f"redis-{len(servers)}", host=host, persistent=persistent)
         server.workdir.mkdir()
         server.start()
         servers.append(server)

@@ -4,10 +4,7 @@ both ends within ``timeout_s`` with a message naming the address, the wait and t
 after that delivers the rest exactly once."""
 
 import asyncio
-import shutil
-import signal
 import socket
-import subprocess
 import time
 
 import pytest
@@ -24,54 +21,11 @@ from trinity_like.common.experience import Experience
 ROWS = 4
 
 
-class Redis:
-    """A redis-server on a fixed loopback port, persistent (append-only file fsynced on every write, as
-    conftest's RedisServer) or volatile (no AOF, no RDB: a SIGKILL loses everything); started again on the same
-    port after a kill."""
-
-    def __init__(self, workdir, persistent: bool) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.workdir, self.persistent, self.proc = workdir, persistent, None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        import redis
-
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-             "--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always", "--save", ""],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        for _ in range(200):
-            try:
-                if client.ping():
-                    return
-            except redis.exceptions.RedisError:
-                time.sleep(0.025)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def restart_later(self, delay_s: float) -> None:
-        """Start again after ``delay_s``, off the event loop (so the clients see a real outage)."""
-        loop = asyncio.get_running_loop()
-        loop.call_later(delay_s, lambda: loop.run_in_executor(None, self.start))
-
-
 @pytest.fixture(params=["persistent", "volatile"])
-def redis_proc(request, tmp_path):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
-    server = Redis(tmp_path / "redis", persistent=request.param == "persistent")
-    server.workdir.mkdir()
-    server.start()
-    yield server
-    server.kill()
+def redis_proc(request, redis_server_at):
+    """A real redis-server on loopback, with an append-only file fsynced on every write or with no persistence at
+    all (a SIGKILL loses everything); started again on the same port after a kill."""
+    return redis_server_at(persistent=request.param == "persistent")
 
 
 def _batch(k: int) -> list[Experience]:
