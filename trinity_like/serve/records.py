@@ -146,7 +146,7 @@ class PendingStore:
         or a reward that is not stored."""
         changed = copy.deepcopy(record)
         change(changed)
-        atomic_write_json(self._path(changed.record_id), asdict(changed))
+        self.save(changed)  # a record's first turn comes this way too: save closes the session's open one
         vars(record).update(vars(changed))
         self._index(record)
 
