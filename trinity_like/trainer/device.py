@@ -1,8 +1,9 @@
 """Where and in what precision the trainer computes: ``trainer.device``, ``trainer.dtype`` and
 ``trainer.weights_dtype``, and the torch.distributed backend that follows from them.
 
-- The device is resolved in the worker's own process: Ray shows an actor only the GPUs it asked for
-  (``trainer.gpus_per_worker``), so ``auto`` means "the GPU this worker was given, if any".
+- The device is resolved in the worker's own process: ``auto`` means "the GPU Ray assigned this worker
+  (``trainer.gpus_per_worker``), if any", by the ids Ray assigned, not by what CUDA shows (Ray leaves every GPU
+  visible to an actor that asked for none; ``common.placement.resolve_device``).
 - ``bfloat16`` is mixed precision: parameters, gradients and optimizer state stay float32 (the master weights);
   forward and backward run under ``torch.autocast``; log-probs, losses and advantages are float32.
 - NCCL joins ranks that each hold a whole GPU; every other case (CPU tensors, or ranks sharing one GPU, where
@@ -15,7 +16,7 @@ import contextlib
 
 import torch
 
-from trinity_like.common.modeling import resolve_device as resolve_process_device
+from trinity_like.common.placement import resolve_device as resolve_process_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

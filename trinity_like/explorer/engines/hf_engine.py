@@ -33,8 +33,8 @@ from trinity_like.common.modeling import (
     import_state_dict,
     load_causal_lm,
     logprobs_from_logits,
-    resolve_device,
 )
+from trinity_like.common.placement import resolve_device
 from trinity_like.config import SamplingConfig
 from trinity_like.explorer.engines.base import (
     ChatByGenerate,
@@ -71,9 +71,9 @@ class HFEngine(ChatByGenerate):
 
     def __init__(self, model_path: str | Path, engine_id: str = "hf-0", num_threads: int = 1,
                  dtype: str = "auto", kv_cache: str = "auto", device: str = "auto") -> None:
-        """``device`` (``explorer.device``): ``auto`` is the GPU this process sees (Ray shows an engine one only
-        when ``explorer.gpus_per_engine`` asks for it), else the CPU; ``cpu`` pins the CPU even where a GPU is
-        visible (what CPU reference computations need); ``cuda`` fails without a GPU. ``dtype`` ``auto`` is
+        """``device`` (``explorer.device``): ``auto`` is the GPU Ray assigned this engine's actor
+        (``explorer.gpus_per_engine``; outside Ray the GPU this process sees), else the CPU; ``cpu`` pins the
+        CPU even where a GPU is visible (what CPU reference computations need); ``cuda`` fails without a GPU. ``dtype`` ``auto`` is
         bfloat16 on a GPU and float32 on the CPU; ``kv_cache`` ``auto`` is ``static`` (preallocated for the
         whole batch) on a GPU and ``dynamic`` on the CPU."""
         torch.set_num_threads(num_threads)
