@@ -668,3 +668,49 @@ def test_under_resubmit_a_weight_update_cuts_a_long_request_and_it_goes_on_with_
     assert ids[k:] == [0] and versions == [0] * k + [1]  # then version 1 (its zeroed norm: EOS at once)
     assert sample.model_version == 0 and sample.finish_reason == "stop" and health["cuts"] == 1
     assert load_s < 0.5 * whole_s, f"the load took {load_s:.2f}s of a {whole_s:.2f}s request: it waited for it"
+
+
+@pytest.mark.timeout(300)  # two starts of vLLM's async engine in an actor (~35 s each on two cores)
+def test_an_async_engine_whose_core_process_is_killed_is_restarted_with_the_current_version(
+        prompts, tiny_model_path, tmp_path, ray_session):
+    """vLLM's engine core dies (SIGKILL of its process, as the kernel's OOM killer or a device fault would end it)
+    while the engine actor lives: vLLM fails every call with ``EngineDeadError``; the fleet restarts the actor,
+    loads the version it held, and the call goes on there."""
+    import asyncio
+    import os
+    import signal
+
+    import psutil
+    import ray
+
+    from trinity_like.config import load_config
+    from trinity_like.explorer.fleet import EngineFleet
+
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
+                             "name=core", "explorer.engine=vllm", "explorer.num_engines=1",
+                             "explorer.vllm.async_engine=true", "explorer.max_engine_restarts=1"])
+    eos_weights = _eos(export_state_dict(load_causal_lm(tiny_model_path)))
+
+    def engine_core(actor_pid: int) -> psutil.Process:
+        children = psutil.Process(actor_pid).children(recursive=True)
+        cores = [p for p in children if "EngineCore" in " ".join([p.name(), *p.cmdline()])]
+        assert len(cores) == 1, f"no single engine-core process among {[(p.pid, p.name()) for p in children]}"
+        return cores[0]
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        try:
+            await fleet.ready()
+            await fleet.update_weights(WeightsInfo(version=1, refs=[ray.put(eos_weights)]))
+            actor_pid = await fleet.slots[0].actor.pid.remote()
+            core = engine_core(actor_pid)
+            os.kill(core.pid, signal.SIGKILL)
+            core.wait(timeout=10)
+            samples = await fleet.generate(prompts, GREEDY, _seeds(len(prompts), 7))
+            return samples, actor_pid, await fleet.slots[0].actor.pid.remote(), fleet.engine_versions()[0]
+        finally:
+            fleet.kill()
+
+    samples, before, after, state = asyncio.run(main())
+    assert after != before and state["core_deaths"] == 1 and state["version"] == 1
+    assert all(s.model_version == 1 and s.response_ids.tolist() == [0] for s in samples)  # version 1, reloaded

@@ -229,6 +229,11 @@ class ExplorerConfig:
     max_retries: int = _at_least(2, 0)
     """Retries of a task whose workflow raised or timed out (and of a call whose engine died) before the task
     is recorded as failed."""
+    max_engine_restarts: int = _at_least(3, 0)
+    """Restarts of one engine whose inference engine died inside its process (vLLM's engine core after an
+    out-of-memory or an illegal memory access on the device: the process lives, every call fails). Each restart
+    starts the engine's actor again and loads the current weights; one more death stops the run with one line
+    naming the engine and the cause."""
     task_timeout_s: float = _at_least(600.0, 0.001)
     """Longest a task's workflow may run before it counts as failed (and is retried)."""
     call_timeout_s: float | None = field(default=None, metadata={"min": 0.001})

@@ -5,19 +5,36 @@ Each engine runs in its own actor (``EngineActor``), restarted by Ray if its pro
 because its engine died is retried on another engine, and the restarted engine is brought back to the
 fleet's current weights before it serves again. A call that keeps failing raises ``EngineCallFailed`` after
 ``max_retries`` retries; the workflow that made it is then recorded as failed and the step goes on.
+
+An engine whose process lives on but whose inference engine died inside it (vLLM's engine core, after an
+out-of-memory or an illegal memory access in a forward: every call fails with ``EngineDeadError`` from then on,
+and Ray sees a healthy actor) is told apart (``EngineCoreDied``): the fleet kills that actor, Ray starts it
+again, and it loads the fleet's current version before it serves; after ``explorer.max_engine_restarts`` such
+restarts of one engine the run stops at once (``EngineLost``, one line naming the engine and the cause) instead
+of failing every task until ``explorer.max_empty_steps`` empty steps end it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import inspect
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from trinity_like.common.errors import RunError
 from trinity_like.config import Config, SamplingConfig
-from trinity_like.explorer.engines.base import Sample, WeightsMismatch, WeightUpdate
+from trinity_like.explorer.engines.base import (
+    EngineCoreDied,
+    Sample,
+    WeightsMismatch,
+    WeightUpdate,
+    engine_core_death,
+)
 from trinity_like.weights.messages import WeightsInfo
 from trinity_like.weights.receive import receiver_for
 
@@ -47,6 +64,42 @@ class EngineStalled(TimeoutError):
     """An engine did not finish loading a version within ``synchronizer.sync_timeout_s``."""
 
 
+class EngineLost(RunError):
+    """An engine's inference engine died more often than ``explorer.max_engine_restarts`` allows, or its actor
+    did not come back after a restart: the explorer cannot go on with it, and the run stops (the command line
+    prints this one line)."""
+
+
+def _names_core_death(method):
+    """``method`` of an engine actor, raising ``EngineCoreDied`` in place of an error that says the engine's
+    inference engine is dead (``engine_core_death``), so the fleet can tell it from a failed call."""
+
+    def died(self, e: BaseException) -> EngineCoreDied:
+        dead = engine_core_death(e)
+        engine_id = getattr(getattr(self, "engine", None), "engine_id", "")
+        return EngineCoreDied(f"{type(dead).__name__}: {dead}", engine_id, os.getpid())
+
+    if inspect.iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def guarded(self, *args, **kwargs):
+            try:
+                return await method(self, *args, **kwargs)
+            except Exception as e:
+                if engine_core_death(e) is None:
+                    raise
+                raise died(self, e) from e
+    else:
+        @functools.wraps(method)
+        def guarded(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as e:
+                if engine_core_death(e) is None:
+                    raise
+                raise died(self, e) from e
+    return guarded
+
+
 class EngineActor:
     """Hosts one rollout engine in its own process. Calls run one at a time (actor concurrency 1)."""
 
@@ -63,15 +116,18 @@ class EngineActor:
         self.sync_timeout_s = cfg.synchronizer.sync_timeout_s
         self.receiver = None
 
+    @_names_core_death
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
                  offsets: list[int] | None = None, interruptible: bool = False) -> list[Sample]:
         """``interruptible``: only an async engine can be cut mid-call; this one ends each call it starts."""
         return self.engine.generate(prompts, sampling, seeds, offsets)
 
+    @_names_core_death
     def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
              interruptible: bool = False) -> Sample:
         return self.engine.chat(messages, sampling, seed)
 
+    @_names_core_death
     def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "",
                        shared: dict[str, Any] | None = None) -> dict[str, Any]:
         """Load a version (from files, the object store or a shared buffer); all its tensors are read (and
@@ -88,6 +144,7 @@ class EngineActor:
         return {"version": self.engine.model_version, "bytes": size,
                 "fingerprint": getattr(self.engine, "fingerprint", "")}
 
+    @_names_core_death
     def receive_weights(self, min_version: int) -> dict[str, Any]:
         """Method ``broadcast``: join the next broadcast round of a version >= ``min_version`` and load it. The
         engine receives every slice into a staging buffer first and applies the version only when all are
@@ -130,14 +187,17 @@ class AsyncEngineActor(EngineActor):
     whose calls run on the thread that built the engine: vLLM's CPU kernels refuse a call from a thread with
     another OpenMP thread count.)"""
 
+    @_names_core_death
     async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
                        offsets: list[int] | None = None, interruptible: bool = False) -> list[Sample]:
         return await self.engine.agenerate(prompts, sampling, seeds, offsets, interruptible)
 
+    @_names_core_death
     async def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
                    interruptible: bool = False) -> Sample:
         return await self.engine.achat(messages, sampling, seed, interruptible)
 
+    @_names_core_death
     async def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "",
                              shared: dict[str, Any] | None = None) -> dict[str, Any]:
         state_dict = (await refs[0]) if refs else None
@@ -145,6 +205,7 @@ class AsyncEngineActor(EngineActor):
                                                        fingerprint=fingerprint, shared=shared))
         return self._loaded(self.engine.last_load_bytes)
 
+    @_names_core_death
     async def receive_weights(self, min_version: int) -> dict[str, Any]:
         spec = await self._synchronizer().collective_ready.remote(self.key, min_version, self.timeout_s)
         return self._loaded(await self.engine.areceive_collective(spec, self.sync_timeout_s))
@@ -276,6 +337,18 @@ class _Slot:
     """Seconds with at least one call of the fleet's in flight on this engine (ended spans)."""
     busy_since: float = 0.0
     """When ``in_flight`` last rose from 0."""
+    core_deaths: int = 0
+    """Times its inference engine died inside a live process (``EngineCoreDied``); each restarts the actor."""
+    dead_pids: set[int] = dataclasses.field(default_factory=set)
+    """Processes of this engine whose inference engine died: their calls fail until the restart, and each
+    restarts the actor once, however many calls report it."""
+    reviving: asyncio.Future | None = None
+    """The restart under way after its inference engine died (``EngineFleet._revive``): no calls, no loads, until
+    it is done."""
+
+    @property
+    def restarting(self) -> bool:
+        return self.reviving is not None and not self.reviving.done()
 
     def enter(self) -> None:
         if not self.in_flight:
@@ -295,13 +368,15 @@ class _Slot:
 class EngineFleet:
     """``explorer.num_engines`` engine actors behind one async interface."""
 
-    def __init__(self, cfg: Config, namespace: str | None = None) -> None:
+    def __init__(self, cfg: Config, namespace: str | None = None, engine_actor: type | None = None) -> None:
+        """``engine_actor``: the actor class hosting each engine; default ``AsyncEngineActor`` for vLLM's async
+        engine, else ``EngineActor`` (tests pass a subclass that fakes a device fault)."""
         import ray
 
         self.cfg = cfg
         async_engine = cfg.explorer.engine == "vllm" and cfg.explorer.vllm.async_engine
         actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(
-            AsyncEngineActor if async_engine else EngineActor)
+            engine_actor or (AsyncEngineActor if async_engine else EngineActor))
         self.placement_groups: list[Any] = []
         """One per tensor-parallel engine (``explorer.gpus_per_engine`` > 1), removed with the fleet."""
         self.slots = []
@@ -321,6 +396,11 @@ class EngineFleet:
         self._lock = asyncio.Lock()
         """Serialises weight updates with the catch-up of restarted engines."""
         self.restarts = 0
+        self.max_engine_restarts = cfg.explorer.max_engine_restarts
+        self.restart_timeout_s = cfg.explorer.task_timeout_s
+        """Longest a restarted engine may take to answer again (its process starts, its engine loads the model)."""
+        self.lost: EngineLost | None = None
+        """Set once an engine is lost for good (``_revive``): every call and load raises it from then on."""
         sc = cfg.synchronizer
         self.pooled = (cfg.explorer.rollout == "stream" and not async_engine and cfg.mode == "async"
                        and sc.max_staleness > 0)
@@ -355,15 +435,20 @@ class EngineFleet:
         the engines that do not hold it yet."""
         async with self._lock:
             self._check_stalled()
+            if self.lost is not None:
+                raise self.lost
             if info.version > self._offered.version:
                 self._offered = info
-            live = [s for s in self.slots if not s.stalled]
+            # an engine restarting after its inference engine died loads the fleet's version when it is back
+            live = [s for s in self.slots if not s.stalled and not s.restarting]
             if not live:
                 raise WeightsLoadFailed(f"no engine can load version {info.version}: all {len(self.slots)} are "
                                         "stalled (out of service until they answer again)")
             results = await asyncio.gather(*(self._bounded_sync(s, info) for s in live), return_exceptions=True)
             errors = [(s.index, r) for s, r in zip(live, results, strict=True) if isinstance(r, BaseException)]
             for index, err in errors:
+                if isinstance(err, EngineCoreDied):
+                    self._revive(self.slots[index], err)  # raises EngineLost when its restarts are used up
                 logger.error("engine %d could not load version %d from %s: %s", index, info.version,
                              info.path or info.method, err)
                 if isinstance(err, WeightsMismatch) and "refuses requests" in str(err):
@@ -374,6 +459,9 @@ class EngineFleet:
                                         f"{info.version}: {type(cause).__name__}: {cause}")
             # by broadcast an engine may have received a newer version than asked for
             self._weights = dataclasses.replace(info, version=min(s.version for s in live))
+            for s in self.slots:  # restarting now: it loads this version when it is back
+                if s.restarting:
+                    s.version = -1
             return sum(results)
 
     def _load_deadline(self, info: WeightsInfo) -> float:
@@ -417,6 +505,54 @@ class EngineFleet:
         slot.version, slot.fingerprint = loaded["version"], loaded.get("fingerprint", slot.fingerprint)
         return loaded["bytes"]
 
+    def _revive(self, slot: _Slot, err: EngineCoreDied) -> None:
+        """Restart ``slot``'s actor (in the background: ``slot.reviving``), once per dead process, whose inference
+        engine died (``err``); past ``explorer.max_engine_restarts`` of them, stop the run (``EngineLost``)."""
+        err = getattr(err, "cause", None) or err  # the engine's own error, as Ray wrapped it
+        if err.pid in slot.dead_pids:
+            return  # another call saw the same death first
+        slot.dead_pids.add(err.pid)
+        slot.core_deaths += 1
+        slot.version = -1  # a restarted engine holds the initial weights
+        if slot.core_deaths > self.max_engine_restarts:
+            self.lost = EngineLost(
+                f"engine {slot.index} ({err.engine_id or 'engine'}) is lost: its inference engine died "
+                f"{slot.core_deaths} times (explorer.max_engine_restarts: {self.max_engine_restarts}), last with "
+                f"{err}; the device faulted (out of memory or an illegal memory access in a forward: see the engine's "
+                "log), and the run stops")
+            raise self.lost
+        slot.reviving = asyncio.ensure_future(self._restart(slot, err))
+
+    async def _restart(self, slot: _Slot, err: EngineCoreDied) -> None:
+        """Kill the actor (Ray starts it again), wait until its new process answers, and load the fleet's version
+        into it. A restart that does not answer within ``explorer.task_timeout_s`` loses the engine."""
+        import ray
+
+        ray.kill(slot.actor, no_restart=False)
+        self.restarts += 1
+        deadline = time.monotonic() + self.restart_timeout_s
+        while True:
+            try:
+                if await slot.actor.pid.remote() != err.pid:
+                    break
+            except _ENGINE_GONE:
+                pass
+            if time.monotonic() > deadline:
+                self.lost = EngineLost(
+                    f"engine {slot.index} ({err.engine_id or 'engine'}) is lost: its inference engine died ({err}) "
+                    f"and the restarted engine did not answer within {self.restart_timeout_s:.0f}s "
+                    "(explorer.task_timeout_s); the run stops")
+                return
+            await asyncio.sleep(0.5)
+        logger.warning("engine %d restarted after its inference engine died; loading version %d", slot.index,
+                       self._weights.version)
+        try:
+            async with self._lock:
+                await self._bounded_sync(slot, self._weights)
+        except Exception as e:  # noqa: BLE001 - it stays at -1 and loads again before its next call
+            logger.error("engine %d, restarted: loading version %d failed (%s: %s); it loads again before its next "
+                         "call", slot.index, self._weights.version, type(e).__name__, e)
+
     def busy_s(self) -> float:
         """Seconds engines have held work (a call of the fleet's in flight), summed over the engines: divided by
         wall time and engine count, the engines' busy share (for an ``hf`` engine, queued calls count: it runs one
@@ -434,13 +570,15 @@ class EngineFleet:
         expected = self._weights.fingerprint
         return [{"engine": s.index, "version": s.version, "fingerprint": s.fingerprint,
                  "verified": (s.fingerprint == expected) if expected and s.version == self.version else None,
-                 "mismatches": s.mismatches, "stalled": s.stalled} for s in self.slots]
+                 "mismatches": s.mismatches, "stalled": s.stalled, "core_deaths": s.core_deaths}
+                for s in self.slots]
 
     def _pick(self, exclude: set[int], min_version: int = 0) -> _Slot:
         """The least-loaded engine in service, not tried yet, among those holding ``min_version`` where any
         does (else it is brought up to date before the call)."""
         self._check_stalled()
-        serving = [s for s in self.slots if not s.stalled] or self.slots
+        serving = ([s for s in self.slots if not s.stalled and not s.restarting]
+                   or [s for s in self.slots if not s.stalled] or self.slots)
         candidates = [s for s in serving if s.index not in exclude] or serving
         current = [s for s in candidates if s.version >= min_version] or candidates
         return min(current, key=lambda s: (s.in_flight, s.index))
@@ -453,8 +591,14 @@ class EngineFleet:
         tried: set[int] = set()
         last: BaseException | None = None
         for attempt in range(self.max_retries + 1):
+            if self.lost is not None:
+                raise self.lost
             pinned = attempt == 0 and engine is not None and not self.slots[engine].stalled
             slot = self.slots[engine] if pinned else self._pick(tried, min_version)
+            if slot.restarting:  # the only engine left: wait until it is back with the fleet's weights
+                await asyncio.shield(slot.reviving)
+                if self.lost is not None:
+                    raise self.lost
             slot.enter()
             try:
                 target = self._offered if min_version > self.version else self._weights
@@ -478,6 +622,12 @@ class EngineFleet:
                 slot.version = -1  # it restarts from the initial weights
                 self.restarts += 1
                 logger.warning("engine %d died during %s; retrying on another engine", slot.index, method)
+            except EngineCoreDied as e:  # the process lives, its inference engine does not: restart it
+                last = e
+                tried.add(slot.index)
+                logger.error("engine %d: its inference engine died during %s (%s); restarting it and retrying on "
+                             "another engine", slot.index, method, e)
+                self._revive(slot, e)
             finally:
                 slot.leave()
         raise EngineCallFailed(f"{method} failed on {len(tried)} engine(s) after {self.max_retries} retries: {last}")

@@ -40,7 +40,7 @@ from trinity_like.common.offline import set_offline_env
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config
 from trinity_like.explorer.evaluation import apply_prompt_limit, evaluate
-from trinity_like.explorer.fleet import WeightsLoadFailed
+from trinity_like.explorer.fleet import EngineLost, WeightsLoadFailed
 from trinity_like.explorer.reward_model import start_reward_model
 from trinity_like.explorer.stream import GroupStream
 from trinity_like.explorer.tools import tool_metrics
@@ -235,6 +235,8 @@ class ExplorerRole:
             try:
                 return await asyncio.wait_for(self.workflow.run(task, engine or self.fleet, ctx),
                                               self.cfg.explorer.task_timeout_s)
+            except EngineLost:  # no engine to retry on: the run stops now, not after max_empty_steps
+                raise
             except Exception as e:  # a workflow is user code: any failure costs this task only
                 error = f"{type(e).__name__}: {e}"
                 logger.warning("task %s failed (attempt %d): %s", task.task_id, attempt + 1, error)
@@ -248,6 +250,8 @@ class ExplorerRole:
         if run_batch is not None:
             try:
                 return await asyncio.wait_for(run_batch(tasks, self.fleet, ctxs), self.cfg.explorer.task_timeout_s)
+            except EngineLost:
+                raise
             except Exception as e:  # fall back to task by task, where failures are isolated
                 logger.warning("batched rollout failed (%s: %s); running the tasks one by one", type(e).__name__, e)
         return list(await asyncio.gather(*(self._run_task(t, c) for t, c in zip(tasks, ctxs, strict=True))))

@@ -66,6 +66,40 @@ class WeightsMismatch(RuntimeError):
     published: the transfer damaged them or the load did not apply them. The version is refused."""
 
 
+class EngineCoreDied(RuntimeError):
+    """The inference engine inside an engine's process died (vLLM's engine core: an out-of-memory or an illegal
+    memory access in a forward) while the process, a Ray actor, lives on: every call would fail from here on.
+    The engine actor raises it in place of the engine's own error; the fleet restarts that actor.
+    ``args``: (message, engine_id, pid), so that it crosses Ray whole."""
+
+    def __init__(self, message: str, engine_id: str = "", pid: int = 0) -> None:
+        super().__init__(message, engine_id, pid)
+        self.message, self.engine_id, self.pid = message, engine_id, pid
+
+    def __str__(self) -> str:
+        return self.message
+
+
+ENGINE_DEATH_ERRORS = (("vllm", "EngineDeadError"),)
+"""(package, class name) of the errors an inference engine raises once it is dead for good: vLLM's, raised by
+every call after its engine core failed or its process is gone (``vllm.v1.engine.exceptions``). Matched by
+name, so that the fleet and the tests recognise them without importing vLLM."""
+
+
+def engine_core_death(exc: BaseException | None) -> BaseException | None:
+    """The error in ``exc``'s chain (itself, its cause or context) that says its inference engine is dead
+    (``ENGINE_DEATH_ERRORS``, a subclass included), or None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for cls in type(exc).__mro__:
+            if any(cls.__name__ == name and cls.__module__.split(".")[0] == package
+                   for package, name in ENGINE_DEATH_ERRORS):
+                return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def check_one_source(update: WeightUpdate) -> None:
     given = [k for k in ("path", "state_dict", "shared") if getattr(update, k) is not None]
     if len(given) != 1:
