@@ -176,6 +176,22 @@ def test_grpo_config(tmp_path, tiny_model_path):
     assert cfg.trainer.optimizer.lr == pytest.approx(0.01)
 
 
+def test_a_verl_job_of_no_gpus_trains_on_the_cpu(tmp_path, tiny_model_path):
+    """verl's default `trainer.device: cuda` follows the GPUs the job asks for: a job of `n_gpus_per_node: 0`
+    with the hf rollout (no `trainer.device` written) used to get `cuda` and be refused at start on a CPU machine
+    ("trainer.device is cuda but this trainer worker sees no GPU"). A job of GPUs keeps verl's default."""
+    train = verl_data(tmp_path / "train.parquet")
+    no_gpus = GRPO.replace("  device: cpu\n", "").replace("n_gpus_per_node: 1", "n_gpus_per_node: 0")
+    cfg = load_config(write(tmp_path, no_gpus.format(train=train, model=tiny_model_path, name="cpu",
+                                                     root=tmp_path / "ck")))
+    assert cfg.trainer.device == "cpu" and cfg.explorer.engine == "hf"
+    assert (cfg.trainer.gpus_per_worker, cfg.explorer.gpus_per_engine) == (0.0, 0.0)
+    one_gpu = GRPO.replace("  device: cpu\n", "")
+    cfg = load_config(write(tmp_path, one_gpu.format(train=train, model=tiny_model_path, name="gpu",
+                                                     root=tmp_path / "ck"), name="gpu.yaml"))
+    assert cfg.trainer.device == "cuda" and cfg.trainer.gpus_per_worker == 0.5
+
+
 def test_a_short_verl_config_means_what_it_means_to_verl(tmp_path, tiny_model_path):
     train = verl_data(tmp_path / "train.parquet", n=2048)
     cfg = load_config(write(tmp_path, f"""\

@@ -314,7 +314,7 @@ def gpu_split(view: View) -> GpuSplit:
     (``trainer.device: cpu``) one worker and one engine. Where an engine would take more than half the job's
     GPUs, the tensor-parallel size (a speed setting: it does not change what is computed) is lowered to the
     largest power of two of at most half of them, and the split says so."""
-    total = int(view.get("trainer.n_gpus_per_node")) * int(view.get("trainer.nnodes"))
+    total = _job_gpus(view)
     tp = max(1, int(view.get("actor_rollout_ref.rollout.tensor_model_parallel_size") or 1))
     if str(view.get("trainer.device")) == "cpu" or total <= 0:
         return GpuSplit(0, 1, 0.0, 1, 0.0)
@@ -340,10 +340,21 @@ def gpu_split(view: View) -> GpuSplit:
     return GpuSplit(total, workers, 1.0, engines, float(tp), reward_gpus=1.0 if reward_model else 0.0, note=note)
 
 
-def _device(v: Any, _: View) -> dict[str, Any]:
+def _device(v: Any, view: View) -> dict[str, Any]:
+    """verl's default ``cuda`` follows the GPUs the job asks for: a job of ``nnodes x n_gpus_per_node`` = 0 GPUs
+    asks for none, so its trainer is on the CPU (verl itself would not start it; here a job that asks for no GPU
+    runs on the CPU rather than being refused for the default it did not write). ``cpu`` is always kept. (A file
+    that writes ``cuda`` says what verl's default says: the composed view cannot tell the two apart.)"""
     if v not in ("cuda", "cpu"):
         raise Unmapped(f"device {v!r}: the devices here are cuda and cpu")
+    if not view.given("trainer.device") and _job_gpus(view) <= 0:
+        return {"trainer.device": "cpu"}
     return {"trainer.device": v}
+
+
+def _job_gpus(view: View) -> int:
+    """``nnodes x n_gpus_per_node``: the GPUs of the whole job."""
+    return int(view.get("trainer.n_gpus_per_node") or 0) * int(view.get("trainer.nnodes") or 0)
 
 
 def _default_local_dir(v: Any, view: View) -> dict[str, Any]:
@@ -706,7 +717,8 @@ RULES: tuple[Rule, ...] = (
          "go to engines (at least one) and the rest to trainer workers, a GPU each (one GPU: half each); a reward "
          "model takes one GPU out of the split (G >= 3) or a quarter of the one GPU; trainer.device cpu: one of "
          "each, no GPU. `config-convert` prints the split", derived=True),
-    Rule("trainer.device", ("trainer.device",), "cuda or cpu", _device),
+    Rule("trainer.device", ("trainer.device",), "cuda or cpu; verl's default cuda is cpu for a job of no GPUs "
+         "(nnodes x n_gpus_per_node = 0)", _device),
     Rule("trainer.save_freq", ("trainer.save_interval",), "-1 = only at the end (0)",
          _never_is_zero("trainer.save_interval")),
     Rule("trainer.test_freq", ("explorer.eval_interval",), "-1 = never (0)", _never_is_zero("explorer.eval_interval")),
