@@ -714,3 +714,57 @@ def test_an_async_engine_whose_core_process_is_killed_is_restarted_with_the_curr
     samples, before, after, state = asyncio.run(main())
     assert after != before and state["core_deaths"] == 1 and state["version"] == 1
     assert all(s.model_version == 1 and s.response_ids.tolist() == [0] for s in samples)  # version 1, reloaded
+
+
+def test_the_engine_stops_at_every_eos_of_config_and_generation_config(engine, tiny_model_path, tmp_path):
+    """vLLM stops at generation_config.json's EOS list too (Qwen2.5-Instruct: 151645 and 151643); the engine's stop
+    ids, which label a response finished or truncated, are read from both (``response_stop_ids``, as in ``hf``)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from trinity_like.explorer.engines.base import response_stop_ids
+    from trinity_like.explorer.engines.vllm_engine import _model_limits
+
+    eos = json.loads(Path(tiny_model_path, "config.json").read_text())["eos_token_id"]
+    assert engine.stop_ids == response_stop_ids(tiny_model_path) == [eos]
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, 7]}))
+    assert _model_limits(folder)[0] == [eos, 7]
+
+
+def test_a_prefix_cache_vllm_will_not_reset_after_a_load_stops_the_engine_serving_until_one_resets(
+        engine, prompts, tiny_model_path, monkeypatch):
+    """vLLM refuses to reset its prefix cache while a request holds KV blocks (``reset_prefix_cache()`` returns
+    False): the load fails loudly (after ``PREFIX_RESET_TRIES``), the version is not taken, and the engine refuses
+    requests, which could reuse KV blocks of the old weights, until a load resets the cache."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import trinity_like.explorer.engines.vllm_engine as vllm_engine
+    from trinity_like.explorer.engines.base import WeightsMismatch
+
+    monkeypatch.setattr(vllm_engine, "PREFIX_RESET_TRIES", 2)
+    original = export_state_dict(load_causal_lm(tiny_model_path))
+    start, seeds = engine.model_version, _seeds(len(prompts), 9)
+    before = engine.generate(prompts, GREEDY, seeds)
+    core = engine.llm.llm_engine
+    held = [f"held-{i}" for i in range(32)]  # requests of vLLM's own, outside the engine's lock: they hold KV blocks
+    long = SamplingParams(max_tokens=400, ignore_eos=True, detokenize=False)
+    for request_id in held:
+        core.add_request(request_id, TokensPrompt(prompt_token_ids=prompts[0]), long)
+    try:
+        core.step()  # scheduled and running
+        with pytest.raises(WeightsMismatch, match="refused 2 times to reset its prefix cache"):
+            engine.update_weights(WeightUpdate(version=start + 1, state_dict=original))
+        assert engine.model_version == start and engine.health()["verified"] is False
+        with pytest.raises(WeightsMismatch, match="prefix cache"):
+            engine.generate(prompts, GREEDY, seeds)
+    finally:
+        core.abort_request(held)
+        while core.has_unfinished_requests():
+            core.step()
+    engine.update_weights(WeightUpdate(version=start + 2, state_dict=original))
+    assert engine.model_version == start + 2 and engine.health()["verified"] is True
+    assert _ids(engine.generate(prompts, GREEDY, seeds)) == _ids(before)

@@ -109,6 +109,26 @@ def message_text(m: dict[str, Any]) -> str:
     return text
 
 
+_TURN_PROBE = "Turn-end probe 7351"
+
+
+def turn_end_ids(tokenizer) -> list[int]:
+    """The special token that closes an assistant turn in ``tokenizer``'s chat template (Qwen2.5's
+    ``<|im_end|>``, Llama 3's ``<|eot_id|>``), as a one-element list; empty without a template, or where the
+    template ends a turn with plain text (no engine can stop at it as a token) or with EOS alone. A base model
+    run under a chat template ends its turns with it although its EOS is another token (Qwen2.5 base: EOS
+    ``<|endoftext|>``): an engine that stopped at EOS alone would run every response to its length limit."""
+    if not _has_template(tokenizer):
+        return []
+    text = _template_text(tokenizer, [{"role": "user", "content": "1+1="},
+                                      {"role": "assistant", "content": _TURN_PROBE}], False, None)
+    at = text.rfind(_TURN_PROBE)
+    after = _encode(tokenizer, text[at + len(_TURN_PROBE):]) if at >= 0 else []
+    special = {int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
+    special |= {int(i) for i in tokenizer.all_special_ids}
+    return after[:1] if after and after[0] in special else []
+
+
 def _has_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 

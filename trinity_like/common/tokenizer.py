@@ -43,6 +43,25 @@ def model_vocab_size(path: str | Path) -> int | None:
     return int(rows) if rows else None
 
 
+def eos_token_ids(path: str | Path) -> list[int]:
+    """Every EOS id of the model in folder ``path``: ``eos_token_id`` of its ``config.json`` (or its
+    ``text_config``) first, then those of its ``generation_config.json``, which vLLM also stops at (Qwen2.5-Instruct:
+    151645 in config.json, 151645 and 151643 in generation_config.json). Each may be one id or a list."""
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        try:
+            cfg = json.loads((Path(path) / name).read_text())
+        except (OSError, ValueError):
+            continue
+        eos = cfg.get("eos_token_id")
+        if eos is None:
+            eos = (cfg.get("text_config") or {}).get("eos_token_id")
+        for e in eos if isinstance(eos, list) else [] if eos is None else [eos]:
+            if int(e) not in ids:
+                ids.append(int(e))
+    return ids
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 """A model folder holds its tokenizer in at least one of these (fast, sentencepiece, BPE vocabulary)."""
 

