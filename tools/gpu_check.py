@@ -152,6 +152,8 @@ class BenchStep:
     budget_s: int
     only: bool = False
     """Runs only when ``--only`` names it (measured already; left out of the default call's budget)."""
+    needs: str = ""
+    """A module the script cannot run without (vllm): where this machine lacks it the step is skipped."""
 
     def argv(self) -> list[str]:
         return [sys.executable, str(BENCH / self.script), *self.args]
@@ -173,7 +175,13 @@ class BenchStep:
         return None
 
     def read(self, output: str, outcome: Outcome) -> None:
-        outcome.results = [line for line in output.splitlines() if line.startswith("RESULT ")]
+        lines = output.splitlines()
+        outcome.results = [line for line in lines if line.startswith("RESULT ")]
+        failed = [line for line in lines if line.startswith("FAILED: ")]  # bench/e2e_gpu.py's checks
+        if failed:
+            outcome.reasons[self.script] = failed[0]
+        elif not outcome.results and lines:  # it crashed: its last words (a traceback's last line)
+            outcome.reasons[self.script] = " | ".join(line.strip() for line in lines[-3:])[:600]
 
 
 QWEN_TRAIN = ("--device", "cuda", "--dtype", "bfloat16", "--batch", "64", "--micro", "8", "--response-len", "1008",
@@ -194,6 +202,13 @@ STEPS = (
                "--variants", "after,before"), budget_s=60),
     BenchStep("bench/trainer.py Qwen2.5-1.5B shape, bf16", "trainer.py", ("--shape", "qwen2.5-1.5b", *QWEN_TRAIN),
               budget_s=85, only=True),
+    BenchStep("bench/e2e_gpu.py e2e async: trinity-like run, vLLM + trainer on one GPU, ipc, Qwen2.5-0.5B shape",
+              "e2e_gpu.py", ("--out", "e2e-async.json"), budget_s=300, only=True, needs="vllm"),
+    BenchStep("bench/e2e_gpu.py e2e sync: the same in mode sync (R5: sync vs async on one GPU)", "e2e_gpu.py",
+              ("--mode", "sync", "--out", "e2e-sync.json"), budget_s=240, only=True, needs="vllm"),
+    BenchStep("bench/e2e_gpu.py e2e 1.5B memory: Qwen2.5-1.5B shape, 2 steps, peak memory per process",
+              "e2e_gpu.py", ("--shape", "qwen2.5-1.5b", "--steps", "2", "--out", "e2e-1.5b.json"), budget_s=240,
+              only=True, needs="vllm"),
     BenchStep("bench/sync.py on CUDA", "sync.py", ("--device", "cuda", "--repeats", "1"), budget_s=60),
     BenchStep("bench/engine.py on CUDA", "engine.py", ("--device", "cuda", "--batch", "64", "--new-tokens", "128"),
               budget_s=30),
@@ -248,6 +263,9 @@ def run_step(step, budget_s: float, log) -> Outcome:
     outcome = Outcome(step.name, "skipped", command=" ".join(argv[1:]))
     if budget_s < 10:
         outcome.status = "skipped (out of time)"
+        return outcome
+    if getattr(step, "needs", "") and isinstance(step, BenchStep) and importlib.util.find_spec(step.needs) is None:
+        outcome.status = f"skipped (no {step.needs} here: docs/vllm-on-a-lease.md)"
         return outcome
     log.write(f"\n===== {step.name} (budget {budget_s:.0f} s)\n$ {outcome.command}\n")
     log.flush()

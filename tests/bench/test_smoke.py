@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import benchmark_scripts, declared_fields, parse_result_lines, result_line  # noqa: E402
 
 SCRIPTS = benchmark_scripts()
-RAY_SCRIPTS = {"async_speedup.py", "learning.py", "serve_load.py", "sync.py"}
+RAY_SCRIPTS = {"async_speedup.py", "e2e_gpu.py", "learning.py", "serve_load.py", "sync.py"}
 """Smokes that start a Ray instance of their own: one at a time (one xdist group), beside the suite's Ray tests."""
 
 

@@ -192,6 +192,7 @@ class ExplorerRole:
             try:
                 metrics["sync/bytes"] = float(await self.fleet.update_weights(info))
                 metrics["sync/seconds"] = time.perf_counter() - load_start
+                metrics["sync/cuda_ipc"] = float(info.transport == "CUDA IPC")  # what bench/e2e_gpu.py checks
                 await self.synchronizer.heartbeat.remote(self.role_id, version=info.version, state="running")
             except WeightsLoadFailed:
                 self.sync_failures += 1

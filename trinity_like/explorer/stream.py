@@ -94,6 +94,8 @@ class _Loads:
     bytes: float = 0.0
     seconds: float = 0.0
     count: int = 0
+    cuda_ipc: int = 0
+    """Loads of those whose bytes came over CUDA IPC (``WeightsInfo.transport``)."""
 
 
 class GroupStream:
@@ -290,6 +292,7 @@ class GroupStream:
         self.loads.bytes += float(size)
         self.loads.seconds += time.perf_counter() - start
         self.loads.count += 1
+        self.loads.cuda_ipc += info.transport == "CUDA IPC"
         await role.synchronizer.heartbeat.remote(role.role_id, version=role.fleet.version)
 
     # ------------------------------------------------------------ writing
@@ -376,7 +379,8 @@ class GroupStream:
 
     def _take_loads(self) -> dict[str, Any]:
         loads, self.loads = self.loads, _Loads()
-        return {"sync/bytes": loads.bytes, "sync/seconds": loads.seconds, "sync/loads": float(loads.count)}
+        return {"sync/bytes": loads.bytes, "sync/seconds": loads.seconds, "sync/loads": float(loads.count),
+                "sync/cuda_ipc": float(loads.cuda_ipc)}
 
 
 async def _ray(ref) -> Any:
