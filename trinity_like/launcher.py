@@ -95,6 +95,62 @@ def setup_order(cfg: Config, explores: bool, trains: bool) -> list[tuple[str, ..
     return [kinds] if kinds else []
 
 
+def start_up_checks(cfg: Config, role: str, total_bytes: float | None = None) -> list[str]:
+    """Before anything starts: refuse (ConfigError) engines that would set up beside a trainer allocating on their
+    GPU without a fixed KV cache (``config.validation.kv_cache_start_up``: which start-ups ``setup_order`` orders
+    depends on the roles of this job), and return the warning lines to print: that rule's for ordered start-ups,
+    and the GPU memory plan's when parts that share a GPU plan more than 90% of it (``runtime.gpu_memory``;
+    ``total_bytes`` is one GPU's memory, by default as ``nvidia-smi`` reports it here; no GPU here, no plan)."""
+    from trinity_like.config.validation import kv_cache_start_up
+
+    explores, trains = role in ("all", "explorer") and cfg.mode != "offline", role in ("all", "trainer")
+    lines = []
+    if explores:
+        unordered = None
+        if not trains:
+            unordered = "this explorer job (--role explorer) sets its engines up whenever it starts, beside a trainer job"
+        elif setup_order(cfg, explores, trains) != [("explorer",), ("trainer",)]:
+            unordered = (f"with buffer.transport {cfg.buffer.transport} and synchronizer.method "
+                         f"{cfg.synchronizer.method} the explorer takes the run from the trainer, so both set up at once")
+        lines.append(kv_cache_start_up(cfg, unordered))
+    lines.append(gpu_memory_warning(cfg, gpu_total_bytes() if total_bytes is None else total_bytes))
+    return [line for line in lines if line]
+
+
+def gpu_memory_warning(cfg: Config, total_bytes: float | None) -> str | None:
+    """The memory plan's warning line for ``cfg`` on GPUs of ``total_bytes`` (None: no GPU, or no model config
+    to plan from yet)."""
+    from pathlib import Path
+
+    from trinity_like.runtime.gpu_memory import gpu_memory_plan
+
+    config = Path(cfg.model.path) / "config.json"
+    if not total_bytes or not config.is_file():
+        return None
+    try:
+        model_config = json.loads(config.read_text())
+        return gpu_memory_plan(cfg, model_config, total_bytes).warning()
+    except (ValueError, KeyError, TypeError):  # not a decoder config the plan knows: no plan, nothing to warn
+        return None
+
+
+def gpu_total_bytes() -> float | None:
+    """Memory of this node's first GPU as ``nvidia-smi`` reports it (no CUDA is initialised here); None without
+    one."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout.split()
+        return float(out[0]) * 2**20 if out else None  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
 def _start_roles(cfg: Config, role: str, resume: bool) -> _Roles:
     import ray
 
@@ -272,6 +328,8 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
     """One stage: ``role`` of the job in ``cfg.mode``."""
     set_offline_env()
     check_ray_address(address or os.environ.get("RAY_ADDRESS"))  # before anything slow or written
+    for line in start_up_checks(cfg, role):
+        print(line, file=sys.stderr, flush=True)
     paths = prepare_run_dir(cfg, role=role, resume=resume)
     start = time.time()
     init_ray(cfg, address)

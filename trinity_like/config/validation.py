@@ -232,30 +232,27 @@ def _validate_gpu_shares(cfg: Config, platform: Callable[[], str]) -> None:
                 "on other GPUs")
 
 
-def kv_cache_start_up(cfg: Config, ordered: bool) -> str | None:
+def kv_cache_start_up(cfg: Config, unordered: str | None) -> str | None:
     """vLLM engines sharing the trainer's GPU without ``explorer.vllm.kv_cache_memory_gb`` size their KV cache
-    from the memory free while they profile; a trainer allocating at that moment (or holding its peak) shrinks or
-    fails it. ``ordered``: this job sets up its engines before its trainer (``launcher.setup_order``).
+    from the memory free while they profile; a trainer allocating at that moment shrinks it or fails the start.
+    ``unordered``: why this job's engines set up while the trainer may be allocating (an explorer job of its own;
+    one job whose explorer takes the run from the trainer, so that both set up at once: Redis with ipc / memory /
+    broadcast), or None where the launcher sets them up first (``launcher.setup_order``).
 
-    Unordered start-up (an explorer job of its own beside a trainer job, or one job whose explorer must wait for
-    the trainer's run: Redis with ipc / memory / broadcast) races at every start: a ConfigError. Ordered start-up
-    races only when an engine restarts beside a training trainer: the returned one-line warning (None: nothing
-    to say)."""
+    An unordered start-up races every time: a ConfigError. An ordered one races only when an engine restarts
+    beside a training trainer: the returned one-line warning. None: nothing to say."""
     ex = cfg.explorer
     if ex.engine != "vllm" or ex.vllm.kv_cache_memory_gb > 0 or not engines_share_trainer_gpu(cfg):
         return None
     share = (f"explorer.gpus_per_engine {ex.gpus_per_engine:g} beside trainer.gpus_per_worker "
-             f"{cfg.trainer.gpus_per_worker:g}")
-    if not ordered:
-        raise ConfigError(
-            f"{share} without explorer.vllm.kv_cache_memory_gb, and these engines set up while the trainer may be "
-            "allocating (an explorer job of its own, or buffer.transport redis with a synchronizer.method other "
-            "than checkpoint, where the explorer waits for the trainer's run): vLLM would size its KV cache from "
-            "whatever is free at that moment; set explorer.vllm.kv_cache_memory_gb (e.g. 4) to give each engine a "
-            "fixed cache")
-    return (f"warning: {share} without explorer.vllm.kv_cache_memory_gb: the engines start before the trainer, "
-            "but an engine that restarts sizes its KV cache from what the trainer leaves free at that moment; set "
-            "explorer.vllm.kv_cache_memory_gb (e.g. 4) for a fixed cache")
+             f"{cfg.trainer.gpus_per_worker:g} without explorer.vllm.kv_cache_memory_gb")
+    if unordered:
+        raise ConfigError(f"{share}, and {unordered}: vLLM would size each engine's KV cache from whatever the "
+                          "trainer leaves free at that moment; set explorer.vllm.kv_cache_memory_gb (e.g. 4) to give "
+                          "each engine a fixed cache")
+    return (f"warning: {share}: the engines start before the trainer, but one that restarts sizes its KV cache from "
+            "what the trainer leaves free at that moment; set explorer.vllm.kv_cache_memory_gb (e.g. 4) for a fixed "
+            "cache")
 
 
 def _validate_tensor_parallel(cfg: Config) -> None:
