@@ -8,11 +8,15 @@ Synchronizer a ``WeightsInfo`` for the version it publishes.
 - ``broadcast``: rank 0 snapshots the weights into a ``WeightBroadcaster``, whose thread sends them to the engines
   by collective broadcast when they come for it, while training goes on.
 - ``ipc``: rank 0 packs the weights into a shared buffer on its node (``weights.shared``): in its GPU memory as
-  a CUDA IPC handle when the engines share its GPU, else a shared-memory file; engines map it and copy.
+  a CUDA IPC handle when the engines share its GPU, else a shared-memory file; engines map it and copy. The
+  trainer's own tensors are cast to ``trainer.weights_dtype`` as they are written into the buffer (no converted
+  copy of the weights first), and the buffers and their handles are made once and refilled.
 
 A publisher works on an engine that exposes ``train_step_num``, ``dp_rank``, ``dp_world``, ``monitor``,
 ``synchronizer``, ``paths``, ``cfg``, ``device``, ``weights_for_export(on_device=False)`` (the plain policy's
-full tensors, collective under FSDP2) and ``writes()`` / ``gathers()`` (which ranks write, which take part in gathering).
+full tensors, collective under FSDP2), ``policy_weights(copy=False)`` and ``weights_dtype`` (the same tensors
+uncast, and the dtype to publish them in: for ``ipc``, which casts into its buffer) and ``writes()`` /
+``gathers()`` (which ranks write, which take part in gathering).
 """
 
 from __future__ import annotations
@@ -184,21 +188,23 @@ class SharedMemoryPublisher(WeightPublisher):
         return self.engine.device.type == "cuda" and 0 < gpus < 1
 
     def publish(self) -> dict[str, float]:
+        import torch
+
         from trinity_like.runtime.paths import namespace_of
-        from trinity_like.weights.fingerprint import weights_fingerprint
         from trinity_like.weights.shared import SharedWeights
 
         e = self.engine
         start = time.perf_counter()
         if not e.gathers():
             return {}
-        sd = e.weights_for_export(on_device=self.on_gpu())
+        sd = e.policy_weights(copy=False)  # the trainer's own tensors, in its dtype: cast into the buffer below
         if not e.writes():
             return {}
         if self.shared is None:
             self.shared = SharedWeights(namespace_of(e.cfg).replace("/", "_"), keep=2)
-        fingerprint = weights_fingerprint(sd)
-        handle = self.shared.publish(e.train_step_num, sd, fingerprint)
+        handle = self.shared.publish(e.train_step_num, sd, fingerprint=None, dtype=getattr(torch, e.weights_dtype),
+                                     device=e.device if self.on_gpu() else "cpu")
+        fingerprint = handle["fingerprint"]  # of the published bytes, computed where they are
         self.last_bytes = handle["size"]
         _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, shared=handle,
                                                            bytes=self.last_bytes, method="ipc",

@@ -17,6 +17,10 @@ published reads v intact; an engine asking for a version whose buffer was taken 
 next load takes the newest version). Whatever the timing, an engine applies only bytes whose fingerprint is the
 published one: one that maps a buffer just as it is refilled refuses what it read.
 
+Publishing casts the trainer's tensors to the published dtype as it writes them into the buffer (no converted
+copy of the weights first), and each buffer's handle (its file, its CUDA IPC export) is made once, with the
+buffer: nothing grows with the number of versions (``_export_cuda`` says what torch keeps per export).
+
 Files of a process killed before it cleaned up are removed by the next ``SharedWeights`` of the same owner
 (the run's namespace).
 """
@@ -27,12 +31,13 @@ import contextlib
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trinity_like.weights.broadcast import TensorMeta, describe, flat_size, pack, unpack
+from trinity_like.weights.broadcast import TensorMeta, describe, flat_size, unpack
 
 
 class SharedWeightsUnreachable(RuntimeError):
@@ -94,13 +99,6 @@ def cuda_handle_from_plain(plain: dict[str, Any], device_index: int) -> tuple:
             device_index, *rest)
 
 
-def _export_cuda(flat: torch.Tensor) -> dict[str, Any]:
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    _, args = reduce_tensor(flat)
-    return {"handle": cuda_handle_to_plain(args), "device_uuid": _device_uuid(flat.device.index or 0)}
-
-
 def _import_cuda(cuda: dict[str, Any]) -> torch.Tensor:
     """Map a buffer exported by ``_export_cuda``, found by its GPU's UUID (Ray may number the GPU differently in
     each process)."""
@@ -119,6 +117,77 @@ def _import_cuda(cuda: dict[str, Any]) -> torch.Tensor:
     return rebuild_cuda_tensor(*cuda_handle_from_plain(cuda["handle"], local[0]))
 
 
+def _layout(state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None) -> list[TensorMeta]:
+    """The buffer's layout (``broadcast.describe``) for ``state_dict`` published in ``dtype``: floating-point tensors
+    take ``dtype`` (``trainer.weights_dtype``), the others keep theirs (as ``trainer.device.to_host`` casts). Worked
+    out on meta tensors, which hold no memory."""
+    if dtype is None:
+        return describe(state_dict)
+    return describe({k: torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="meta")
+                     for k, t in state_dict.items()})
+
+
+def _fill(flat: torch.Tensor, meta: list[TensorMeta], state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy every tensor into its place in ``flat``, cast to the place's dtype on the way: ``copy_`` casts (and
+    moves between devices) as it writes, so no converted copy of the state dict is made (a tensor that also
+    changes device is cast on its own device first, one tensor at a time)."""
+    for name, place in unpack(flat, meta).items():
+        place.copy_(state_dict[name].detach())
+
+
+_UNCOUNTED = b"/trinity_like-uncounted-reader"
+"""The reference counter file named in the handles the trainer hands out: none exists by that name, so a
+receiver's release of its mapping counts nowhere (torch makes those releases best effort and ignores a missing
+file)."""
+
+
+def _export_cuda(flat: torch.Tensor) -> tuple[dict[str, Any], tuple[bytes, int]]:
+    """A CUDA IPC handle of ``flat`` as handed out, made once per buffer (``SharedWeights``), and the counter slot
+    torch keeps for the export.
+
+    Each ``reduce_tensor`` wraps the storage's memory in one more of torch's ``CudaIPCSentData`` (a slot in a
+    ``/dev/shm/torch_<pid>_*`` counter file and an interprocess CUDA event), held until the buffer is freed: an
+    export per publication grows that bookkeeping with every version. And torch counts one reader per export: the
+    counter starts at 1, each receiver's mapping takes 1 off when it closes, and torch frees the memory only at 0
+    (the counter is unsigned: past 0 it never frees it before the process ends). A buffer that several engines
+    map, version after version, cannot be counted so; the trainer decides instead (it keeps the newest ``keep``
+    versions, and engines check what they copied against the fingerprint), so the handle it hands out names no
+    counter (``_UNCOUNTED``) and ``_release_cuda`` takes the export's 1 off when the buffer is dropped.
+
+    Receivers are told not to wait on the export's CUDA event either: the trainer synchronizes after each refill
+    before handing the handle out, and an event recorded at the export predates every later refill anyway."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    _, args = reduce_tensor(flat)
+    counted = cuda_handle_to_plain(args)
+    plain = {**counted, "ref_counter_handle": _UNCOUNTED, "ref_counter_offset": 0, "event_sync_required": False}
+    return ({"handle": plain, "device_uuid": _device_uuid(flat.device.index or 0)},
+            (counted["ref_counter_handle"], counted["ref_counter_offset"]))
+
+
+def _release_cuda(buffer: _Buffer) -> None:
+    """Free a dropped GPU buffer: take the export's count off while torch still holds its slot (so that it reaches
+    exactly 0), drop the tensor (torch frees memory whose count is 0), and let ``ipc_collect`` close torch's
+    counter file once no export uses it."""
+    torch.UntypedStorage._release_ipc_counter_cuda(*buffer.counter)
+    buffer.flat = None
+    torch.cuda.ipc_collect()
+
+
+@dataclass(eq=False)
+class _Buffer:
+    """One of the trainer's shared buffers, refilled with version after version."""
+
+    version: int
+    flat: torch.Tensor | None
+    path: Path | None = None
+    """Its file in shared memory (on the CPU); None in GPU memory."""
+    cuda: dict[str, Any] | None = None
+    """Its CUDA IPC handle as handed out (``_export_cuda``), exported when the buffer was made (in GPU memory)."""
+    counter: tuple[bytes, int] | None = None
+    """torch's reference counter slot of that export (file name, offset)."""
+
+
 class SharedWeights:
     """Trainer rank 0's side: publishes versions as shared buffers and keeps the newest ``keep`` of them."""
 
@@ -132,58 +201,96 @@ class SharedWeights:
         shutil.rmtree(self.folder, ignore_errors=True)  # buffers of a killed predecessor
         self.folder.mkdir(parents=True, exist_ok=True)
         self.node = node_identity()
-        self._kept: list[tuple[int, Any, torch.Tensor]] = []
-        """(version, its file path or None on a GPU, the flat buffer), oldest first."""
+        self._kept: list[_Buffer] = []
+        """The buffers of the newest versions, oldest first: at most ``keep``."""
+        self.buffers_made = 0
+        """Buffers made so far, each with its one handle (a file, a CUDA IPC export): ``keep`` while the weights
+        keep their size, however many versions go out (tests count it)."""
         self.last_bytes = 0
 
-    def publish(self, version: int, state_dict: dict[str, torch.Tensor], fingerprint: str = "") -> dict[str, Any]:
-        """Pack ``state_dict`` as version ``version`` into a shared buffer (in GPU memory when its tensors are on
-        a GPU, else a shared-memory file) and return its handle. Once ``keep`` versions are out, the oldest's
-        buffer is reused: its file is renamed away first (engines asking for that version from then on are
-        told it is gone), refilled under that temporary name, and renamed to the new version whole, so an
-        engine never maps a half-written version and the trainer's pages are not allocated anew each time."""
+    def publish(self, version: int, state_dict: dict[str, torch.Tensor], fingerprint: str | None = "", *,
+                dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> dict[str, Any]:
+        """Put ``state_dict`` as version ``version`` in a shared buffer on ``device`` (the tensors' own by
+        default): in GPU memory on a GPU, else a shared-memory file. With ``dtype``, floating-point tensors are
+        cast to it as they are written into the buffer (no converted copy of the weights is made first).
+        ``fingerprint``: the version's, as given; None: computed from the buffer's bytes once written (where the
+        buffer is), which is what a caller that casts passes. Returns the handle.
+
+        Once ``keep`` versions are out, the oldest's buffer is reused, with the handle it was made with: its file
+        is renamed away first (engines asking for that version from then on are told it is gone), refilled under
+        that temporary name, and renamed to the new version whole, so an engine never maps a half-written
+        version, and neither pages nor handles are made anew each time."""
         if not state_dict:
             raise ValueError("no weights to publish")
-        meta = describe(state_dict)
+        meta = _layout(state_dict, dtype)
+        if fingerprint and any(m.dtype != str(state_dict[m.name].dtype).removeprefix("torch.") for m in meta):
+            raise ValueError("a fingerprint was given for weights that are cast as they are published: pass "
+                             "fingerprint=None to fingerprint the published bytes")
         size = flat_size(meta)
-        device = next(iter(state_dict.values())).device
+        device = torch.device(device) if device is not None else next(iter(state_dict.values())).device
+        buffer = self._buffer_for(size, device)
+        _fill(buffer.flat, meta, state_dict)
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()  # the bytes are in place before anyone maps them
+        if fingerprint is None:
+            from trinity_like.weights.fingerprint import weights_fingerprint
+
+            fingerprint = weights_fingerprint(unpack(buffer.flat, meta))
         handle: dict[str, Any] = {"version": version, "meta": [m.__dict__ for m in meta], "size": size,
                                   "node": self.node, "fingerprint": fingerprint}
-        reuse = None
-        if len(self._kept) >= self.keep:
-            reuse = self._kept.pop(0)
-            if reuse[2].numel() != size or reuse[2].device != device:
-                self._drop(reuse[1])
-                reuse = None
-        if device.type == "cuda":
-            flat = pack(state_dict, meta, device, out=None if reuse is None else reuse[2])
-            torch.cuda.current_stream(device).synchronize()  # the bytes are in place before anyone maps them
-            handle.update(kind="cuda", cuda=_export_cuda(flat))
-            self._kept.append((version, None, flat))
+        if buffer.cuda is not None:
+            handle.update(kind="cuda", cuda=buffer.cuda)
         else:
             path = self.folder / f"version-{version:08d}"
-            tmp = path.with_name(path.name + ".tmp")
-            if reuse is None:
-                flat = torch.from_file(str(tmp), shared=True, size=size, dtype=torch.uint8)
-            else:
-                os.replace(reuse[1], tmp)  # the old version is gone from here on; the mapping stays
-                flat = reuse[2]
-            pack(state_dict, meta, out=flat)
-            os.replace(tmp, path)
+            os.replace(buffer.path, path)
+            buffer.path = path
             handle.update(kind="shm", path=str(path))
-            self._kept.append((version, path, flat))
+        buffer.version = version
+        self._kept.append(buffer)
         self.last_bytes = size
         return handle
 
+    def _buffer_for(self, size: int, device: torch.device) -> _Buffer:
+        """The buffer the next version goes into, out of ``_kept``: the oldest one once ``keep`` are out and it
+        fits (its file renamed to a temporary name: from here on its version is gone), else a new one."""
+        if len(self._kept) >= self.keep:
+            oldest = self._kept.pop(0)
+            if oldest.flat.numel() == size and oldest.flat.device == device:
+                if oldest.path is not None:
+                    tmp = oldest.path.with_name(oldest.path.name + ".tmp")
+                    os.replace(oldest.path, tmp)  # the old version is gone from here on; the mapping stays
+                    oldest.path = tmp
+                return oldest
+            self._drop(oldest)
+        self.buffers_made += 1
+        if device.type == "cuda":
+            flat = torch.empty(size, dtype=torch.uint8, device=device)
+            cuda, counter = _export_cuda(flat)
+            return _Buffer(-1, flat, cuda=cuda, counter=counter)
+        tmp = self.folder / f"buffer-{self.buffers_made:08d}.tmp"
+        return _Buffer(-1, torch.from_file(str(tmp), shared=True, size=size, dtype=torch.uint8), path=tmp)
+
     @staticmethod
-    def _drop(path: Path | None) -> None:
-        if path is not None:
+    def _drop(buffer: _Buffer) -> None:
+        if buffer.path is not None:
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # engines that mapped it keep their mapping until they let go
+                buffer.path.unlink()  # engines that mapped it keep their mapping until they let go
+        if buffer.cuda is not None:
+            _release_cuda(buffer)
+        buffer.flat = None
+
+    def live_buffers(self) -> int:
+        """Buffers (and their handles) held now: at most ``keep``."""
+        return len(self._kept)
+
+    def torch_counters(self) -> set[tuple[bytes, int]]:
+        """torch's reference counter slots held for the exports of the GPU buffers held now (one per buffer)."""
+        return {b.counter for b in self._kept if b.counter is not None}
 
     def close(self) -> None:
         """Drop every buffer (GPU memory is freed once the engines let go of their mappings)."""
-        self._kept.clear()
+        while self._kept:
+            self._drop(self._kept.pop())
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
