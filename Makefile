@@ -35,8 +35,11 @@ demo: install
 
 # xdist workers (TEST_WORKERS); tests of the shared `ray start` cluster, and each shared end-to-end run, stay on
 # one worker. The 25 slowest tests are listed at the end: where the suite's time goes (docs/testing.md).
+# tools/test-deps first: redis-server and bwrap, installed with apt-get where it can (root), else one line saying
+# which tests will skip; nothing but two `command -v` on a machine that has them.
 TEST_WORKERS ?= 2
 test: install
+	@bash tools/test-deps
 	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # The inner loop: no Ray, no end-to-end runs.
