@@ -788,3 +788,42 @@ def test_log_probs_come_as_flat_lists_not_a_dict_per_token(engine, prompts, trai
     got = [np.asarray(o.outputs[0].logprobs.logprobs, np.float32) for o in outputs]
     assert all(np.array_equal(s.logprobs, g) for s, g in zip(samples, got, strict=True))
     assert _recompute(trainer_model, prompts, samples, engine.pad_token_id, 1.0) < _tolerance(engine, trainer_model)
+
+
+def _cuda_reduce_args() -> tuple:
+    """``reduce_tensor(t)[1]`` for a CUDA tensor ``t``, field by field (no CUDA tensor can be made here): torch's
+    ``reduce_tensor`` (torch/multiprocessing/reductions.py) returns ``(type(tensor), size, stride, tensor_offset,
+    type(storage), dtype, *storage._share_cuda_()[:4], requires_grad, *storage._share_cuda_()[4:])``, and
+    ``_share_cuda_`` (torch/csrc/StorageSharing.cpp, ``THPStorage_shareCuda``) gives (int device, bytes
+    cudaIpcMemHandle_t (64), int size in bytes, int offset in bytes, bytes ref-counter file name, int ref-counter
+    offset, bytes cudaIpcEventHandle_t (64), bool event_sync_required); ``_new_shared_cuda`` checks exactly those
+    types (PyBytes_Check, THPUtils_checkLong, PyBool_Check) when the engine rebuilds it."""
+    return (torch.Tensor, torch.Size([3, 4096]), (4096, 1), 0, torch.storage.TypedStorage, torch.uint8,
+            0, bytes(range(256))[::4] * 1, 12288, 2**21, False, b"/torch_4242_2718281828_0", 7, b"\x00\xff" * 32, True)
+
+
+def test_a_cuda_ipc_handle_crosses_vllms_msgpack_and_is_rebuilt_to_exactly_reduce_tensors_types():
+    """The ipc handle of a version in GPU memory goes to vLLM's workers inside ``collective_rpc``'s kwargs,
+    which vLLM's core client encodes with its ``MsgpackEncoder`` and its engine-core process decodes with its
+    ``MsgpackDecoder`` (vllm/v1/serial_utils.py; the utility request ``(client, call id, "collective_rpc",
+    (method, timeout, args, kwargs))``). What the worker rebuilds has exactly ``reduce_tensor``'s types and values:
+    bytes stay bytes (not str, list or memoryview), ints ints, bools bools, and the dtype, size and storage
+    classes are torch's again."""
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from trinity_like.weights.shared import cuda_handle_from_plain, cuda_handle_to_plain
+
+    args = _cuda_reduce_args()
+    assert [type(a) for a in args[6:]] == [int, bytes, int, int, bool, bytes, int, bytes, bool]
+    with pytest.raises(TypeError, match="not serializable"):  # as torch gives it: refused (the classes, the dtype)
+        MsgpackEncoder().encode(args)
+    handle = {"version": 3, "kind": "cuda", "size": 12288, "node": "host:boot", "fingerprint": "s1:ab", "meta": [],
+              "cuda": {"handle": cuda_handle_to_plain(args), "device_uuid": "GPU-5d1c3ab2-0000-4000-8000-000000000000"}}
+    kwargs = {"shared": handle, "tied": True, "fingerprint": "s1:ab", "commit": True}
+    frames = MsgpackEncoder().encode((0, 17, "collective_rpc", ("trinity_load_weights", None, (), kwargs)))
+    client, call_id, method, (worker_method, _timeout, _args, got) = MsgpackDecoder().decode(frames)
+    assert (method, worker_method) == ("collective_rpc", "trinity_load_weights")
+    rebuilt = cuda_handle_from_plain(got["shared"]["cuda"]["handle"], device_index=0)
+    assert [type(a) for a in rebuilt] == [type(a) for a in args]
+    assert rebuilt == args
+    assert got["shared"]["cuda"]["device_uuid"] == handle["cuda"]["device_uuid"]
