@@ -116,7 +116,8 @@ def test_resubmit_and_chunk_settings_are_refused_where_they_cannot_act(tmp_path)
         _cfg(tmp_path, "m", "explorer.stream.on_new_version=resubmit", "explorer.stream.chunk_tokens=8")
     ok = _cfg(tmp_path, "m", *base, "explorer.stream.on_new_version=resubmit", "explorer.stream.chunk_tokens=8")
     assert ok.explorer.stream.chunk_tokens == 8
-    vllm = _cfg(tmp_path, "m", *base, "explorer.engine=vllm", "explorer.vllm.async_engine=true",
+    share = f"explorer.gpus_per_engine={0.3 if torch.cuda.is_available() else 0}"  # vLLM on CUDA needs one (R4)
+    vllm = _cfg(tmp_path, "m", *base, "explorer.engine=vllm", "explorer.vllm.async_engine=true", share,
                 "explorer.stream.on_new_version=resubmit")  # vLLM's async engine cuts requests itself
     assert vllm.explorer.stream.on_new_version == "resubmit"
 

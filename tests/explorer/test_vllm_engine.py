@@ -29,6 +29,8 @@ PROMPTS = ["1+2=", "13+45=", "7+8=", "the answer is", "policy reward", "99+1="]
 # bf16 rounding alone is ~5e-3) and the trainer's recompute runs in float32 on the CPU.
 TOLERANCE = 1e-4
 CUDA_RELATIVE_TOLERANCE = 1e-3
+GPU_SHARE = f"explorer.gpus_per_engine={0.3 if torch.cuda.is_available() else 0}"
+"""The engines' GPU share in the fleet tests: vLLM on CUDA with no share is refused at validation (issue 49 R4)."""
 """On a GPU, float32 is not float32 throughout: vLLM's kernels there (the Triton attention's dot products, at
 least) compute in TF32, 10 mantissa bits, so the gap grows with the logits. Measured on an H100 (vLLM 0.26.0,
 2026-11-26): 2.3e-4 to 5.6e-4 for the tiny model (largest logit 1.6) at temperatures 0-1.3, i.e. up to 3.4e-4 per
@@ -518,7 +520,7 @@ def test_fleet_runs_vllm_engines_as_ray_actors(engine, prompts, tiny_model_path,
     from trinity_like.explorer.fleet import EngineFleet
 
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
-                             "explorer.engine=vllm", "explorer.num_engines=1",
+                             "explorer.engine=vllm", "explorer.num_engines=1", GPU_SHARE,
                              f"explorer.vllm.async_engine={async_engine}", f"name=fleet-{async_engine}",
                              "explorer.vllm.seeded=true"])
     sp = SamplingConfig(temperature=1.0, max_new_tokens=6)
@@ -576,7 +578,8 @@ def test_async_engine_batches_concurrent_calls_and_updates_weights_between_them(
     from trinity_like.weights.fingerprint import weights_fingerprint
 
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
-                             "name=async", "explorer.engine=vllm", "explorer.num_engines=1", "explorer.vllm.seeded=true"])
+                             "name=async", "explorer.engine=vllm", "explorer.num_engines=1", GPU_SHARE,
+                             "explorer.vllm.seeded=true"])
     sp = SamplingConfig(temperature=1.0, max_new_tokens=6)
     greedy = SamplingConfig(temperature=0, max_new_tokens=4)
     many, seeds = prompts * 3, _seeds(3 * len(prompts), 5)
@@ -632,7 +635,8 @@ def test_under_resubmit_a_weight_update_cuts_a_long_request_and_it_goes_on_with_
     from trinity_like.explorer.fleet import EngineFleet
 
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
-                             "name=cut", "explorer.engine=vllm", "explorer.num_engines=1", "explorer.vllm.seeded=true",
+                             "name=cut", "explorer.engine=vllm", "explorer.num_engines=1", GPU_SHARE,
+                             "explorer.vllm.seeded=true",
                              "explorer.vllm.async_engine=true", "mode=async", "explorer.rollout=stream",
                              "explorer.stream.on_new_version=resubmit"])
     greedy = SamplingConfig(temperature=0, max_new_tokens=400)
@@ -687,7 +691,7 @@ def test_an_async_engine_whose_core_process_is_killed_is_restarted_with_the_curr
     from trinity_like.explorer.fleet import EngineFleet
 
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
-                             "name=core", "explorer.engine=vllm", "explorer.num_engines=1",
+                             "name=core", "explorer.engine=vllm", "explorer.num_engines=1", GPU_SHARE,
                              "explorer.vllm.async_engine=true", "explorer.max_engine_restarts=1"])
     eos_weights = _eos(export_state_dict(load_causal_lm(tiny_model_path)))
 

@@ -67,7 +67,8 @@ def test_a_byte_flipped_in_transfer_is_refused_counted_shown_and_the_previous_ve
             v1 = await publish()
             await fleet.update_weights(v1)
             assert fleet.engine_versions() == [{"engine": 0, "version": 1, "fingerprint": v1.fingerprint,
-                                                "verified": True, "mismatches": 0, "stalled": False}]
+                                                "verified": True, "mismatches": 0, "stalled": False,
+                                                "core_deaths": 0}]
             assert await actor.weights_fingerprint.remote() == v1.fingerprint  # recomputed from the served model
 
             await actor.__ray_call__.remote(_flip_one_byte_of_the_next_transfer)
