@@ -189,10 +189,9 @@ def speak_the_tokenizer(model: Path) -> None:
     (512 e^8 against 151,424 e^0.18) with the draw spread over many ids per position; special ids' rows are zero
     (logit 0), so EOS is next to never drawn and responses run to ``max_new_tokens``. Shapes, vocabulary and
     cost are unchanged."""
+    import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer
-
-    import torch
 
     tok = AutoTokenizer.from_pretrained(model)
     files = sorted(model.glob("*.safetensors"))
@@ -246,7 +245,7 @@ def overrides(args: argparse.Namespace, root: Path, model: Path, reward: Path) -
     if args.rollout == "stream":
         out.append(f"explorer.stream.on_new_version={args.on_new_version}")
     if gpu:
-        out += [f"trainer.device=cuda", f"trainer.gpus_per_worker={args.trainer_gpus}",
+        out += ["trainer.device=cuda", f"trainer.gpus_per_worker={args.trainer_gpus}",
                 f"explorer.gpus_per_engine={args.engine_gpus}"]
         if args.engine == "vllm":
             # a fixed KV cache: vLLM then does not size it from the free memory a starting trainer is taking (R7)
