@@ -32,8 +32,12 @@ def test_the_dry_run_of_the_lease_command_finds_every_step_ready():
     assert all(s.budget_s <= 560 for s in gc.STEPS)
     names = " ".join(s.name for s in gc.STEPS)
     for wanted in ("pytest -m gpu", "CUDA visible", "trainer.py Qwen2.5-0.5B", "trainer.py Qwen2.5-1.5B", "sync.py",
-                   "engine.py"):
+                   "engine.py", "e2e async", "e2e sync", "e2e 1.5B memory"):
         assert wanted in names
+    # the end-to-end steps need vLLM and run only when named (after vLLM's carries): never in the default call
+    e2e = [s for s in gc.STEPS if "e2e" in s.name]
+    assert e2e and all(s.needs == "vllm" and s.only and s.script == "e2e_gpu.py" for s in e2e)
+    assert "ok   bench/e2e_gpu.py e2e async" in proc.stdout and "ok   bench/e2e_gpu.py e2e 1.5B memory" in proc.stdout
 
 
 def test_without_the_bundle_the_lease_command_says_what_to_do(tmp_path):
@@ -54,6 +58,18 @@ def test_the_dry_run_catches_a_step_that_would_not_start():
     assert "collected 0 tests" in gc.PytestStep("empty", ("tests/bench/test_gpu_check.py",), "gpu", 10).dry_run()
     assert gc.dry_run([gc.BenchStep("ok", "simulate.py", ("--project",), 10),
                        gc.BenchStep("bad", "simulate.py", ("--nope",), 10)]) == 1
+
+
+def test_a_benchmark_step_whose_module_is_missing_is_skipped_and_a_failed_check_is_its_reason():
+    missing = gc.BenchStep("needs a module", "simulate.py", ("--smoke",), 60, needs="no_such_module_here")
+    assert gc.run_step(missing, 60, io.StringIO()).status.startswith("skipped (no no_such_module_here here")
+    step, outcome = gc.BenchStep("e2e", "e2e_gpu.py", (), 10), gc.Outcome("e2e", "failed (exit 1)")
+    step.read("noise\nFAILED: peak GPU memory 80.0 GB of 80.0 (>= 90%)\nRESULT e2e ok=0\n", outcome)
+    assert outcome.results == ["RESULT e2e ok=0"]
+    assert outcome.reasons == {"e2e_gpu.py": "FAILED: peak GPU memory 80.0 GB of 80.0 (>= 90%)"}
+    crashed = gc.Outcome("e2e", "failed (exit 1)")
+    step.read("Traceback (most recent call last):\n  File x\nRuntimeError: CUDA error: out of memory\n", crashed)
+    assert crashed.reasons["e2e_gpu.py"].endswith("RuntimeError: CUDA error: out of memory")
 
 
 def test_pytest_output_is_read_test_by_test_with_and_without_xdist():
