@@ -468,13 +468,19 @@ class EngineFleet:
         """How long one engine's load may take: as its method's receiver says (``weights.receive``)."""
         return receiver_for(info).deadline_s(self.sync_timeout_s)
 
-    async def _bounded_sync(self, slot: _Slot, info: WeightsInfo) -> int:
-        deadline = self._load_deadline(info)
+    async def _bounded_sync(self, slot: _Slot, info: WeightsInfo, own_calls: int = 0) -> int:
+        """``own_calls``: calls of the caller's counted in ``slot.in_flight`` that are not sent yet. A load waits
+        for the engine's calls in flight (an hf engine runs one at a time; vLLM's gate drains them: the longest
+        response, under ``on_new_version: finish``); each ends within ``explorer.call_timeout_s`` or stalls the
+        engine itself, so that drain is allowed on top of the transfer's deadline (issue 49, R6)."""
+        drain = self.call_timeout_s if slot.in_flight > own_calls else 0.0
+        deadline = self._load_deadline(info) + drain
         try:
             return await asyncio.wait_for(self._sync_slot(slot, info), deadline)
         except TimeoutError:
+            waited = f" + explorer.call_timeout_s {drain:.0f}s for its calls in flight" if drain else ""
             raise self._stalled(slot, f"did not finish loading version {info.version} within {deadline:.0f}s "
-                                      f"(synchronizer.sync_timeout_s {self.sync_timeout_s:.0f}s)") from None
+                                      f"(synchronizer.sync_timeout_s {self.sync_timeout_s:.0f}s{waited})") from None
 
     def _stalled(self, slot: _Slot, what: str) -> EngineStalled:
         """Take an engine that stopped answering out of service: no calls, no rounds, until its health probe
@@ -604,7 +610,7 @@ class EngineFleet:
                 target = self._offered if min_version > self.version else self._weights
                 if slot.version < target.version:
                     async with self._lock:
-                        await self._bounded_sync(slot, target)
+                        await self._bounded_sync(slot, target, own_calls=1)
                 return await asyncio.wait_for(_ray_await(getattr(slot.actor, method).remote(*args)),
                                               self.call_timeout_s)
             except EngineStalled as e:  # it could not be brought up to date in time
