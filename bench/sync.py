@@ -250,7 +250,7 @@ class Mapper:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def receive(self, handle: dict) -> float:
+    def receive(self, handle) -> float:
         from trinity_like.weights.shared import open_shared
 
         self._sync()
@@ -291,8 +291,8 @@ def bench_ipc(sd, receivers: int, repeats: int, device: str) -> dict[str, float]
             handle = shared.publish(r + 1, sd)
             publish = time.perf_counter() - start
             receive = max(ray.get([a.receive.remote(handle) for a in actors]))
-            raw = statistics.median(ray.get([a.raw_copy.remote(handle["size"]) for a in actors]))
-            assert handle["kind"] == ("cuda" if device == "cuda" else "shm")
+            raw = statistics.median(ray.get([a.raw_copy.remote(handle.size) for a in actors]))
+            assert handle.kind == ("cuda" if device == "cuda" else "shm")
             if r:
                 out["publish"].append(publish)
                 out["receive"].append(receive)

@@ -82,8 +82,8 @@ def test_colocated_ipc_sync_of_a_trainer_and_two_engines_on_one_gpu(tmp_path, ti
                 trainer.train_step(batch_exps)
                 trainer.sync_weight()
                 info = await sync.latest.remote()
-                assert info.method == "ipc" and info.shared["kind"] == "cuda" and info.version == step
-                assert await fleet.update_weights(info) == 2 * info.shared["size"]
+                assert info.method == "ipc" and info.shared.kind == "cuda" and info.version == step
+                assert await fleet.update_weights(info) == 2 * info.shared.size
                 versions = fleet.engine_versions()
                 assert [v["version"] for v in versions] == [step, step] and all(v["verified"] for v in versions)
                 health = await fleet.health()

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -224,7 +226,7 @@ def test_a_buffer_refilled_while_an_engine_loads_it_is_never_loaded_torn(tiny_mo
         def refill_then_open(handle, copy=False):
             # the engine has mapped version 2's buffer; the trainer refills it with version 3 before the copy
             handles[3] = trainer.publish(3, versions[3], fp[3])
-            return real_open({**handle, "path": handles[3]["path"]}, copy=copy)  # the same pages, renamed
+            return real_open(dataclasses.replace(handle, path=handles[3].path), copy=copy)  # the same pages, renamed
 
         monkeypatch.setattr(shared_weights, "open_shared", refill_then_open)
         with pytest.raises(WeightsMismatch, match="version 2"):

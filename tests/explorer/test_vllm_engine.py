@@ -381,8 +381,8 @@ def test_weights_that_do_not_match_the_published_fingerprint_are_refused(engine,
         # from the shared buffer with its own fingerprint: back to the original, then the EOS weights again
         engine.update_weights(WeightUpdate(version=start + 2, state_dict=original))
         assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
-        engine.update_weights(WeightUpdate(version=start + 3, shared=handle, fingerprint=handle["fingerprint"]))
-        assert engine.model_version == start + 3 and engine.last_load_bytes == handle["size"]
+        engine.update_weights(WeightUpdate(version=start + 3, shared=handle, fingerprint=handle.fingerprint))
+        assert engine.model_version == start + 3 and engine.last_load_bytes == handle.size
         assert all(s.response_ids.tolist() == [0] for s in engine.generate(prompts, greedy, seeds))
     finally:
         shared.close()
@@ -397,11 +397,14 @@ def test_every_call_into_the_workers_crosses_vllms_encoder_and_none_is_over_the_
     CPU engine runs in-process, so each call's arguments are put through vLLM's own encoder on their way in: a
     version folder's path, a shared buffer's handle (and the plain form of a CUDA IPC handle), and a state dict,
     which over ``MAX_RPC_BYTES`` (lowered to 64 KiB for the tiny model) goes in chunks of at most that and loads."""
+    from dataclasses import replace
+
     from vllm.v1.serial_utils import MsgpackEncoder
 
     import trinity_like.explorer.engines.vllm_engine as ve
     from trinity_like.weights.files import complete_version, write_part
     from trinity_like.weights.fingerprint import weights_fingerprint
+    from trinity_like.weights.messages import CudaIpcHandle
     from trinity_like.weights.shared import SharedWeights, cuda_handle_to_plain
 
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
@@ -427,7 +430,7 @@ def test_every_call_into_the_workers_crosses_vllms_encoder_and_none_is_over_the_
         assert all(n <= bound + 256 for _, n in calls)
         engine.update_weights(WeightUpdate(version=start + 2, state_dict=original))
         assert _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
-        engine.update_weights(WeightUpdate(version=start + 3, shared=handle, fingerprint=handle["fingerprint"]))
+        engine.update_weights(WeightUpdate(version=start + 3, shared=handle, fingerprint=handle.fingerprint))
         engine.update_weights(WeightUpdate(version=start + 4, path=str(vdir)))
         assert {m for m, _ in calls} == {"trinity_stage", "trinity_load_weights"}
         # a CUDA IPC handle (field by field as torch's reduce_tensor makes one; this machine has no GPU)
@@ -435,8 +438,9 @@ def test_every_call_into_the_workers_crosses_vllms_encoder_and_none_is_over_the_
                 1024, 0, False, b"/torch_4242_1234567", 0, b"\x02" * 64, True)
         with pytest.raises(TypeError, match="VLLM_ALLOW_INSECURE_SERIALIZATION"):
             MsgpackEncoder().encode({"shared": {"cuda": {"args": list(args)}}})
-        MsgpackEncoder().encode({"shared": {**handle, "kind": "cuda", "cuda": {"handle": cuda_handle_to_plain(args),
-                                                                                "device_uuid": "GPU-0"}}})
+        on_gpu = replace(handle, kind="cuda", path=None,
+                         cuda=CudaIpcHandle(**cuda_handle_to_plain(args), device_uuid="GPU-0"))
+        MsgpackEncoder().encode({"source": WeightsInfo(version=start + 3, shared=on_gpu).plain()})
     finally:
         shared.close()
         engine.update_weights(WeightUpdate(version=start + 5, state_dict=original))
@@ -461,10 +465,10 @@ def test_a_shared_buffer_refilled_before_the_workers_map_it_is_refused_as_such_a
         h1 = trainer.publish(start + 1, original, weights_fingerprint(original))
         h2 = trainer.publish(start + 2, eos_weights, weights_fingerprint(eos_weights))  # into h1's buffer
         with pytest.raises(SharedWeightsUnreachable, match=f"version {start + 1}.*is gone"):
-            engine.update_weights(WeightUpdate(version=start + 1, shared=h1, fingerprint=h1["fingerprint"]))
+            engine.update_weights(WeightUpdate(version=start + 1, shared=h1, fingerprint=h1.fingerprint))
         assert engine.model_version == start and _ids(engine.generate(prompts, greedy, seeds)) == _ids(before)
-        engine.update_weights(WeightUpdate(version=start + 2, shared=h2, fingerprint=h2["fingerprint"]))
-        assert engine.model_version == start + 2 and engine.fingerprint == h2["fingerprint"]
+        engine.update_weights(WeightUpdate(version=start + 2, shared=h2, fingerprint=h2.fingerprint))
+        assert engine.model_version == start + 2 and engine.fingerprint == h2.fingerprint
         assert all(s.response_ids.tolist() == [0] for s in engine.generate(prompts, greedy, seeds))
     finally:
         trainer.close()
@@ -815,19 +819,24 @@ def test_a_cuda_ipc_handle_crosses_vllms_msgpack_and_is_rebuilt_to_exactly_reduc
     classes are torch's again."""
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
+    from trinity_like.weights.messages import CudaIpcHandle, SharedHandle
     from trinity_like.weights.shared import cuda_handle_from_plain, cuda_handle_to_plain
 
     args = _cuda_reduce_args()
     assert [type(a) for a in args[6:]] == [int, bytes, int, int, bool, bytes, int, bytes, bool]
     with pytest.raises(TypeError, match="not serializable"):  # as torch gives it: refused (the classes, the dtype)
         MsgpackEncoder().encode(args)
-    handle = {"version": 3, "kind": "cuda", "size": 12288, "node": "host:boot", "fingerprint": "s1:ab", "meta": [],
-              "cuda": {"handle": cuda_handle_to_plain(args), "device_uuid": "GPU-5d1c3ab2-0000-4000-8000-000000000000"}}
-    kwargs = {"shared": handle, "tied": True, "fingerprint": "s1:ab", "commit": True}
+    handle = SharedHandle(version=3, kind="cuda", size=12288, node="host:boot", fingerprint="s1:ab",
+                          meta=[{"name": "w", "dtype": "uint8", "shape": [3, 4096], "offset": 0, "nbytes": 12288}],
+                          cuda=CudaIpcHandle(**cuda_handle_to_plain(args),
+                                             device_uuid="GPU-5d1c3ab2-0000-4000-8000-000000000000"))
+    sent = WeightsInfo(version=3, shared=handle, fingerprint="s1:ab")
+    kwargs = {"source": sent.plain(), "tied": True, "fingerprint": "s1:ab", "commit": True}  # as the engine sends it
     frames = MsgpackEncoder().encode((0, 17, "collective_rpc", ("trinity_load_weights", None, (), kwargs)))
     client, call_id, method, (worker_method, _timeout, _args, got) = MsgpackDecoder().decode(frames)
     assert (method, worker_method) == ("collective_rpc", "trinity_load_weights")
-    rebuilt = cuda_handle_from_plain(got["shared"]["cuda"]["handle"], device_index=0)
+    received = WeightsInfo.from_plain(got["source"])  # typed again in the worker
+    assert received == sent and received.shared.cuda == handle.cuda
+    rebuilt = cuda_handle_from_plain(received.shared.cuda.torch_fields(), device_index=0)
     assert [type(a) for a in rebuilt] == [type(a) for a in args]
     assert rebuilt == args
-    assert got["shared"]["cuda"]["device_uuid"] == handle["cuda"]["device_uuid"]

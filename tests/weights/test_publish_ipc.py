@@ -63,12 +63,12 @@ def test_weights_are_cast_straight_into_the_buffer_and_fingerprinted_as_publishe
         shared.publish(1, _fp32_weights(0), fingerprint=None, dtype=torch.bfloat16)
         shared.publish(2, _fp32_weights(0), fingerprint=None, dtype=torch.bfloat16)
         handle, peak = peak_bytes_allocated(lambda: shared.publish(3, sd, fingerprint=None, dtype=torch.bfloat16))
-        # into version 1's buffer: a bf16 copy of these weights would be handle["size"] bytes held at once
-        assert peak < handle["size"] // 8, f"publish held {peak} bytes for a {handle['size']}-byte version"
+        # into version 1's buffer: a bf16 copy of these weights would be handle.size bytes held at once
+        assert peak < handle.size // 8, f"publish held {peak} bytes for a {handle.size}-byte version"
         published = open_shared(handle)
         assert {k: t.dtype for k, t in published.items()} == {k: t.dtype for k, t in expected.items()}
         assert all(torch.equal(published[k], expected[k]) for k in expected)  # the cast's very values
-        assert handle["fingerprint"] == weights_fingerprint(expected)
+        assert handle.fingerprint == weights_fingerprint(expected)
         with pytest.raises(ValueError, match="cast as they are published: pass fingerprint=None"):
             shared.publish(4, sd, weights_fingerprint(sd), dtype=torch.bfloat16)
     finally:
@@ -101,7 +101,7 @@ def test_twenty_publications_hold_as_many_buffers_files_mappings_and_handles_as_
             files = sorted(p.name for p in shared.folder.iterdir())
             seen.append((shared.buffers_made, shared.live_buffers(), len(files), _shm_maps(shared.folder),
                          _open_fds_in(shared.folder)))
-            assert files[-1] == f"version-{version:08d}" and handle["path"].endswith(files[-1])
+            assert files[-1] == f"version-{version:08d}" and handle.path.endswith(files[-1])
         assert seen[0] == (1, 1, 1, 1, 0)
         assert set(seen[1:]) == {(2, 2, 2, 2, 0)}, seen
         # weights of another size: the oldest buffer is dropped (file and mapping) and one made in its place
@@ -137,7 +137,7 @@ def test_the_ipc_publisher_casts_the_trainers_weights_into_its_buffer_without_a_
         info = ray_session.get(sync.latest.remote())
         published = trainer.policy_state_dict()  # the bf16 weights, made here for the comparison
         assert info.method == "ipc" and info.transport == "shared memory"
-        assert info.fingerprint == weights_fingerprint(published) == info.shared["fingerprint"]
+        assert info.fingerprint == weights_fingerprint(published) == info.shared.fingerprint
         mapped = open_shared(info.shared)
         assert all(torch.equal(mapped[k], published[k]) for k in published)
         assert trainer.publisher.shared.buffers_made == 2
@@ -185,14 +185,14 @@ def test_on_a_gpu_twenty_publications_export_two_handles_cast_in_place_and_close
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
             handle = shared.publish(version, sd, fingerprint=None, dtype=torch.bfloat16)
-            assert handle["kind"] == "cuda"
-            if version > 2:  # a refill: the bf16 copy of the weights would be handle["size"] bytes
-                assert torch.cuda.max_memory_allocated() - before < handle["size"] // 8
+            assert handle.kind == "cuda"
+            if version > 2:  # a refill: the bf16 copy of the weights would be handle.size bytes
+                assert torch.cuda.max_memory_allocated() - before < handle.size // 8
             slots |= shared.torch_counters()
             if version in (1, 3, 20):  # 3 and 20 are refills, read through the handle made for 1 or 2
-                assert handle["fingerprint"] == weights_fingerprint(sd, {k: torch.bfloat16 for k in sd
+                assert handle.fingerprint == weights_fingerprint(sd, {k: torch.bfloat16 for k in sd
                                                                          if sd[k].is_floating_point()})
-                assert _fingerprint_in_another_process(handle) == handle["fingerprint"]
+                assert _fingerprint_in_another_process(handle) == handle.fingerprint
         assert len(slots) == 2 and shared.buffers_made == 2, slots
     finally:
         shared.close()

@@ -2,6 +2,7 @@
 once and engines map; on a GPU a CUDA IPC handle (``pytest -m gpu``). Real files in /dev/shm, real processes (Ray
 actors) mapping them."""
 
+import dataclasses
 import os
 
 import pytest
@@ -9,6 +10,7 @@ import ray
 import torch
 
 from trinity_like.weights.fingerprint import weights_fingerprint
+from trinity_like.weights.messages import CudaIpcHandle
 from trinity_like.weights.shared import SharedWeights, SharedWeightsUnreachable, open_shared
 
 
@@ -35,10 +37,10 @@ def test_a_version_in_shared_memory_is_read_intact_by_another_process(tmp_path, 
     try:
         sd = _weights(1)
         handle = shared.publish(1, sd, weights_fingerprint(sd))
-        assert handle["kind"] == "shm" and handle["version"] == 1 and handle["fingerprint"] == weights_fingerprint(sd)
+        assert handle.kind == "shm" and handle.version == 1 and handle.fingerprint == weights_fingerprint(sd)
         # written whole under a temporary name, then renamed: only the finished buffer is there
         assert [p.name for p in shared.folder.iterdir()] == ["version-00000001"]
-        assert os.path.getsize(handle["path"]) == handle["size"] == shared.last_bytes
+        assert os.path.getsize(handle.path) == handle.size == shared.last_bytes
         pid, fingerprint, a = ray.get(_open_elsewhere.remote(handle))
         assert pid != os.getpid()
         assert fingerprint == weights_fingerprint(sd)  # every dtype, shape and byte, in the other process
@@ -55,14 +57,14 @@ def test_the_newest_versions_are_kept_and_a_taken_back_one_is_refused_clearly(tm
     shared = SharedWeights("test-keep", keep=2, root=tmp_path)
     try:
         h1 = shared.publish(1, _weights(1))
-        inode_v1 = os.stat(h1["path"]).st_ino
+        inode_v1 = os.stat(h1.path).st_ino
         mapped_v1 = open_shared(h1)  # an engine still reading version 1 ...
         h2 = shared.publish(2, _weights(2))
         # ... reads it intact while the next version is published
         assert weights_fingerprint(mapped_v1) == weights_fingerprint(_weights(1))
         h3 = shared.publish(3, _weights(3))  # into version 1's buffer, taken back (no new pages)
         assert sorted(p.name for p in shared.folder.iterdir()) == ["version-00000002", "version-00000003"]
-        assert os.stat(h3["path"]).st_ino == inode_v1
+        assert os.stat(h3.path).st_ino == inode_v1
         with pytest.raises(SharedWeightsUnreachable, match="version 1 .* is gone.*load the newest"):
             open_shared(h1)
         # a reader that held on to version 1 past that sees other bytes: its fingerprint check refuses them
@@ -81,8 +83,12 @@ def test_a_handle_from_another_host_or_gpu_is_refused_naming_the_method_to_use(t
         handle = shared.publish(1, _weights(1))
         # fakes of what this machine lacks: a second host, a GPU buffer
         with pytest.raises(SharedWeightsUnreachable, match="not on this engine's node.*broadcast or memory"):
-            open_shared({**handle, "node": "another-host:fake-boot-id"})
-        cuda = {**handle, "kind": "cuda", "cuda": {"handle": {}, "device_uuid": "GPU-fake"}}
+            open_shared(dataclasses.replace(handle, node="another-host:fake-boot-id"))
+        fake_ipc = CudaIpcHandle(size=[handle.size], stride=[1], tensor_offset=0, dtype="uint8", storage_device=0,
+                                 storage_handle=b"\0" * 64, storage_size_bytes=handle.size, storage_offset_bytes=0,
+                                 requires_grad=False, ref_counter_handle=b"/none", ref_counter_offset=0,
+                                 event_handle=b"\0" * 64, event_sync_required=False, device_uuid="GPU-fake")
+        cuda = dataclasses.replace(handle, kind="cuda", path=None, cuda=fake_ipc)
         with pytest.raises(SharedWeightsUnreachable, match="broadcast"):
             open_shared(cuda)
     finally:
@@ -168,8 +174,8 @@ def test_cuda_ipc_between_two_actors_on_one_gpu(ray_session):
     try:
         for version in (1, 2, 3):
             handle = ray.get(pub.publish.remote(version, _weights(version)))
-            assert handle["kind"] == "cuda"
-            assert ray.get(receive.remote(handle)) == handle["fingerprint"] == weights_fingerprint(_weights(version))
+            assert handle.kind == "cuda"
+            assert ray.get(receive.remote(handle)) == handle.fingerprint == weights_fingerprint(_weights(version))
     finally:
         ray.get(pub.close.remote())
         ray.kill(pub)

@@ -32,7 +32,6 @@ from trinity_like.explorer.engines.base import (
     EngineCoreDied,
     Sample,
     WeightsMismatch,
-    WeightUpdate,
     engine_core_death,
 )
 from trinity_like.weights.messages import WeightsInfo
@@ -128,16 +127,11 @@ class EngineActor:
         return self.engine.chat(messages, sampling, seed)
 
     @_names_core_death
-    def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "",
-                       shared: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Load a version (from files, the object store or a shared buffer); all its tensors are read (and
-        checked against the published fingerprint) before any is applied, so a failure leaves the previous
-        version serving."""
-        import ray
-
-        state_dict = ray.get(refs[0]) if refs else None
-        self.engine.update_weights(WeightUpdate(version=version, path=path, state_dict=state_dict,
-                                                fingerprint=fingerprint, shared=shared))
+    def update_weights(self, info: WeightsInfo) -> dict[str, Any]:
+        """Load a version (from files, the object store or a shared buffer: the engine reads it through
+        ``weights.receive.read_weights``); all its tensors are read (and checked against the published
+        fingerprint) before any is applied, so a failure leaves the previous version serving."""
+        self.engine.update_weights(info)
         return self._loaded(self.engine.last_load_bytes)
 
     def _loaded(self, size: int) -> dict[str, Any]:
@@ -158,8 +152,8 @@ class EngineActor:
         else:
             self.receiver = self.receiver or WeightReceiver(self.sync_timeout_s)
             state_dict, size = self.receiver.receive(spec, device="cpu")
-            self.engine.update_weights(WeightUpdate(version=spec.version, state_dict=state_dict,
-                                                    fingerprint=spec.fingerprint))
+            self.engine.update_weights(WeightsInfo(version=spec.version, state_dict=state_dict,
+                                                   fingerprint=spec.fingerprint))
         return self._loaded(size)
 
     def _synchronizer(self):
@@ -198,11 +192,9 @@ class AsyncEngineActor(EngineActor):
         return await self.engine.achat(messages, sampling, seed, interruptible)
 
     @_names_core_death
-    async def update_weights(self, version: int, path: str | None, refs: list[Any], fingerprint: str = "",
-                             shared: dict[str, Any] | None = None) -> dict[str, Any]:
-        state_dict = (await refs[0]) if refs else None
-        await self.engine.aupdate_weights(WeightUpdate(version=version, path=path, state_dict=state_dict,
-                                                       fingerprint=fingerprint, shared=shared))
+    async def update_weights(self, info: WeightsInfo) -> dict[str, Any]:
+        """The engine reads the version off the event loop (an ObjectRef's tensors too: ``ray.get`` there)."""
+        await self.engine.aupdate_weights(info)
         return self._loaded(self.engine.last_load_bytes)
 
     @_names_core_death

@@ -204,11 +204,11 @@ class SharedMemoryPublisher(WeightPublisher):
             self.shared = SharedWeights(namespace_of(e.cfg).replace("/", "_"), keep=2)
         handle = self.shared.publish(e.train_step_num, sd, fingerprint=None, dtype=getattr(torch, e.weights_dtype),
                                      device=e.device if self.on_gpu() else "cpu")
-        fingerprint = handle["fingerprint"]  # of the published bytes, computed where they are
-        self.last_bytes = handle["size"]
+        fingerprint = handle.fingerprint  # of the published bytes, computed where they are
+        self.last_bytes = handle.size
         _ray_get(e.synchronizer.publish.remote(WeightsInfo(version=e.train_step_num, shared=handle,
                                                            bytes=self.last_bytes, method="ipc",
-                                                           transport="CUDA IPC" if handle["kind"] == "cuda"
+                                                           transport="CUDA IPC" if handle.kind == "cuda"
                                                            else "shared memory", fingerprint=fingerprint)))
         return {"sync/version": float(e.train_step_num), "sync/seconds": time.perf_counter() - start,
                 "sync/bytes": float(self.last_bytes)}

@@ -9,9 +9,9 @@ that engines on its node map instead of receiving a copy:
 - otherwise: a file in ``/dev/shm`` (the temp folder where there is none), which engines map read-only
   (``torch.from_file``): the bytes are written once, by the trainer, and read once, by each engine.
 
-A handle (plain data only, the CUDA IPC handle included: it crosses Ray in ``WeightsInfo.shared`` and vLLM's
-msgpack encoder into its worker processes) names the version, the buffer, the tensors'
-layout, the node (and GPU) it lives on, and the fingerprint. The trainer keeps the newest ``keep`` versions'
+A handle (``messages.SharedHandle``, typed; its CUDA IPC part a ``messages.CudaIpcHandle`` of plain fields: it
+crosses Ray in ``WeightsInfo.shared`` and, as ``plain()``, vLLM's msgpack encoder into its worker processes) names
+the version, the buffer, the tensors' layout, the node (and GPU) it lives on, and the fingerprint. The trainer keeps the newest ``keep`` versions'
 buffers and refills the oldest with the next version, so an engine still mapping version v when v+1 is
 published reads v intact; an engine asking for a version whose buffer was taken back gets a clear error (its
 next load takes the newest version). Whatever the timing, an engine applies only bytes whose fingerprint is the
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from trinity_like.weights.broadcast import TensorMeta, describe, flat_size, unpack
+from trinity_like.weights.messages import CudaIpcHandle, SharedHandle
 
 
 class SharedWeightsUnreachable(RuntimeError):
@@ -99,7 +100,7 @@ def cuda_handle_from_plain(plain: dict[str, Any], device_index: int) -> tuple:
             device_index, *rest)
 
 
-def _import_cuda(cuda: dict[str, Any]) -> torch.Tensor:
+def _import_cuda(cuda: CudaIpcHandle) -> torch.Tensor:
     """Map a buffer exported by ``_export_cuda``, found by its GPU's UUID (Ray may number the GPU differently in
     each process)."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
@@ -109,12 +110,12 @@ def _import_cuda(cuda: dict[str, Any]) -> torch.Tensor:
             "the trainer published this version in GPU memory (CUDA IPC) and this engine sees no GPU: with "
             "synchronizer.method ipc, engines share the trainer's GPU (explorer.gpus_per_engine between 0 and 1); "
             "engines on the CPU or other GPUs take synchronizer.method broadcast or memory")
-    local = [i for i in range(torch.cuda.device_count()) if _device_uuid(i) == cuda["device_uuid"]]
+    local = [i for i in range(torch.cuda.device_count()) if _device_uuid(i) == cuda.device_uuid]
     if not local:
         raise SharedWeightsUnreachable(
-            f"the trainer's GPU ({cuda['device_uuid']}) is not visible to this engine: CUDA IPC works only on the "
+            f"the trainer's GPU ({cuda.device_uuid}) is not visible to this engine: CUDA IPC works only on the "
             "same GPU; engines on other GPUs take synchronizer.method broadcast")
-    return rebuild_cuda_tensor(*cuda_handle_from_plain(cuda["handle"], local[0]))
+    return rebuild_cuda_tensor(*cuda_handle_from_plain(cuda.torch_fields(), local[0]))
 
 
 def _layout(state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None) -> list[TensorMeta]:
@@ -141,7 +142,7 @@ receiver's release of its mapping counts nowhere (torch makes those releases bes
 file)."""
 
 
-def _export_cuda(flat: torch.Tensor) -> tuple[dict[str, Any], tuple[bytes, int]]:
+def _export_cuda(flat: torch.Tensor) -> tuple[CudaIpcHandle, tuple[bytes, int]]:
     """A CUDA IPC handle of ``flat`` as handed out, made once per buffer (``SharedWeights``), and the counter slot
     torch keeps for the export.
 
@@ -160,9 +161,9 @@ def _export_cuda(flat: torch.Tensor) -> tuple[dict[str, Any], tuple[bytes, int]]
 
     _, args = reduce_tensor(flat)
     counted = cuda_handle_to_plain(args)
-    plain = {**counted, "ref_counter_handle": _UNCOUNTED, "ref_counter_offset": 0, "event_sync_required": False}
-    return ({"handle": plain, "device_uuid": _device_uuid(flat.device.index or 0)},
-            (counted["ref_counter_handle"], counted["ref_counter_offset"]))
+    handed_out = CudaIpcHandle(**{**counted, "ref_counter_handle": _UNCOUNTED, "ref_counter_offset": 0,
+                                  "event_sync_required": False}, device_uuid=_device_uuid(flat.device.index or 0))
+    return handed_out, (counted["ref_counter_handle"], counted["ref_counter_offset"])
 
 
 def _release_cuda(buffer: _Buffer) -> None:
@@ -182,7 +183,7 @@ class _Buffer:
     flat: torch.Tensor | None
     path: Path | None = None
     """Its file in shared memory (on the CPU); None in GPU memory."""
-    cuda: dict[str, Any] | None = None
+    cuda: CudaIpcHandle | None = None
     """Its CUDA IPC handle as handed out (``_export_cuda``), exported when the buffer was made (in GPU memory)."""
     counter: tuple[bytes, int] | None = None
     """torch's reference counter slot of that export (file name, offset)."""
@@ -209,7 +210,7 @@ class SharedWeights:
         self.last_bytes = 0
 
     def publish(self, version: int, state_dict: dict[str, torch.Tensor], fingerprint: str | None = "", *,
-                dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> dict[str, Any]:
+                dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> SharedHandle:
         """Put ``state_dict`` as version ``version`` in a shared buffer on ``device`` (the tensors' own by
         default): in GPU memory on a GPU, else a shared-memory file. With ``dtype``, floating-point tensors are
         cast to it as they are written into the buffer (no converted copy of the weights is made first).
@@ -236,15 +237,16 @@ class SharedWeights:
             from trinity_like.weights.fingerprint import weights_fingerprint
 
             fingerprint = weights_fingerprint(unpack(buffer.flat, meta))
-        handle: dict[str, Any] = {"version": version, "meta": [m.__dict__ for m in meta], "size": size,
-                                  "node": self.node, "fingerprint": fingerprint}
+        where: dict[str, Any]
         if buffer.cuda is not None:
-            handle.update(kind="cuda", cuda=buffer.cuda)
+            where = {"kind": "cuda", "cuda": buffer.cuda}
         else:
             path = self.folder / f"version-{version:08d}"
             os.replace(buffer.path, path)
             buffer.path = path
-            handle.update(kind="shm", path=str(path))
+            where = {"kind": "shm", "path": str(path)}
+        handle = SharedHandle(version=version, size=size, node=self.node, fingerprint=fingerprint,
+                              meta=[dict(m.__dict__) for m in meta], **where)
         buffer.version = version
         self._kept.append(buffer)
         self.last_bytes = size
@@ -294,28 +296,28 @@ class SharedWeights:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def open_shared(handle: dict[str, Any], copy: bool = False) -> dict[str, torch.Tensor]:
+def open_shared(handle: SharedHandle, copy: bool = False) -> dict[str, torch.Tensor]:
     """The tensors of a shared version: views into the trainer's buffer, or with ``copy`` views into this
     process's own copy of it, taken in one pass (on the buffer's device). An engine loads from a copy: the trainer
     refills its oldest buffer in place, so bytes checked in the buffer may change before they are loaded, while
     a copy checked against the fingerprint stays what was checked (copy, then verify, then load). Raises
     ``SharedWeightsUnreachable`` when this process is on another node or GPU, or the buffer was dropped for a
     newer version."""
-    if handle["node"] != node_identity():
+    if handle.node != node_identity():
         raise SharedWeightsUnreachable(
-            f"version {handle['version']} is in shared memory on node {handle['node']}, not on this engine's node "
+            f"version {handle.version} is in shared memory on node {handle.node}, not on this engine's node "
             f"({node_identity()}): synchronizer.method ipc needs the engines on the trainer's node; engines on "
             "other nodes take synchronizer.method broadcast or memory")
-    meta = [TensorMeta.from_plain(m) for m in handle["meta"]]
-    if handle["kind"] == "cuda":
-        flat = _import_cuda(handle["cuda"])
+    meta = [TensorMeta.from_plain(m) for m in handle.meta]
+    if handle.kind == "cuda":
+        flat = _import_cuda(handle.cuda)
     else:
         try:
-            if not os.path.exists(handle["path"]):
-                raise FileNotFoundError(handle["path"])
-            flat = torch.from_file(handle["path"], shared=False, size=handle["size"], dtype=torch.uint8)
+            if not os.path.exists(handle.path):
+                raise FileNotFoundError(handle.path)
+            flat = torch.from_file(handle.path, shared=False, size=handle.size, dtype=torch.uint8)
         except (OSError, RuntimeError) as e:  # taken back for a newer version (perhaps just now)
             raise SharedWeightsUnreachable(
-                f"the shared buffer of version {handle['version']} ({handle['path']}) is gone: the trainer keeps "
+                f"the shared buffer of version {handle.version} ({handle.path}) is gone: the trainer keeps "
                 "only the newest versions (or stopped); load the newest one") from e
     return unpack(flat.clone() if copy else flat, meta)

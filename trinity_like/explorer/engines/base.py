@@ -9,8 +9,9 @@ calls, so workflows and the fleet never special-case one:
 - ``chat(messages, sampling, seed)``: one assistant turn for a conversation (the engine's chat template, or
   the project's plain ``<|role|>`` format for tokenizers without one), returning the same Sample plus the
   prompt ids it used;
-- ``update_weights(update)``: load the weights of a new policy version, from a safetensors file (method
-  ``checkpoint``) or a state dict (method ``memory``, or what a broadcast round received); an engine never
+- ``update_weights(update)``: load the weights of a new policy version, named by a ``WeightsInfo`` (read through
+  ``weights.receive.read_weights``): a version's files (method ``checkpoint``), a state dict (method ``memory``,
+  or what a broadcast round received) or a shared buffer (method ``ipc``); an engine never
   serves half-updated weights (requests wait while weights change), and checks the weights against the
   fingerprint the trainer published (``WeightsMismatch``: refused, the previous version keeps serving);
 - ``model_version``: the version of the weights loaded now, stamped on every sample;
@@ -19,13 +20,14 @@ calls, so workflows and the fleet never special-case one:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from trinity_like.config import SamplingConfig
+from trinity_like.weights.messages import WeightsInfo, check_one_source  # noqa: F401 (engines' callers import it here)
 
 
 @dataclass
@@ -49,17 +51,10 @@ class Sample:
     """Which engine made it."""
 
 
-@dataclass
-class WeightUpdate:
-    """New weights for an engine: exactly one of ``path`` (safetensors file), ``state_dict`` or ``shared`` (the
-    handle of a shared buffer on this node, method ``ipc``)."""
-
-    version: int
-    path: str | None = None
-    state_dict: dict[str, Any] | None = field(default=None, repr=False)
-    shared: dict[str, Any] | None = field(default=None, repr=False)
-    fingerprint: str = ""
-    """``weights_fingerprint`` of the version as the trainer published it (empty: not checked)."""
+WeightUpdate = WeightsInfo
+"""New weights for an engine: a ``WeightsInfo`` that names exactly one of ``path`` (a version's files),
+``state_dict`` (or ``refs``) and ``shared`` (a shared buffer on this node), with the published ``fingerprint``
+(empty: not checked). The name engines' callers (tests, benchmarks) know it by."""
 
 
 class WeightsMismatch(RuntimeError):
@@ -101,13 +96,7 @@ def engine_core_death(exc: BaseException | None) -> BaseException | None:
     return None
 
 
-def check_one_source(update: WeightUpdate) -> None:
-    given = [k for k in ("path", "state_dict", "shared") if getattr(update, k) is not None]
-    if len(given) != 1:
-        raise ValueError(f"a WeightUpdate needs exactly one of path, state_dict and shared, got {given or 'none'}")
-
-
-def check_fingerprint(got: str, update: WeightUpdate, engine_id: str, served_version: int, stage: str) -> None:
+def check_fingerprint(got: str, update: WeightsInfo, engine_id: str, served_version: int, stage: str) -> None:
     """Raise ``WeightsMismatch`` when ``got`` (the fingerprint of the weights ``stage`` describes) differs from
     the one the trainer published for ``update``."""
     if update.fingerprint and got != update.fingerprint:
@@ -138,7 +127,7 @@ class RolloutEngine(Protocol):
     def chat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int) -> Sample:
         ...
 
-    def update_weights(self, update: WeightUpdate) -> None:
+    def update_weights(self, update: WeightsInfo) -> None:
         ...
 
     def health(self) -> dict[str, Any]:

@@ -40,13 +40,12 @@ from trinity_like.explorer.engines.base import (
     ChatByGenerate,
     Sample,
     WeightsMismatch,
-    WeightUpdate,
     check_fingerprint,
-    check_one_source,
     response_stop_ids,
 )
 from trinity_like.weights.fingerprint import received_fingerprint, weights_fingerprint
-from trinity_like.weights.receive import read_source
+from trinity_like.weights.messages import WeightsInfo
+from trinity_like.weights.receive import read_weights
 
 
 def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -113,16 +112,13 @@ class HFEngine(ChatByGenerate):
         """Test hook (fault injection): called with each update's tensors after the transfer, before the check."""
 
     # ------------------------------------------------------------ weights
-    def update_weights(self, update: WeightUpdate) -> None:
+    def update_weights(self, update: WeightsInfo) -> None:
         """Load a version: its tensors are checked against the published fingerprint before anything changes
         (a damaged transfer is refused, the previous version keeps serving), and the weights served after the
         load are fingerprinted again (a load that did not apply them takes the engine out of service)."""
-        check_one_source(update)
-        if update.state_dict is None:  # files checked against their manifest, or a copy of a shared buffer
-            state_dict, self.last_load_bytes, checked = read_source(update.path, update.shared)
-        else:
-            state_dict, checked = update.state_dict, ""
-            self.last_load_bytes = sum(t.numel() * t.element_size() for t in state_dict.values())
+        # files checked against their manifest, the tensors themselves, or this process's copy of a shared buffer
+        received = read_weights(update)
+        state_dict, self.last_load_bytes, checked = received.state_dict, received.bytes, received.checked
         if self.on_received is not None:
             self.on_received(state_dict)
             checked = ""  # the hook may have changed them since

@@ -82,13 +82,12 @@ from trinity_like.explorer.engines.base import (
     ChatByGenerate,
     Sample,
     WeightsMismatch,
-    WeightUpdate,
     check_fingerprint,
-    check_one_source,
     continuation_seed,
     response_stop_ids,
 )
-from trinity_like.weights.messages import BroadcastRound
+from trinity_like.weights.messages import BroadcastRound, WeightsInfo
+from trinity_like.weights.receive import weight_source
 
 _EXTENSION_CLS = f"{vllm_worker.__name__}.WeightSyncExtension"
 
@@ -404,7 +403,7 @@ class VLLMEngine(ChatByGenerate):
     def _vllm_config(self):
         return self.llm.llm_engine.vllm_config
 
-    def update_weights(self, update: WeightUpdate) -> None:
+    def update_weights(self, update: WeightsInfo) -> None:
         """Load new weights in place and take their version. Weights whose names do not match the model's
         checkpoint are refused before anything is loaded."""
         kwargs, chunks = self._load_kwargs(update)
@@ -418,13 +417,13 @@ class VLLMEngine(ChatByGenerate):
                 self._cache_not_reset(update.version)
             self._take_version(update, results)
 
-    def _load_calls(self, update: WeightUpdate, kwargs: dict[str, Any], chunks) -> Iterator:
+    def _load_calls(self, update: WeightsInfo, kwargs: dict[str, Any], chunks) -> Iterator:
         """One update's calls into the workers, in order, as ``(method, kwargs)``, each sent back its results
         (``_drive``, ``_adrive``: the same sequence for this engine and the async one); returns the results to
         take the version from. Raises, with nothing applied, when a worker refused the version."""
         for call in chunks:
             yield "trinity_stage", call
-        stage = self._load_stage(update)
+        stage = weight_source(update).read_as
         results = yield "trinity_load_weights", {**kwargs, "commit": not self._two_phase}
         if self._two_phase:  # every worker checked its copy: apply everywhere, or nowhere
             try:
@@ -436,25 +435,18 @@ class VLLMEngine(ChatByGenerate):
         self._check_results(update, kwargs["fingerprint"], results, stage)
         return results
 
-    def _load_kwargs(self, update: WeightUpdate) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    def _load_kwargs(self, update: WeightsInfo) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
         """What the workers' ``trinity_load_weights`` gets for ``update``, after the checks that need no worker
         (names; a state dict's fingerprint), and the ``trinity_stage`` calls that go first (a state dict over
-        ``MAX_RPC_BYTES``; none otherwise)."""
-        check_one_source(update)
-        if update.shared is not None:  # the workers map the trainer's buffer themselves: nothing is copied here
-            self._check_names(m["name"] for m in update.shared["meta"])
-            self.last_load_bytes = int(update.shared["size"])
-            return {"shared": update.shared, "tied": self._tied, "fingerprint": update.fingerprint}, iter(())
-        if update.path is not None:
-            from trinity_like.weights.files import read_manifest, tensor_names
-
-            if not Path(update.path).exists():
-                raise FileNotFoundError(f"no weights at '{update.path}'")
-            self._check_names(tensor_names(update.path))
-            path = Path(update.path)
-            self.last_load_bytes = read_manifest(path)["bytes"] if path.is_dir() else path.stat().st_size
-            return {"path": str(update.path), "tied": self._tied, "fingerprint": update.fingerprint}, iter(())
-        self._check_names(update.state_dict)
+        ``MAX_RPC_BYTES``; none otherwise). Which source is read where is ``weights.receive``'s: a version's
+        files and a shared buffer the workers read themselves (nothing is copied here), tensors are sent."""
+        source = weight_source(update)
+        if source.by_reference:
+            names, self.last_load_bytes = source.layout(update)
+            self._check_names(names)
+            return {"source": update.plain(), "tied": self._tied, "fingerprint": update.fingerprint}, iter(())
+        state_dict = source.read(update).state_dict
+        self._check_names(state_dict)
         # Sent as the bytes of a safetensors file: vLLM's RPC to worker processes does not carry tensors
         # (measured: they arrive as lists), bytes go through whole; the worker loads them onto its device.
         from safetensors.torch import save
@@ -462,21 +454,21 @@ class VLLMEngine(ChatByGenerate):
         from trinity_like.weights.fingerprint import weights_fingerprint
 
         if update.fingerprint:
-            check_fingerprint(weights_fingerprint(update.state_dict, like=update.fingerprint), update, self.engine_id, self.model_version,
+            check_fingerprint(weights_fingerprint(state_dict, like=update.fingerprint), update, self.engine_id, self.model_version,
                               "received")
         # A tied lm_head is the embedding (vLLM skips it anyway); safetensors refuses shared tensors.
-        sent = {k: v.detach().to("cpu").contiguous() for k, v in update.state_dict.items()
+        sent = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()
                 if k not in self._optional_names}
         data = save(sent)
         self.last_load_bytes = len(data)
         # the workers can check only what they got whole (a dropped tied lm_head changes the fingerprint)
-        whole = len(sent) == len(update.state_dict)
+        whole = len(sent) == len(state_dict)
         kwargs = {"tied": self._tied, "fingerprint": update.fingerprint if whole else ""}
         if len(data) <= MAX_RPC_BYTES:
             return {**kwargs, "data": data}, iter(())
         return {**kwargs, "staged": True}, _chunks(data, MAX_RPC_BYTES)
 
-    def _check_results(self, update: WeightUpdate, fingerprint: str, results: list[dict], stage: str) -> None:
+    def _check_results(self, update: WeightsInfo, fingerprint: str, results: list[dict], stage: str) -> None:
         """Raise what a worker refused the version's source for (``vllm_worker.REFUSALS``, as its own type), or
         ``WeightsMismatch`` when the fingerprint of what the workers were to load (``stage``) is not
         ``fingerprint``, the one they were given: nothing was applied."""
@@ -484,15 +476,9 @@ class VLLMEngine(ChatByGenerate):
             if r.get("refused"):
                 kind = {cls.__name__: cls for cls in vllm_worker.REFUSALS}.get(r["refused"]["type"], RuntimeError)
                 raise kind(r["refused"]["message"])
-        check = dataclasses.replace(update, fingerprint=fingerprint, state_dict=None)
+        check = WeightsInfo(version=update.version, fingerprint=fingerprint)
         for r in results:
             check_fingerprint(r["fingerprint"], check, self.engine_id, self.model_version, stage)
-
-    @staticmethod
-    def _load_stage(update: WeightUpdate) -> str:
-        if update.shared is not None:
-            return "mapped from shared memory"
-        return "read from its files" if update.path else "sent to its workers"
 
     def _cache_not_reset(self, version: int) -> None:
         """vLLM kept refusing to reset its prefix cache after version ``version`` loaded: its cached KV blocks,
@@ -508,7 +494,7 @@ class VLLMEngine(ChatByGenerate):
             raise WeightsMismatch(f"engine {self.engine_id} holds a prefix cache of older weights (not reset after "
                                   "its last load); it takes requests again once a version loads and resets it")
 
-    def _take_version(self, update: WeightUpdate, results: list[dict]) -> None:
+    def _take_version(self, update: WeightsInfo, results: list[dict]) -> None:
         self.verified = True
         self.model_version = update.version
         self.fingerprint = update.fingerprint or results[0]["fingerprint"]
@@ -518,7 +504,7 @@ class VLLMEngine(ChatByGenerate):
         if round_.meta is not None:
             self._check_names(m["name"] for m in round_.meta)
         results = yield "trinity_receive_weights", {"spec": round_.plain(), "tied": self._tied, "timeout_s": timeout_s}
-        self._check_results(WeightUpdate(version=round_.version), round_.fingerprint, results, "received by broadcast")
+        self._check_results(WeightsInfo(version=round_.version), round_.fingerprint, results, "received by broadcast")
         return results
 
     def receive_collective(self, round_: BroadcastRound, timeout_s: float) -> int:
@@ -532,7 +518,7 @@ class VLLMEngine(ChatByGenerate):
                 time.sleep(pause)
             else:
                 self._cache_not_reset(round_.version)
-            self._take_version(WeightUpdate(version=round_.version, fingerprint=round_.fingerprint), results)
+            self._take_version(WeightsInfo(version=round_.version, fingerprint=round_.fingerprint), results)
         self.last_load_bytes = int(results[0]["bytes"])
         return self.last_load_bytes
 
@@ -780,7 +766,7 @@ class AsyncVLLMEngine(VLLMEngine):
         return sample
 
     # ------------------------------------------------------------ weights
-    async def aupdate_weights(self, update: WeightUpdate) -> None:
+    async def aupdate_weights(self, update: WeightsInfo) -> None:
         kwargs, chunks = await asyncio.to_thread(self._load_kwargs, update)  # checks and serialises off the loop
         async with self._exclusive():
             results = await _adrive(self._load_calls(update, kwargs, chunks), self.llm.collective_rpc)
@@ -791,7 +777,7 @@ class AsyncVLLMEngine(VLLMEngine):
         async with self._exclusive():
             results = await _adrive(self._receive_calls(round_, timeout_s), self.llm.collective_rpc)
             await self._areset_prefix_cache(round_.version)
-            self._take_version(WeightUpdate(version=round_.version, fingerprint=round_.fingerprint), results)
+            self._take_version(WeightsInfo(version=round_.version, fingerprint=round_.fingerprint), results)
         self.last_load_bytes = int(results[0]["bytes"])
         return self.last_load_bytes
 

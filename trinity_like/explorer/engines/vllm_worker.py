@@ -1,7 +1,8 @@
 """What runs inside vLLM's workers: the worker extension (``WeightSyncExtension``, vLLM's ``worker_extension_cls``)
 that loads each weight version in place, with its checks. The engine (``vllm_engine``) calls its methods through
 ``collective_rpc``; on a GPU they run in vLLM's worker processes, behind vLLM's msgpack serializer, so every
-argument is plain data (a path, bytes, numbers, a shared buffer's handle with its CUDA IPC part in plain form).
+argument is plain data (bytes, numbers, a ``WeightsInfo.plain()``: a path, or a shared buffer's handle with its
+CUDA IPC part in plain form). Which source a version is read from is ``weights.receive``'s (``read_weights``).
 
 vLLM is not imported here at module level: the engine names this class to vLLM by its import path.
 """
@@ -13,8 +14,8 @@ from trinity_like.weights.files import (
     IncompleteWeightsError,
     WeightsAccessError,
 )
-from trinity_like.weights.messages import BroadcastRound
-from trinity_like.weights.receive import read_source
+from trinity_like.weights.messages import BroadcastRound, WeightsInfo
+from trinity_like.weights.receive import read_weights
 from trinity_like.weights.shared import SharedWeightsUnreachable
 
 REFUSALS = (CorruptWeightsError, IncompleteWeightsError, WeightsAccessError, SharedWeightsUnreachable,
@@ -40,12 +41,13 @@ class WeightSyncExtension:
         staged[1] = offset + len(chunk)
         return staged[1]
 
-    def trinity_load_weights(self, path: str | None = None, data: bytes | None = None,
-                             tied: bool = False, fingerprint: str = "", shared: dict | None = None,
-                             staged: bool = False, commit: bool = True) -> dict:
-        """Load new weights (Hugging Face names) in place, from a safetensors file, the bytes of one, or a shared
-        buffer on this node that the worker maps itself (method ``ipc``: CUDA IPC on the trainer's GPU, a
-        shared-memory file on the CPU), if their fingerprint is ``fingerprint`` (when given); return
+    def trinity_load_weights(self, source: dict | None = None, data: bytes | None = None,
+                             tied: bool = False, fingerprint: str = "", staged: bool = False,
+                             commit: bool = True) -> dict:
+        """Load new weights (Hugging Face names) in place, from a version the worker reads itself (``source``, a
+        ``WeightsInfo.plain()``: a version's files, or a shared buffer on this node that it maps, method ``ipc``:
+        CUDA IPC on the trainer's GPU, a shared-memory file on the CPU), the bytes of a safetensors file, or bytes
+        staged before, if their fingerprint is ``fingerprint`` (when given); return
         ``{"fingerprint", "applied", "tensors"}``.
 
         Uses the worker's ``reload_weights``: layers whose weights vLLM repacked after the first load (the CPU
@@ -55,9 +57,10 @@ class WeightSyncExtension:
         backend it keeps a packed copy of the old embedding for its matmul (measured: log-probs off by tens of
         nats after an update), so it is processed again here from the new, shared weight."""
         checked = ""
-        if path is not None or shared is not None:
+        if source is not None:
             try:
-                state_dict, _, checked = read_source(path, shared)
+                received = read_weights(WeightsInfo.from_plain(source))  # typed again here
+                state_dict, checked = received.state_dict, received.checked
             except REFUSALS as e:  # returned, not raised: vLLM's worker processes pass on only a message
                 return {"refused": {"type": type(e).__name__, "message": str(e)}, "applied": False,
                         "fingerprint": "", "tensors": 0}
