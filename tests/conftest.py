@@ -15,6 +15,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # cuBLAS reads its workspace setting when CUDA starts; deterministic tests on a GPU need this one (no effect on CPU)
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+# Tests start the Ray instances they use and never join one they did not start: "local" is Ray's own word for a new
+# private instance (ray.init and init_ray read it, in this process and in the processes tests start), so a `ray start`
+# cluster on the machine, its address file (/tmp/ray/ray_current_cluster, stale or not) and a RAY_ADDRESS exported
+# by the shell change nothing. Tests of a cluster name it (RayCluster.env).
+os.environ["RAY_ADDRESS"] = "local"
 
 
 @pytest.fixture(scope="session")
@@ -46,12 +51,19 @@ def ray_session():
     """A real local Ray instance shared by every test that needs one. It declares one GPU: on a machine without
     one that is a fake (Ray hands it out as a resource, CUDA stays unavailable, so `trainer.device: auto` trains
     on the CPU), which lets tests check that actors ask Ray for GPUs; on a GPU machine it is the real one."""
-    import ray
-
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, namespace="pytest",
-             configure_logging=False)
+    ray = start_test_ray()
     yield ray
     ray.shutdown()
+
+
+def start_test_ray():
+    """Start the test session's own Ray instance (``ray_session``): always a new one (``address="local"``),
+    whatever cluster or address file the machine has."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             namespace="pytest", configure_logging=False)
+    return ray
 
 
 CUSTOM_REWARD = ("def compute_score(responses, ground_truths, **kwargs):\n"

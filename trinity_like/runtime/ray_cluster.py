@@ -19,7 +19,7 @@ def init_ray(cfg: Config, address: str | None = None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     kwargs = dict(namespace=namespace_of(cfg), log_to_driver=False, configure_logging=False)
-    if not address:
+    if not address or address == "local":  # "local": Ray's word for a new private instance (the tests set it)
         ray.init(address="local", include_dashboard=False, **kwargs)
         return
     check_ray_address(address)
