@@ -58,3 +58,45 @@ def test_what_the_check_leaves_alone(tmp_path):
     # a generated set that is not there yet is ours (arithmetic); a given file that is missing is refused elsewhere
     assert reward_task_files(cfg_of(tmp_path)) == []
     check_reward_sources(cfg_of(tmp_path, f"explorer.taskset.path={tmp_path / 'missing.parquet'}"))
+
+
+GSM8K_SOLUTION = "Natalia sold 48/2 = 24 clips in May.\nSo 48+24 = 72 clips in all.\n#### 72"
+
+
+def test_readable_truths_pass(tmp_path):
+    """Every truth form the scorers read: a bare answer, gsm8k's solution, a boxed answer, countdown's JSON."""
+    train = tmp_path / "t.parquet"
+    pq.write_table(pa.table({
+        "task_id": ["a", "b", "c", "d", "e"], "prompt": ["q"] * 5,
+        "answer": ["72", GSM8K_SOLUTION, "\\boxed{\\frac{1}{2}}", GSM8K_SOLUTION, ""],
+        "data_source": ["math", "", "math", "openai/gsm8k", "countdown"],
+        "ground_truth": [None, None, None, None, json.dumps({"target": 4, "numbers": [8, 4, 2]})]}), train)
+    check_reward_sources(cfg_of(tmp_path, f"explorer.taskset.path={train}"))
+
+
+def test_an_unreadable_truth_is_refused_naming_row_scorer_truth_and_fix(tmp_path):
+    train = tmp_path / "t.parquet"
+    prose = "Natalia sold 48 clips in April and half as many in May.\nShe sold 72 clips in all."
+    pq.write_table(pa.table({"task_id": ["g0", "g1", "g2"], "prompt": ["q"] * 3,
+                             "answer": [GSM8K_SOLUTION, prose, prose], "data_source": ["openai/gsm8k"] * 3}), train)
+    with pytest.raises(ConfigError) as e:
+        check_reward_sources(cfg_of(tmp_path, f"explorer.taskset.path={train}"))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"task set '{train}' (explorer.taskset.path): row 1 (task_id 'g1'): the gsm8k_score scorer "
+                          f"(data source 'openai/gsm8k') cannot read its ground truth {repr(prose)[:57]}...: the "
+                          "ground truth is a text with no final answer marked in it; it "
+                          "reads a number ('72', '1,234'), gsm8k's 'solution #### 72' or '\\boxed{72}' (in 2 of 3 rows)")
+    assert msg.endswith("reward.function_path=FILE.py")
+    # a reward function reads what it likes: not checked
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(responses, ground_truths, **kwargs):\n    return [0.0] * len(responses)\n")
+    check_reward_sources(cfg_of(tmp_path, f"explorer.taskset.path={train}", f"reward.function_path={reward}"))
+
+
+def test_a_countdown_truth_that_is_not_json_is_refused(tmp_path):
+    train = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"task_id": ["c0"], "prompt": ["q"], "answer": ["8 4 2 -> 4"],
+                             "data_source": ["countdown"]}), train)
+    with pytest.raises(ConfigError, match=r"row 0 \(task_id 'c0'\): the countdown_score scorer .* not JSON"):
+        check_reward_sources(cfg_of(tmp_path, f"explorer.taskset.path={train}"))

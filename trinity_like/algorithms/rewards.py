@@ -8,10 +8,16 @@ A reward function has the seeds' batched signature::
 :func:`compute_score` dispatches each sample by its data source (:func:`scorer_for`) to a scorer: ours below
 (``arithmetic``, ``math``, ``countdown``, ``format``) and verl's (``openai/gsm8k``, the MATH sets, ``math_dapo``,
 ``aime*``, ``numina_*``, ``searchR1_*``: :mod:`trinity_like.algorithms.verl_scores`, which lists where they
-depart from verl). One data source differs from verl's dispatch: ``math`` is ours (1.0 right, 0.0 wrong: the last
-``\\boxed{}`` or the last number, compared after normalisation), where verl scores ``math`` with ``math_dapo`` (+1 /
--1, the answer after "Answer:"). A data source with no scorer raises KeyError here, which the reward manager
-records as a failed sample; a run refuses such task sets before it starts (``runtime.run_dir``).
+depart from verl). One data source differs from verl's dispatch: ``math`` is ours (1.0 right, 0.0 wrong: the
+answer in ``<answer>``, the last ``\\boxed{}``, the number after ``####`` or the last number, compared after
+normalisation), where verl scores ``math`` with ``math_dapo`` (+1 / -1, the answer after "Answer:"). A data source
+with no scorer raises KeyError here, which the reward manager records as a failed sample; a run refuses such task
+sets before it starts (``runtime.run_dir``).
+
+Each scorer reads the reference answer out of its ground truth in the forms users bring (``72``, gsm8k's
+``... #### 72``, ``\\boxed{72}``, countdown's JSON): :data:`TRUTH_READERS`, module ``truths``. A truth its scorer
+cannot read raises ``UnreadableTruth`` (a failed sample, never a silent 0), and a run refuses a task set with such a
+row before it starts (:func:`truth_problem`, ``runtime.run_dir.check_reward_sources``).
 
 A reward function that raises, returns the wrong number of scores, or returns NaN/inf or a non-number for a
 sample scores that sample with ``failure_value`` and logs it; the rest of the batch is scored normally (the
@@ -33,6 +39,16 @@ from pathlib import Path
 from typing import Any
 
 import trinity_like.algorithms.verl_scores as verl_scores
+from trinity_like.algorithms.truths import (
+    UnreadableTruth,
+    arithmetic_reference,
+    boxed_reference,
+    countdown_reference,
+    gsm8k_reference,
+    last_answer_tag,
+    last_boxed,
+    math_reference,
+)
 from trinity_like.common.algorithm_params import OverlongBufferParams
 
 logger = logging.getLogger(__name__)
@@ -54,18 +70,6 @@ def arithmetic_reward(response: str, answer: str, format_reward: float = 0.1) ->
     if m is None:
         return 0.0
     return 1.0 if m.group(1) == str(answer).strip() else format_reward
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), with nested braces; None if there is none."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
-    end = verl_scores.closing_brace(text, i)
-    return None if end is None else text[i + 1:end]
 
 
 def normalize_answer(answer: str) -> str:
@@ -93,28 +97,43 @@ def _as_number(s: str) -> float | None:
         return None
 
 
-def extract_math_answer(solution: str) -> str | None:
-    """The answer a solution gives: its last ``\\boxed{}``, else its last number."""
-    boxed = last_boxed(solution)
+def math_answers(solution: str) -> list[str]:
+    """The answers a solution gives, as Trinity's math rewards accept them, best first. Read inside the last
+    ``<answer>...</answer>`` when there is one (its whole content is the first answer), else the whole solution;
+    there: its last ``\\boxed{}``; else the last number after its last ``####``; else its last number."""
+    tagged = last_answer_tag(solution)
+    region = solution if tagged is None else tagged
+    out = [] if tagged is None else [tagged.strip()]
+    boxed = last_boxed(region)
     if boxed is not None:
-        return boxed
-    numbers = _NUMBER.findall(solution)
-    return numbers[-1] if numbers else None
+        return [*out, boxed]
+    numbers = _NUMBER.findall(region.rsplit("####", 1)[1] if "####" in region else region)
+    return [*out, numbers[-1]] if numbers else out
 
 
-def math_score(solution: str, ground_truth: str) -> float:
-    """1.0 if the solution's answer equals the ground truth after normalisation (numerically within 1e-6
-    relative when both are numbers), else 0.0."""
-    found = extract_math_answer(solution)
-    if found is None:
-        return 0.0
-    a, b = normalize_answer(found), normalize_answer(str(ground_truth))
+def extract_math_answer(solution: str) -> str | None:
+    """The answer a solution gives (:func:`math_answers`' first); None when it gives none."""
+    found = math_answers(solution)
+    return found[0] if found else None
+
+
+def _same_answer(found: str, reference: str) -> bool:
+    """Equal after normalisation, or numerically within 1e-6 relative when both are numbers."""
+    a, b = normalize_answer(found), normalize_answer(reference)
     if a == b:
-        return 1.0
+        return True
     x, y = _as_number(a), _as_number(b)
-    if x is not None and y is not None:
-        return 1.0 if math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) else 0.0
-    return 0.0
+    return x is not None and y is not None and math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def math_score(solution: str, ground_truth: Any) -> float:
+    """1.0 if one of the solution's answers (:func:`math_answers`: ``<answer>72</answer>``, ``\\boxed{72}``,
+    ``#### 72`` or a final number) equals the reference answer after normalisation (numerically within 1e-6
+    relative when both are numbers), else 0.0. The reference is read from the ground truth by
+    ``truths.math_reference`` (``72``, ``solution #### 72``, ``\\boxed{72}``, ``<answer>72</answer>``); a truth it
+    cannot read raises ``UnreadableTruth`` (the sample fails, it does not score 0)."""
+    reference = math_reference(ground_truth)
+    return 1.0 if any(_same_answer(found, reference) for found in math_answers(solution)) else 0.0
 
 
 THINK_ANSWER_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
@@ -145,10 +164,12 @@ def _safe_eval(expr: str) -> float:
     return ev(ast.parse(expr, mode="eval"))
 
 
-def countdown_score(solution: str, ground_truth: dict[str, Any], format_reward: float = 0.1) -> float:
-    """Countdown (TinyZero): ``ground_truth = {"target": int, "numbers": [int, ...]}``. The equation is the
-    content of the last ``<answer>...</answer>`` (else the last line). 1.0 if it uses every number exactly
-    once and equals the target; ``format_reward`` if an equation was given but is wrong; 0.0 if none."""
+def countdown_score(solution: str, ground_truth: Any, format_reward: float = 0.1) -> float:
+    """Countdown (TinyZero): ``ground_truth = {"target": int, "numbers": [int, ...]}``, a dict or its JSON string
+    (``truths.countdown_reference``; anything else raises ``UnreadableTruth``). The equation is the content of the
+    last ``<answer>...</answer>`` (else the last line). 1.0 if it uses every number exactly once and equals the
+    target; ``format_reward`` if an equation was given but is wrong; 0.0 if none."""
+    ground_truth = countdown_reference(ground_truth)
     found = re.findall(r"<answer>(.*?)</answer>", solution, re.DOTALL)
     equation = (found[-1] if found else (solution.strip().splitlines() or [""])[-1]).split("=")[0].strip()
     if not equation or not re.fullmatch(r"[\d+\-*/() ]+", equation):
@@ -194,6 +215,32 @@ def scorer_for(data_source: str) -> Callable[[str, Any], float] | None:
         return SCORERS[source]
     prefixes = sorted((p for p in PREFIX_SCORERS if source.startswith(p)), key=len, reverse=True)
     return PREFIX_SCORERS[prefixes[0]] if prefixes else None
+
+
+TRUTH_READERS: dict[Callable[[str, Any], float], Callable[[Any], Any]] = {
+    arithmetic_reward: arithmetic_reference,
+    math_score: math_reference,
+    countdown_score: countdown_reference,
+    verl_scores.gsm8k_score: gsm8k_reference,
+    verl_scores.math_reward_score: boxed_reference,
+}
+"""How each built-in scorer reads its ground truth (``trinity_like.algorithms.truths``): ``reader(truth)`` returns
+the reference answer or raises ``UnreadableTruth`` saying which forms it reads. Scorers not listed (``format``,
+``math_dapo``, ``searchR1_*``) take any truth."""
+
+
+def truth_problem(data_source: str, truth: Any) -> str | None:
+    """None when the built-in scorer of ``data_source`` can read ``truth`` (or there is no such scorer, which
+    :func:`missing_scorer` reports, or it takes any truth); else why not, in one clause that names the forms it
+    reads. Cheap: only the truth is read, nothing is scored."""
+    reader = TRUTH_READERS.get(scorer_for(data_source))
+    if reader is None:
+        return None
+    try:
+        reader(truth)
+    except UnreadableTruth as e:
+        return str(e)
+    return None
 
 
 def known_scorers() -> list[str]:

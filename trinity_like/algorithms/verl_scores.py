@@ -29,6 +29,10 @@ Where this departs from verl:
 - ``math_dapo`` returns a dict in verl (``score``, ``acc``, ``pred``); here only the score (verl's reward).
 - Ground truths that are not strings (a Parquet column of numbers) are compared as ``str(ground_truth)``; verl
   compares them as they are, so a number never matches there.
+- Ground truths are read as Trinity's users keep them (``trinity_like.algorithms.truths``): gsm8k's truth may be
+  the whole solution (``... #### 72``), ``1,234`` or ``72.`` (compared as ``1234`` and ``72``); a MATH truth may be
+  ``\\boxed{...}``. verl compares the truth as it is, so these score 0 there. A gsm8k truth that is not a number
+  raises ``UnreadableTruth`` (and a run refuses it at start-up) instead of scoring 0.
 
 Every verl quirk of the rules is kept, so that a run scores as verl would: gsm8k's ``flexible`` method keeps
 commas and a trailing period (``"42."`` is not ``"42"``) and both methods read only the last 300 characters;
@@ -41,6 +45,10 @@ import re
 import string
 from collections.abc import Callable
 from typing import Any
+
+from trinity_like.algorithms.truths import boxed_reference, closing_brace, gsm8k_reference
+
+__all__ = ["closing_brace"]  # re-exported: rewards and the MATH rule share it
 
 Scorer = Callable[[str, Any], float]
 
@@ -75,11 +83,14 @@ def gsm8k_extract(solution: str, method: str = "strict") -> str | None:
 def gsm8k_score(solution: str, ground_truth: Any, method: str = "strict", format_score: float = 0.0,
                 score: float = 1.0) -> float:
     """GSM8K (ReFT, Trung et al. 2024): ``score`` when the extracted answer (:func:`gsm8k_extract`) equals the
-    ground truth string exactly, ``format_score`` when an answer was found but differs, 0 when none was."""
+    reference answer exactly, ``format_score`` when an answer was found but differs, 0 when none was. The reference
+    is read from the ground truth by ``truths.gsm8k_reference`` (``72``, ``1,234``, ``solution #### 72``,
+    ``\\boxed{72}``); a truth it cannot read raises ``UnreadableTruth`` (the sample fails, it does not score 0)."""
+    reference = gsm8k_reference(ground_truth)
     answer = gsm8k_extract(solution, method)
     if answer is None:
         return 0.0
-    return float(score) if answer == str(ground_truth) else float(format_score)
+    return float(score) if answer == reference else float(format_score)
 
 
 # ---------------------------------------------------------------- MATH (verl math_reward.py, from lm-eval-harness)
@@ -88,20 +99,6 @@ def gsm8k_score(solution: str, ground_truth: Any, method: str = "strict", format
 class _NotNormalisable(ValueError):
     """``strip_string`` met a shape its rules cannot rewrite (verl: an assert or an index error); ``is_equiv``
     then compares the raw strings."""
-
-
-def closing_brace(text: str, start: int) -> int | None:
-    """Where the braces counted from ``start`` first balance again: the index of the ``}`` that brings the depth
-    back to 0 (a ``}`` before any ``{`` takes it below 0, as in verl's loops); None when that never happens."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-    return None
 
 
 def math_last_boxed(text: str) -> str | None:
@@ -225,10 +222,13 @@ def is_equiv(a: str | None, b: str | None) -> bool:
 
 def math_reward_score(solution: str, ground_truth: Any) -> float:
     """MATH (verl ``math_reward``): 1.0 when the content of the solution's last ``\\boxed`` is :func:`is_equiv`
-    to the ground truth, else 0.0 (no box, an ``\\fbox``, or unclosed braces: 0.0)."""
+    to the reference answer, else 0.0 (no box, an ``\\fbox``, or unclosed braces: 0.0). The reference is the
+    ground truth, or the content of its last ``\\boxed{}`` when it has one (``truths.boxed_reference``, as
+    Trinity's ``compute_score`` reads it)."""
+    reference = boxed_reference(ground_truth)
     boxed = math_last_boxed(solution)
     answer = math_remove_boxed(boxed) if boxed is not None else None
-    return 1.0 if answer is not None and is_equiv(answer, str(ground_truth)) else 0.0
+    return 1.0 if answer is not None and is_equiv(answer, reference) else 0.0
 
 
 # ---------------------------------------------------------------- math_dapo (verl math_dapo.py, Minerva's rule)

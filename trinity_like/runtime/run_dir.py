@@ -225,7 +225,8 @@ def check_reward_sources(cfg: Config) -> None:
     (``reward_task_files``) has a data source the built-in reward has no scorer for
     (``trinity_like.algorithms.rewards.scorer_for``): every sample of it would fail, and the run would stop at its
     first step. The line names the data source, its file, the scorers there are, and the fix
-    (``reward.function_path``; verl's ``custom_reward_function.path``). Nothing to check in mode ``offline`` (no
+    (``reward.function_path``; verl's ``custom_reward_function.path``). Then every row's ground truth must be one
+    its scorer can read (``_check_truths``), else the run stops naming the row, the scorer, the truth and the fix. Nothing to check in mode ``offline`` (no
     explorer) or with a workflow that does not score with the reward function (``REWARD_SCORED_WORKFLOWS``).
 
     Reads the ``data_source`` column only, the one the workflows score by (``Task.data_source``; empty = ``math``).
@@ -252,6 +253,39 @@ def check_reward_sources(cfg: Config) -> None:
             f"built-in reward scores {', '.join(known_scorers())}; give a reward function for it: "
             "reward.function_path=FILE.py (verl: custom_reward_function.path) with compute_score(data_source, "
             "solution_str, ground_truth, extra_info=None)")
+    for key, path in reward_task_files(cfg):
+        _check_truths(key, path)
+
+
+TRUTH_SHOWN_CHARS = 60
+"""How much of an unreadable ground truth the start-up refusal quotes."""
+
+
+def _check_truths(key: str, path: Path) -> None:
+    """Refuse (ConfigError, one line) a task file with a ground truth that the built-in scorer of its row's data
+    source cannot read (``trinity_like.algorithms.rewards.truth_problem``: e.g. gsm8k's whole solution without its
+    ``#### 72`` under ``math``), which would score every sample of that row 0. Names the first such row (index and
+    task_id), the scorer, the truth (shortened), how many rows, and the fix. A file that cannot be read is left to
+    the task-set checks."""
+    from trinity_like.algorithms.rewards import scorer_for, truth_problem
+    from trinity_like.common.tasks import load_taskset
+
+    try:
+        tasks = load_taskset(path)
+    except (OSError, ValueError):
+        return
+    bad = [(i, t, why) for i, t in enumerate(tasks) if (why := truth_problem(t.data_source, t.answer)) is not None]
+    if not bad:
+        return
+    i, task, why = bad[0]
+    source = task.data_source or "math"
+    shown = repr(task.answer)
+    shown = shown if len(shown) <= TRUTH_SHOWN_CHARS else shown[:TRUTH_SHOWN_CHARS - 3] + "..."
+    raise ConfigError(
+        f"task set '{path}' ({key}): row {i} (task_id '{task.task_id}'): the {scorer_for(source).__name__} scorer "
+        f"(data source {source!r}) cannot read its ground truth {shown}: {why} (in {len(bad)} of {len(tasks)} rows); "
+        "write the final answer in one of those forms, give the rows a data source whose scorer reads them, or a "
+        "reward function: reward.function_path=FILE.py")
 
 
 def _check_model(cfg: Config) -> None:
