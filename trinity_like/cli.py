@@ -216,8 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in its run directory: the trainer loads its latest checkpoint and the "
                         "buffer re-delivers what was consumed after it")
-    p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, set by `ray job submit`; "
-                                     "none = start a local Ray instance)")
+    p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, set by `ray job submit`, else "
+                                     "the `ray start` cluster of this node, else a private Ray instance; `local`: "
+                                     "always a private one); the job says which in one line")
     p.add_argument("--allow-unmapped", action="store_true",
                    help="a verl-shaped config: run without its keys that have no counterpart here (listed in the "
                         "run directory) instead of refusing it")
@@ -240,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("items", nargs="*", metavar="CONFIG | key=value",
                    help="the run's config file and the overrides it was run with (or give --namespace)")
     p.add_argument("--namespace", help="the run's Ray namespace <project>/<name>")
-    p.add_argument("--address", help="Ray cluster (default: RAY_ADDRESS, else the local one started by `ray start`)")
+    p.add_argument("--address", help="Ray cluster (default: RAY_ADDRESS, else the `ray start` cluster of this node, "
+                                     "else the one the run directory records for the run's live roles)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS",
                    help="redraw every SECONDS (default 2) until Ctrl-C; with --json, one JSON object per line")
@@ -260,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default serve.port, 8000; 0 = any free port)")
     p.add_argument("--api-key", help="bearer key clients must send (default serve.api_key or "
                                      "TRINITY_SERVE_API_KEY)")
-    p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS; none = a local Ray instance)")
+    p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else the `ray start` cluster of "
+                                     "this node, else a private Ray instance; `local`: always a private one)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("plot", help="PNG figures of a run: reward and eval, staleness, IS weights and ESS, a "

@@ -332,7 +332,7 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
         print(line, file=sys.stderr, flush=True)
     paths = prepare_run_dir(cfg, role=role, resume=resume)
     start = time.time()
-    init_ray(cfg, address)
+    record = init_ray(cfg, address, role=role)  # refused when the run's live roles are in another Ray cluster
     kinds = ("trainer", "explorer") if role == "all" else (role,)
     totals = {"trainer": cfg.trainer.total_steps, "explorer": Schedule.of(cfg).planned_explore_steps}
     progress = RunProgress(paths.metrics, totals, kinds)
@@ -362,6 +362,7 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
             progress.close()
             if roles is not None:
                 _shutdown(cfg, roles, role)
+            record.close()
             summary = _summary(cfg, role, progress.records, time.time() - start, exit_reason, trainer_info)
             if role != "explorer":
                 atomic_write_json(paths.summary, summary)

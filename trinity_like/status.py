@@ -9,7 +9,6 @@ cluster too (then only the run directory is read). ``--watch`` redraws it every 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -19,24 +18,32 @@ from typing import Any
 from trinity_like.common.errors import UserError
 
 
-def _connect(address: str | None, namespace: str) -> str | None:
-    """Join the cluster (``address``, RAY_ADDRESS, or the one `ray start` left on this machine); the error
-    text when there is none."""
+def _connect(address: str | None, namespace: str, run_dir: Path | None = None) -> str | None:
+    """Join the cluster (``address``, RAY_ADDRESS, the one `ray start` started on this node, else the one the run
+    directory records for the run's live roles) and say which on stderr; the error text when there is none."""
     import ray
 
     if ray.is_initialized():
         return None
     from trinity_like.common.errors import RunError
-    from trinity_like.runtime.ray_cluster import check_ray_address
-    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    from trinity_like.runtime.ray_cluster import check_ray_address, live_roles, ray_target
+    target, source = ray_target(address)
+    if target is None and run_dir is not None:
+        gcs = sorted({r["gcs"] for r in live_roles(run_dir) if r.get("gcs")})
+        if gcs:
+            target, source = gcs[0], "where the run directory's live roles are"
+    if target is None:
+        return f"no Ray cluster ({source})"
     try:
         check_ray_address(target)  # a closed port fails in seconds; ray.init would retry for a minute
     except RunError:
         return f"no Ray cluster reachable at '{target}' (connection refused)"
     try:
-        ray.init(address=target, namespace=namespace, log_to_driver=False, configure_logging=False)
+        ray.init(address="auto" if source.startswith("the `ray start`") else target, namespace=namespace,
+                 log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         return f"no Ray cluster reachable at '{target}' ({str(e).splitlines()[0][:100]})"
+    print(f"Ray: joined the cluster at {target} ({source})", file=sys.stderr, flush=True)
     return None
 
 
@@ -97,7 +104,7 @@ def gather_status(config: str | None, namespace: str | None, address: str | None
     if not namespace:
         raise UserError("status needs the run's CONFIG file or --namespace <project>/<name>")
     report: dict[str, Any] = {"namespace": namespace}
-    error = _connect(address, namespace)
+    error = _connect(address, namespace, paths.run_dir if paths is not None else None)
     sync = None if error else _synchronizer_status(namespace)
     report["cluster"] = error or "connected"
     report["synchronizer"] = sync is not None

@@ -224,7 +224,7 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None, api_key
     set_offline_env()
     check_ray_address(address or os.environ.get("RAY_ADDRESS"))
     prepare_run_dir(cfg, role="serve")
-    init_ray(cfg, address)
+    record = init_ray(cfg, address, role="serve")  # refused when the run's live roles are in another Ray cluster
 
     def ready(url: str) -> None:
         print(f"serving {cfg.serve.model_name or namespace_of(cfg)} at {url} (recording into "
@@ -240,5 +240,8 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None, api_key
         print(f"server stopped after {time.monotonic() - start:.0f}s; uncommitted records stay pending in "
               f"{RunPaths.of(cfg).run_dir / 'serve' / 'pending'}", flush=True)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        record.close()
     return 0
