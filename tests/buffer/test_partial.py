@@ -40,3 +40,14 @@ def test_crash_leftovers_a_stale_record_a_temp_file_and_another_layout_are_not_t
     with pa.OSFile(str(d / "g00000-000000000005.arrow"), "wb") as sink, pa.ipc.new_file(sink, other.schema) as w:
         w.write_table(other)  # a journal of another layout (an older release): regenerated, never misread
     assert store.load(0, 0).column("response_ids").to_pylist() == [[1, 2]]
+
+
+def test_a_step_claimed_but_never_begun_leaves_no_folder_and_one_with_journals_stays(tmp_path):
+    store = PartialStore(tmp_path)
+    store.open_step(4)  # claimed as the run stopped: no group started
+    store.open_step(5)
+    store.record(5, 0, _journal([1, 2]))
+    store.drop_step_if_empty(4)
+    store.drop_step_if_empty(5)
+    store.drop_step_if_empty(6)  # never opened: nothing to do
+    assert store.steps() == [5] and store.load(5, 0) is not None

@@ -36,12 +36,12 @@ def test_setup_ignores_a_running_cluster_and_a_stale_address_file(ray_cluster):
     """With a `ray start` cluster running, named both by RAY_ADDRESS and by Ray's address file, and then with
     only a stale address file (nothing listens there), the session's Ray instance is a new private one, with
     the resources the tests ask for."""
-    from conftest import _free_ports
+    from test_ray_join import _free_port  # tests/runtime's own helper (a module name unique in the suite)
 
     ray_tmp = tempfile.mkdtemp(prefix="tliso-", dir="/tmp")  # short: Ray's socket paths are limited
     try:
         env = {**ray_cluster.env, "RAY_TMPDIR": ray_tmp}  # RAY_TMPDIR: where Ray looks for its address file
-        stale = f"127.0.0.1:{_free_ports(1)[0]}"
+        stale = f"127.0.0.1:{_free_port()}"
         out = subprocess.run([sys.executable, "-c", _SETUP, str(TESTS), ray_cluster.address, stale], env=env,
                              capture_output=True, text=True, timeout=180)
     finally:

@@ -4,6 +4,7 @@ roles is refused in one line."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,16 @@ def _env(cluster, ray_tmp: Path, address_file: str | None) -> dict[str, str]:
     return {**env, "RAY_TMPDIR": str(ray_tmp)}
 
 
+def _free_port() -> int:
+    """A port nothing listens on (the address of a stale ``ray_current_cluster`` file). Not conftest's: a test
+    module's ``import conftest`` gets whichever conftest an xdist worker imported first."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_ray_target_is_the_ray_start_cluster_of_the_node_and_a_stale_file_is_none(ray_cluster, tmp_path,
                                                                                    monkeypatch):
-    from conftest import _free_ports
-
     from trinity_like.runtime.ray_cluster import ray_target
 
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
@@ -49,7 +56,7 @@ def test_ray_target_is_the_ray_start_cluster_of_the_node_and_a_stale_file_is_non
     target, source = ray_target()
     assert target == ray_cluster.address and "`ray start` cluster" in source
     assert ray_target("10.0.0.1:6379") == ("10.0.0.1:6379", "--address")
-    stale = f"127.0.0.1:{_free_ports(1)[0]}"
+    stale = f"127.0.0.1:{_free_port()}"
     (tmp_path / "ray" / "ray_current_cluster").write_text(stale)
     target, source = ray_target()
     assert target is None and stale in source and "stale" in source
@@ -65,8 +72,6 @@ def test_a_role_in_another_ray_cluster_than_the_runs_live_trainer_is_refused(ray
     import shutil
     import tempfile
 
-    from conftest import _free_ports
-
     ray_tmp = Path(tempfile.mkdtemp(prefix="tljoin-", dir="/tmp"))  # short: Ray's socket paths are limited
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"checkpoint_root_dir: {tmp_path / 'runs'}\nproject: join\nname: run\nmode: async\n"
@@ -77,7 +82,7 @@ def test_a_role_in_another_ray_cluster_than_the_runs_live_trainer_is_refused(ray
     try:
         gcs = trainer.stdout.readline().strip()
         assert gcs, trainer.stderr.read()[-2000:] if trainer.poll() is not None else "no record"
-        stale = f"127.0.0.1:{_free_ports(1)[0]}"
+        stale = f"127.0.0.1:{_free_port()}"
         explorer = subprocess.run([str(BIN / "trinity-like"), "run", str(cfg), "--role", "explorer"],
                                   env=_env(ray_cluster, ray_tmp / "b", stale), capture_output=True, text=True,
                                   timeout=180)

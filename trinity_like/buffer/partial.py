@@ -99,3 +99,11 @@ class PartialStore:
 
     def drop_step(self, step: int) -> None:
         shutil.rmtree(self._step_dir(step), ignore_errors=True)
+
+    def drop_step_if_empty(self, step: int) -> None:
+        """A step opened whose groups never started (claimed just before the run stopped) holds no journal: its
+        folder goes, so that no step looks cut off by a crash; one holding journals stays for a resume."""
+        try:
+            self._step_dir(step).rmdir()
+        except OSError:  # not empty (journals to take up), or not there
+            pass

@@ -179,6 +179,8 @@ class GroupStream:
         for state in list(self.steps.values()):  # stopped: a step part-written ends with the rows it wrote
             if state.started:
                 await self._finish(state)
+            elif self.store is not None:  # claimed, never begun: nothing journaled to keep
+                self.store.drop_step_if_empty(state.step)
 
     def _wait_s(self, next_claim: float) -> float:
         """How long the loop may wait for a group, a version or a load before it looks again: until the ended
