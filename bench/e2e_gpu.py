@@ -6,7 +6,7 @@ on disk, weights travelling by ``--method`` (``ipc``: the trainer's GPU buffer m
 device to device). Defaults are issue 49's: a Qwen2.5-0.5B-shaped model with random weights (all 24 layers, the
 151,936-token vocabulary, built offline as bench/trainer.py does, with the tiny model's tokenizer), GRPO, ``async``
 at bound 1, one vLLM engine at 0.5 GPU beside the trainer at 0.5, 4 steps of 8 tasks x 8 samples x up to 2,048
-response tokens. The reward varies with the response (``reward_of_text``: a hash of the decoded text in [0, 1)), so
+response tokens. The reward varies with the response (``REWARD_SOURCE``: a hash of the decoded text in [0, 1)), so
 advantages, gradients and therefore weights and versions really change; it teaches nothing and is not meant to.
 
 A random-weight model over a 151,936-token vocabulary with a 512-token tokenizer samples ids the tokenizer cannot
@@ -54,7 +54,6 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +74,6 @@ def compute_score(responses, ground_truths, **kwargs):
     return [(zlib.crc32(r.encode()) % 1000) / 1000.0 for r in responses]
 '''
 """The run's reward function (a file of its own, loaded by ``reward.function_path`` in the explorer's actor)."""
-
-
-def reward_of_text(text: str) -> float:
-    """What REWARD_SOURCE computes for one response (for a reader; the run loads the file)."""
-    return (zlib.crc32(text.encode()) % 1000) / 1000.0
 
 
 class GpuSampler:
