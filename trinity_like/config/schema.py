@@ -10,7 +10,7 @@ from trinity_like.common.algorithm_params import OffPolicyParams, OverlongBuffer
 from trinity_like.common.errors import ConfigError  # noqa: F401 (re-exported: trinity_like.config.ConfigError)
 
 MODES = ("sync", "async", "offline")
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm", "external")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
@@ -75,6 +75,44 @@ class SamplingConfig:
 
 
 @dataclass
+class TaskFormatConfig:
+    """How the rows of a task file in Trinity-RFT's shape are read (its `format` section): which columns hold the
+    prompt and the answer, and how the prompt becomes a conversation. Used when the task file is not one of ours or
+    verl's (any column names), or when `prompt_key` is set; see docs/trinity.md."""
+
+    prompt_type: str = _choices("plaintext", ("plaintext", "messages", "chatpair"))
+    """`plaintext`: the prompt column is text, sent as one user message (after `system_prompt`); `messages`: the
+    `messages_key` column holds a whole conversation (chat messages); `chatpair`: `chosen_key`/`rejected_key`
+    hold preferred and dispreferred replies (DPO data)."""
+    prompt_key: str = "prompt"
+    """Column of the prompt text (`plaintext`)."""
+    response_key: str = "response"
+    """Column of the ground truth (the answer the reward compares with)."""
+    system_prompt: str = ""
+    """System message put before the prompt; empty = none (lower priority than `system_prompt_key`)."""
+    system_prompt_key: str = ""
+    """Column holding each row's own system message; empty = `system_prompt`."""
+    reply_prefix: str = ""
+    """Text the assistant's reply starts with, appended after the generation prompt (the model continues it)."""
+    messages_key: str = "message"
+    """Column of the conversation (`messages`); Trinity's default name is `message`."""
+    tools_key: str = "tools"
+    """Column of a row's tool descriptions (JSON), when present."""
+    chosen_key: str = "chosen"
+    """Column of the preferred reply (`chatpair`)."""
+    rejected_key: str = "rejected"
+    """Column of the dispreferred reply (`chatpair`)."""
+    workflow_key: str = ""
+    """Column naming each row's workflow; empty = the task set's `workflow`."""
+    reward_fn_key: str = ""
+    """Column naming each row's reward function; empty = the task set's `reward_fn`."""
+    chat_template: str = ""
+    """A Jinja chat template used instead of the tokenizer's; empty = the tokenizer's."""
+    enable_thinking: bool | None = None
+    """Passed to the chat template (Qwen3's thinking switch); None = the template's default."""
+
+
+@dataclass
 class TasksetConfig:
     path: str = ""
     """Parquet file of tasks with columns `task_id`, `prompt`, `answer`. Empty: `<run_dir>/tasks.parquet`."""
@@ -91,6 +129,24 @@ class TasksetConfig:
     """Number of tasks the generator writes."""
     max_operand: int = _at_least(20, 1)
     """Largest operand of the generated arithmetic tasks."""
+    subset_name: str = ""
+    """The data set's configuration name (Hugging Face `load_dataset(path, name)`, Trinity's `subset_name`): a
+    sub-folder of `path`, or a data file's prefix; empty = none."""
+    split: str = "train"
+    """The split read from a folder laid out as Hugging Face data sets are (`train*.jsonl`, `data/train-*.parquet`,
+    ...); a single file is read whole whatever the split."""
+    format: TaskFormatConfig = field(default_factory=TaskFormatConfig)
+    """How rows of a task file in Trinity-RFT's shape are read (`path` of any local jsonl, json, parquet, csv or
+    arrow file, or a folder of them)."""
+    workflow: str = ""
+    """This task set's workflow (a registered name or `module:Class`); empty = `explorer.workflow`."""
+    reward_fn: str = ""
+    """A reward function of Trinity's shape (a name in `REWARD_FUNCTIONS` or `module:Class`) that scores this task
+    set's responses instead of the reward config's scorer; empty = `reward.*` decides."""
+    workflow_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments every task of this set hands its workflow (Trinity's `workflow_args`)."""
+    reward_fn_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments the reward function is built with (Trinity's `reward_fn_args`)."""
 
 
 @dataclass
@@ -109,6 +165,24 @@ class EvalTasksetConfig:
     """Samples per task: `mean@k` averages them, `best@k` takes the best."""
     temperature: float = _at_least(0.0, 0.0)
     """Sampling temperature of the eval; 0 = greedy (then k should be 1)."""
+    subset_name: str = ""
+    """The data set's configuration name (Hugging Face `load_dataset(path, name)`, Trinity's `subset_name`): a
+    sub-folder of `path`, or a data file's prefix; empty = none."""
+    split: str = "train"
+    """The split read from a folder laid out as Hugging Face data sets are (`train*.jsonl`, `data/train-*.parquet`,
+    ...); a single file is read whole whatever the split."""
+    format: TaskFormatConfig = field(default_factory=TaskFormatConfig)
+    """How rows of a task file in Trinity-RFT's shape are read (`path` of any local jsonl, json, parquet, csv or
+    arrow file, or a folder of them)."""
+    workflow: str = ""
+    """This task set's workflow (a registered name or `module:Class`); empty = `explorer.workflow`."""
+    reward_fn: str = ""
+    """A reward function of Trinity's shape (a name in `REWARD_FUNCTIONS` or `module:Class`) that scores this task
+    set's responses instead of the reward config's scorer; empty = `reward.*` decides."""
+    workflow_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments every task of this set hands its workflow (Trinity's `workflow_args`)."""
+    reward_fn_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments the reward function is built with (Trinity's `reward_fn_args`)."""
 
 
 @dataclass
@@ -181,9 +255,23 @@ class StreamConfig:
 
 
 @dataclass
+class ExternalModelConfig:
+    """An OpenAI-compatible model served elsewhere (Trinity's `external_model`): its address and key are read from
+    the environment, never written in the config."""
+
+    base_url_env: str = "OPENAI_BASE_URL"
+    """Environment variable holding the endpoint's base URL (e.g. http://host:8000/v1)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding its API key (may be unset for a local server)."""
+    model_name: str = ""
+    """The model name sent in requests; empty = the first of the server's `/v1/models`."""
+
+
+@dataclass
 class ExplorerConfig:
     engine: str = _choices("hf", ENGINES)
-    """Rollout engine: `hf` (transformers, CPU) or `vllm` (GPU)."""
+    """Rollout engine: `hf` (transformers, CPU), `vllm` (GPU) or `external` (an OpenAI-compatible server named by
+    `external_model`; `bench` and eval only)."""
     num_engines: int = _at_least(1, 1)
     """Rollout engines in the explorer fleet."""
     batch_size: int = _at_least(4, 1)
@@ -227,6 +315,12 @@ class ExplorerConfig:
     workflow: str = "single_turn"
     """How a task becomes experiences: a registered workflow (`single_turn`, `guess_number`) or an import path
     `package.module:ClassName` of a `Workflow` subclass."""
+    plugin_dirs: list[str] = field(default_factory=list)
+    """Folders of user modules imported before workflows and reward functions are looked up (in the driver and in
+    every explorer process), so that their `@WORKFLOWS.register_module(...)` and `@REWARD_FUNCTIONS.register_module(...)`
+    take effect (Trinity's `--plugin-dir`; also read from `TRINITY_PLUGIN_DIRS`, colon-separated)."""
+    external_model: ExternalModelConfig = field(default_factory=ExternalModelConfig)
+    """An OpenAI-compatible model served elsewhere (`engine: external`, for `bench` and eval only)."""
     max_retries: int = _at_least(2, 0)
     """Retries of a task whose workflow raised or timed out (and of a call whose engine died) before the task
     is recorded as failed."""
@@ -561,6 +655,9 @@ class AlgorithmConfig:
     takes the policy loss."""
     sft_loss_coef: float = _at_least(1.0, 0.0)
     """Weight of the SFT loss of the `sft_sources` rows."""
+    sft_loss_form: str = _choices("sum", ("sum", "mix"))
+    """How the SFT term joins the policy loss: `sum` = pg + sft_loss_coef x sft; `mix` = (1 - mu) x pg + mu x sft
+    with mu = `sft_loss_coef` (Trinity-RFT's `mix` algorithm, its `mu`)."""
 
 
 @dataclass
