@@ -42,7 +42,7 @@ from trinity_like.common.placement import actor_options, check_placeable
 from trinity_like.config import Config
 from trinity_like.progress import RunProgress
 from trinity_like.runtime.paths import RunPaths, namespace_of
-from trinity_like.runtime.ray_cluster import check_ray_address, init_ray
+from trinity_like.runtime.ray_cluster import check_ray_address, init_ray, role_status
 from trinity_like.runtime.run_dir import explorer_needs_run_dir, prepare_run_dir
 from trinity_like.runtime.schedule import Schedule
 from trinity_like.weights.messages import MONITOR_NAME
@@ -240,8 +240,9 @@ class _WaitNotes:
                           f"(POST /v1/commit); {limit}", flush=True)
                     continue
                 what = "new weights" if kind == "explorer" else "experiences"
-                print(f"{kind}: waiting for {what}: no {other} is running in namespace '{ns}'; "
-                      f"start one (--role {other}); {limit}", flush=True)
+                shows = role_status(RunPaths.of(self.cfg).run_dir, other, ray.get_runtime_context().gcs_address)
+                print(f"{kind}: waiting for {what}: no {other} is running in namespace '{ns}'; the run directory "
+                      f"shows {shows}; start one (--role {other}); {limit}", flush=True)
             elif not waiting:
                 self.noted.discard(kind)
                 self.seen.discard(kind)
@@ -362,7 +363,7 @@ def _run_stage(cfg: Config, role: str, resume: bool, address: str | None) -> dic
             progress.close()
             if roles is not None:
                 _shutdown(cfg, roles, role)
-            record.close()
+            record.close(exit_reason)
             summary = _summary(cfg, role, progress.records, time.time() - start, exit_reason, trainer_info)
             if role != "explorer":
                 atomic_write_json(paths.summary, summary)

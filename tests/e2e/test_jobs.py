@@ -180,6 +180,7 @@ def test_two_ray_jobs_meet_when_the_trainer_is_submitted_first(tmp_path, tiny_mo
     assert explorer.wait(300) == 0, explorer.output
     assert trainer.wait(300) == 0, trainer.output
     assert trainer.output.count(waits) == 1
+    assert "the run directory shows no explorer was ever started with this run directory" in trainer.output
     for job in (trainer, explorer):
         assert "succeeded" in job.output
     summary = json.loads(RunPaths.of(load_config(cfg_path)).summary.read_text())
@@ -214,6 +215,7 @@ def test_several_explorer_jobs_join_one_trainer_and_status_shows_them(tmp_path, 
         assert p.wait(300) == 0, p.output
     assert "trainer: waiting for" not in trainer.output  # the explorers were there before it
     assert all(e.output.count("explorer: waiting for new weights") == 1 for e in explorers)  # said once each
+    assert all("the run directory shows no trainer was ever started" in e.output for e in explorers)
     check_ledger(cfg_path)
     paths = RunPaths.of(load_config(cfg_path))
     rows = query(paths.buffer_dir).to_pylist()
@@ -286,6 +288,7 @@ def test_killed_explorer_job_the_trainer_drains_waits_and_a_new_explorer_goes_on
     assert again.wait(300) == 0, again.output
     assert trainer.wait(300) == 0, trainer.output
     assert "".join(trainer.lines[before_kill:]).count("trainer: waiting for experiences") == 1  # said once
+    assert "the run directory shows an explorer that stopped without ending (pid " in trainer.output
     # the new explorer started from the latest published version: the first step it wrote rows for holds none
     # older, unless they are samples continued from the killed explorer's journal (a resumed sample's version is
     # its oldest token's, issue 37). (A step whose groups were all written before it was handed over is recorded

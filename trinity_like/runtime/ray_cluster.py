@@ -67,6 +67,8 @@ def init_ray(cfg: Config, address: str | None = None, role: str | None = None) -
 
 ROLES_DIR = "ray_roles"
 """Folder of the run directory with one record per live role (``register_role``)."""
+ENDED_DIR = "ended"
+"""Sub-folder of ``ROLES_DIR``: the last record of each kind of role that ended (``RoleRecord.close``)."""
 HEARTBEAT_S = 5.0
 STALE_S = 30.0
 """A record not refreshed for this long is a role that is gone (one on this node: also when its pid is gone)."""
@@ -95,9 +97,16 @@ class RoleRecord:
             except OSError:
                 pass  # a full or gone disk: the run's own writes say so
 
-    def close(self) -> None:
+    def close(self, outcome: str = "ended") -> None:
+        """Stop the heartbeat, remove the live record and leave ``ended/<role>.json`` (when, how) for
+        ``role_status``."""
         self._stop.set()
         self.path.unlink(missing_ok=True)
+        try:
+            atomic_write_json(self.path.parent / ENDED_DIR / f"{self.record['role']}.json",
+                              {**self.record, "at": time.time(), "outcome": outcome}, durable=False)
+        except OSError:
+            pass  # a full or gone disk: the run's own writes say so
 
 
 def live_roles(run_dir: Path) -> list[dict]:
@@ -130,7 +139,43 @@ def register_role(run_dir: Path, role: str, gcs_address: str) -> RoleRecord:
                            f"one run must share a cluster; start this one with --address {rec.get('gcs')}")
     path = Path(run_dir) / ROLES_DIR / f"{role}-{host}-{pid}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / ENDED_DIR / f"{role}.json").unlink(missing_ok=True)  # this role runs again
     return RoleRecord(path, {"role": role, "gcs": gcs_address, "host": host, "pid": pid})
+
+
+def role_status(run_dir: Path, role: str, gcs_address: str | None = None) -> str:
+    """What the run directory shows of ``role`` (``trainer``, ``explorer``, ``serve``), for the one line of a
+    role that waits for it: alive (in this Ray cluster or in another, ``gcs_address`` being this one's), ended
+    (when, how), or never started with this run directory."""
+    import json
+
+    now = time.time()
+    live = [r for r in live_roles(run_dir) if r.get("role") == role]
+    if live:
+        r = live[0]
+        where = ("in another Ray cluster, at " + str(r.get("gcs")) if gcs_address and r.get("gcs") != gcs_address
+                 else "in Ray cluster " + str(r.get("gcs")))
+        return (f"a live {role} (pid {r.get('pid')} on {r.get('host')}, {where}, heard {now - r.get('at', now):.0f}s "
+                "ago)")
+    try:
+        ended = json.loads((Path(run_dir) / ROLES_DIR / ENDED_DIR / f"{role}.json").read_text())
+    except (OSError, ValueError):
+        ended = None
+    gone = []  # records left behind by a role that never closed them: SIGKILLed, crashed, its node lost
+    for path in (Path(run_dir) / ROLES_DIR).glob(f"{role}-*.json"):
+        try:
+            gone.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    gone = max(gone, key=lambda r: r.get("at", 0), default=None)
+    if gone and (not ended or gone.get("at", 0) > ended.get("at", 0)):
+        article = "an" if role[0] in "aeiou" else "a"
+        return (f"{article} {role} that stopped without ending (pid {gone.get('pid')} on {gone.get('host')}, last heard "
+                f"{now - gone.get('at', now):.0f}s ago: killed or crashed)")
+    if ended:
+        return (f"the {role} ended {now - ended.get('at', now):.0f}s ago ({ended.get('outcome', 'ended')}; pid "
+                f"{ended.get('pid')} on {ended.get('host')})")
+    return f"no {role} was ever started with this run directory"
 
 
 def _pid_alive(pid: int) -> bool:
