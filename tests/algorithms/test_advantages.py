@@ -21,7 +21,7 @@ from trinity_like.algorithms import (
 )
 
 F64 = torch.float64
-ALL_NAMES = ("dapo", "gae", "grpo", "opmd", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo")
+ALL_NAMES = ("dapo", "gae", "grpo", "opmd", "reinforce", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo")
 GROUPED = ("dapo", "grpo", "rloo", "reinforce_plus_plus_baseline", "opmd")
 
 

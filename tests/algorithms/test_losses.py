@@ -39,7 +39,7 @@ def test_registry_has_one_signature_for_every_loss():
                                                  rollout_is_weights=None)
         assert loss.dim() == 0 and math.isfinite(float(loss)), name
         assert all(k.startswith("actor/") and isinstance(v, float) for k, v in metrics.items()), name
-    with pytest.raises(KeyError, match="valid names: cispo, dpo, gspo, reinforce, sft, vanilla"):
+    with pytest.raises(KeyError, match="valid names: cispo, dpo, gspo, opmd, reinforce, sft, vanilla"):
         get_policy_loss_fn("ppo2")
 
 

@@ -145,6 +145,16 @@ def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor, response_m
     return advantages, advantages
 
 
+@ADV_ESTIMATORS.register("reinforce")
+def compute_reinforce_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                        **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE without a baseline (Williams 1992; Trinity-RFT's ``reinforce`` advantage_fn, the one its TOPR
+    uses): the outcome reward itself on every valid token, A_i = R_i."""
+    scores = token_level_rewards.sum(-1)  # (B,)
+    advantages = scores.unsqueeze(-1) * response_mask.to(scores.dtype)  # (B, L)
+    return advantages, advantages
+
+
 @ADV_ESTIMATORS.register("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Tensor,
                                                   response_mask: torch.Tensor, gamma: float = 1.0,

@@ -107,6 +107,8 @@ class PolicyLossConfig:
     """DPO inverse temperature."""
     dpo_label_smoothing: float = 0.0
     """Conservative DPO: the assumed probability that a preference label is flipped."""
+    tau: float = 1.0
+    """OPMD's regularisation strength: the opmd loss is divided by 1 + tau."""
 
 
 _DEFAULTS = PolicyLossConfig()
@@ -259,6 +261,23 @@ def reinforce_policy_loss(old_log_prob, log_prob, advantages, response_mask, los
     loss = agg_loss(_weighted(pg_losses, rollout_is_weights), response_mask, loss_agg_mode)
     return loss, {"actor/ppo_kl": _scalar(masked_mean(-negative_approx_kl, response_mask)),
                   "actor/ratio_max": _scalar(torch.where(response_mask.bool(), ratio, 0).max())}
+
+
+@POLICY_LOSSES.register("opmd")
+def opmd_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                     rollout_is_weights=None):
+    """Online policy mirror descent's policy loss (Trinity-RFT, arXiv:2505.17826; its ``opmd`` policy_loss_fn):
+    the policy gradient of the current policy with the mirror-descent step's regularisation,
+
+        L = agg(-A * log_prob) / (1 + tau)
+
+    No importance ratio: ``old_log_prob`` is not used (its sample is taken as on-policy); ``tau`` (config) is
+    the strength of the KL regularisation towards the policy of the step (the advantages' ``opmd`` estimator
+    with its ``logavgexp`` baseline uses the same tau). All inputs (B, L)."""
+    tau = _param(config, "tau")
+    pg_losses = -advantages * log_prob  # (B, L)
+    loss = agg_loss(_weighted(pg_losses, rollout_is_weights), response_mask, loss_agg_mode) / (1.0 + tau)
+    return loss, {"actor/opmd_loss": _scalar(loss)}
 
 
 @POLICY_LOSSES.register("sft")
