@@ -290,6 +290,57 @@ def sft_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="t
     return loss, {"actor/sft_nll": _scalar(masked_mean(nll, response_mask))}
 
 
+SFT_LOSS_FORMS = ("sum", "mix")
+
+
+def combine_sft_loss(pg_loss: torch.Tensor, sft_loss: torch.Tensor | float, coef: float,
+                     form: str = "sum") -> torch.Tensor:
+    """The policy loss of the policy-gradient rows and the SFT loss of the demonstration rows as one loss
+    (``algorithm.sft_loss_form``):
+
+        sum:  pg_loss + coef * sft_loss
+        mix:  (1 - mu) * pg_loss + mu * sft_loss,   mu = coef     (Trinity-RFT's MIX, arXiv:2505.17826)
+
+    Both are scalars, each already averaged over its own rows; linear in both, so the trainer may pass each part
+    pre-scaled by its micro-batch's share of its normaliser."""
+    if form == "sum":
+        return pg_loss + coef * sft_loss
+    if form == "mix":
+        return (1.0 - coef) * pg_loss + coef * sft_loss
+    raise ValueError(f"unknown sft loss form {form!r}; valid: {', '.join(SFT_LOSS_FORMS)}")
+
+
+def mix_policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                    response_mask: torch.Tensor, is_expert: torch.Tensor, mu: float,
+                    loss_agg_mode: str = "token-mean", config: Any = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Trinity-RFT's MIX loss on one mini-batch, as its paper writes it (Trinity-RFT, arXiv:2505.17826, the
+    ``mix`` algorithm; CHORD, arXiv:2508.11408, with a fixed mu):
+
+        L = (1 - mu) * L_pg(usual rows) + mu * L_sft(expert rows)
+
+    L_pg is dual-clip PPO (``vanilla``) aggregated by ``loss_agg_mode`` over the usual rows' tokens, L_sft the
+    token mean of the NLL over the expert rows' tokens; a part with no rows is 0. log-probs, advantages and
+    ``response_mask`` (B, L); ``is_expert`` (B,) bool. This is what the trainer's step computes with
+    ``algorithm.sft_loss_form: mix`` (mu = ``sft_loss_coef``, expert rows = ``sft_sources``), whatever the
+    micro-batches.
+
+    Departure of Trinity's code (``MIXPolicyLossFn``): it computes both parts per micro-batch and scales each by
+    that micro-batch's own row count of its kind over ``train_batch_size_usual`` / ``train_batch_size_expert``
+    (times the gradient accumulation steps), so a micro-batch's token mean weighs by rows, not tokens, and the
+    result equals this one only when the micro-batch is the mini-batch and those sizes are its row counts."""
+    expert = is_expert.to(torch.bool).unsqueeze(-1)  # (B, 1)
+    mask = response_mask.to(log_prob.dtype)
+    usual_mask, expert_mask = mask * ~expert, mask * expert  # (B, L) each
+    zero = log_prob.sum() * 0.0
+    if bool(usual_mask.any()):
+        pg_loss, metrics = vanilla_policy_loss(old_log_prob, log_prob, advantages, usual_mask, loss_agg_mode, config)
+    else:
+        pg_loss, metrics = zero, {}
+    sft_loss = masked_mean(-log_prob, expert_mask) if bool(expert_mask.any()) else zero
+    loss = combine_sft_loss(pg_loss, sft_loss, mu, "mix")
+    return loss, {**metrics, "actor/pg_loss": _scalar(pg_loss), "actor/sft_loss": _scalar(sft_loss)}
+
+
 LOSS_NEEDS["dpo"] = LossNeeds(paired_rows=True, reference_as_old=True)
 
 

@@ -38,6 +38,7 @@ from trinity_like.algorithms import (
     masked_mean,
     pessimistic_weights,
 )
+from trinity_like.algorithms.losses import combine_sft_loss
 from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import Config
@@ -483,8 +484,10 @@ class PPOTrainer(TrainEngineWrapper):
         """Gradients of one mini-batch (zeroed first), accumulated over its micro-batches with weights that
         make the result independent of the split; returns the mini-batch's loss metrics.
 
-        The loss of the mini-batch is ``pg_loss(rows not sft) + sft_loss_coef * sft_loss(sft rows)`` (the shape of
-        Trinity-RFT's MIX), plus the entropy and KL terms over every row. The two parts have their own normalisers
+        The loss of the mini-batch is ``pg_loss(rows not sft) + sft_loss_coef * sft_loss(sft rows)``
+        (``algorithm.sft_loss_form`` sum) or ``(1 - mu) * pg_loss(rows not sft) + mu * sft_loss(sft rows)`` with mu =
+        ``sft_loss_coef`` (form mix, Trinity-RFT's MIX: its entropy term is then over the rows not sft), plus the
+        entropy and KL terms over every row. The two parts have their own normalisers
         (the policy loss by ``loss_agg_mode`` over the non-sft rows, the SFT NLL a token mean over the sft rows),
         so each micro-batch weighs each part by its share of that part's normaliser in the mini-batch."""
         algo = self.cfg.algorithm
@@ -492,6 +495,7 @@ class PPOTrainer(TrainEngineWrapper):
         is_sft = mb["sft"].unsqueeze(-1)  # (B, 1)
         pg_mask, sft_mask = mask * ~is_sft, mask * is_sft  # (B, R) each
         with_sft = bool(is_sft.any())
+        mix_form = algo.sft_loss_form == "mix" and bool(algo.sft_sources)
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {"actor/pg_loss": 0.0, **({"actor/sft_loss": 0.0} if with_sft else {})}
         shard = self._shard(mb)
@@ -515,16 +519,22 @@ class PPOTrainer(TrainEngineWrapper):
                     rollout_is_weights=micro.get("rollout_is_weights", None))
                 pg_weight = self._micro_weight(m_pg_mask, pg_mask)  # = weight without sft rows
                 loss = pg_loss * pg_weight
+                if mix_form:  # (1 - mu) * pg: Trinity-RFT's mix (combine_sft_loss), parts pre-scaled, as it is linear
+                    loss = combine_sft_loss(loss, 0.0, algo.sft_loss_coef, "mix")
                 weighted = {"actor/pg_loss": (float(pg_loss.detach()), pg_weight),
                             **{k: (v, pg_weight) for k, v in loss_metrics.items()}}
             if with_sft:
                 m_sft_mask = m_mask * m_sft  # (b, R)
                 sft_loss = masked_mean(-log_prob, m_sft_mask)  # token mean of the NLL over the sft rows
                 sft_weight = self._micro_weight(m_sft_mask, sft_mask, "token-mean")
-                loss = loss + algo.sft_loss_coef * sft_loss * sft_weight
+                loss = loss + algo.sft_loss_coef * sft_loss * sft_weight  # + coef * sft in either form
                 weighted["actor/sft_loss"] = (float(sft_loss.detach()), sft_weight)
             terms = {}
-            if entropy is not None:
+            if entropy is not None and mix_form:  # Trinity's mix entropy: over the policy-gradient rows only
+                ent = agg_loss(entropy, m_pg_mask, algo.loss_agg_mode) if m_pg_mask.any() else entropy.sum() * 0.0
+                loss = loss - algo.entropy_coeff * ent * self._micro_weight(m_pg_mask, pg_mask)
+                terms["actor/entropy"] = float(ent.detach())
+            elif entropy is not None:
                 ent = agg_loss(entropy, m_mask, algo.loss_agg_mode)
                 loss = loss - algo.entropy_coeff * ent * weight
                 terms["actor/entropy"] = float(ent.detach())
