@@ -1,7 +1,10 @@
 """The OpenAI-compatible recording endpoint: a FastAPI app over a rollout backend and the pending store.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``, and the
-recording API ``POST /v1/feedback``, ``POST /v1/commit``, ``GET /v1/pending``.
+recording API ``POST /v1/feedback``, ``POST /v1/commit``, ``GET /v1/pending``; beside it Trinity-RFT's proxy API,
+with Trinity's request and response shapes, so that a client written for Trinity's serve mode works unchanged:
+``POST /feedback {msg_ids, reward, task_id?, run_id?}``, ``POST /commit`` and ``GET /metrics`` (errors there are
+Trinity's ``{"error": "<message>"}``). docs/agents.md maps them onto the records.
 
 Every completion is recorded (``records.py``) before its answer is sent; the answer carries ``experience_id``,
 ``session_id``, ``turn`` and ``model_version`` (also as headers ``X-Experience-Id``, ``X-Session-Id``,
@@ -33,7 +36,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -64,6 +67,8 @@ class Backend(Protocol):
         """One ``Sample`` (response_ids, logprobs, finish_reason, model_version, engine_id)."""
         ...
 
+    # optional: ``engines() -> list[(engine_id, model_version)]``, one per engine in order, for ``/metrics``
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
@@ -71,7 +76,17 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
 
-def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
+TRINITY_ROUTES = ("/feedback", "/commit", "/metrics")
+"""Trinity-RFT's proxy routes: their errors take Trinity's shape, ``{"error": "<message>"}``."""
+TRINITY_WRITE_ROUTES = ("/feedback", "/commit")
+"""Trinity's routes that change what is trained on: behind the API key, as ``/v1`` is (``/metrics`` and
+``/health`` stay open: they only read counts)."""
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+           path: str = "") -> JSONResponse:
+    if path in TRINITY_ROUTES:
+        return JSONResponse({"error": message}, status_code=status)
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
                         status_code=status)
 
@@ -140,13 +155,15 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        if self.api_key and scope["path"].startswith("/v1") and not self._authorised(headers):
+        path = scope["path"]
+        guarded = path.startswith("/v1") or path in TRINITY_WRITE_ROUTES
+        if self.api_key and guarded and not self._authorised(headers):
             return await _error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                kind="authentication_error")(scope, receive, send)
+                                kind="authentication_error", path=path)(scope, receive, send)
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            return await _error(413, f"request body over {self.limit} bytes (serve.max_body_bytes)")(scope, receive,
-                                                                                                    send)
+            return await _error(413, f"request body over {self.limit} bytes (serve.max_body_bytes)",
+                                path=path)(scope, receive, send)
         seen = 0
 
         async def limited():
@@ -201,6 +218,25 @@ class SessionLocks:
 
 
 @dataclass
+class Counters:
+    """What ``GET /metrics`` reports, counted since this server started (Trinity's proxy counts in memory too),
+    except ``commits``, which starts from the commits stored in the run's buffer. Changed only on the event loop."""
+
+    completions: int = 0
+    """Completions answered and recorded (Trinity's ``rollout/total_experience_count``: there each completion is
+    one experience)."""
+    rewarded_completions: int = 0
+    """Completions whose experience got its reward (Trinity's ``rollout/ready_experience_count``)."""
+    by_engine: dict[str, int] = field(default_factory=dict)
+    """engine id -> completions it answered (Trinity's ``rollout/model_<i>/total_request_count``)."""
+    committed: int = 0
+    """Experiences this server committed into the buffer."""
+    commits: int = 0
+    """Commits that wrote a buffer segment, those of earlier servers of the run included (Trinity's
+    ``explore_step_num``, which a commit advances)."""
+
+
+@dataclass
 class ServeState:
     cfg: ServeConfig
     backend: Backend
@@ -210,20 +246,22 @@ class ServeState:
     commit: Callable[[list[Record]], Awaitable[str]]
     """Writes records as one buffer segment (source agent) and returns its name."""
     api_key: str = ""
+    counters: Counters = field(default_factory=Counters)
 
 
 def build_app(state: ServeState) -> Guard:
     """The ASGI app: the routes behind ``Guard``."""
     app = FastAPI(title="trinity_like serve", docs_url=None, redoc_url=None)
     locks = SessionLocks()
+    counters = state.counters
     store_lock = asyncio.Lock()
     """Serialises feedback and commit with each other (they touch several records)."""
     tok = state.backend.tokenizer
     vocab = len(tok)
 
     @app.exception_handler(ApiError)
-    async def api_error(_request, e: ApiError):
-        return _error(e.status, e.message, e.param, e.kind)
+    async def api_error(request: Request, e: ApiError):
+        return _error(e.status, e.message, e.param, e.kind, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_request, e: RequestValidationError):
@@ -237,21 +275,23 @@ def build_app(state: ServeState) -> Guard:
         return _error(400, f"{loc + ': ' if loc else ''}{msg}", loc or None)
 
     @app.exception_handler(EngineCallFailed)
-    async def engines_down(_request, e: EngineCallFailed):
-        return _error(503, f"the policy's engines could not answer ({e}); retry later", kind="server_error")
+    async def engines_down(request: Request, e: EngineCallFailed):
+        return _error(503, f"the policy's engines could not answer ({e}); retry later", kind="server_error",
+                      path=request.url.path)
 
     @app.exception_handler(StorageError)
-    async def storage_refused(_request, e: StorageError):
+    async def storage_refused(request: Request, e: StorageError):
         # the store and the buffer write atomically and change nothing in memory before the disk: nothing of
         # this request was kept, and the server goes on
         full = isinstance(e, DiskFullError)
         return _error(507 if full else 503, f"{e.fault}; nothing of this request was recorded or committed (what was "
                       f"stored before is intact); retry once {'space is freed' if full else 'the disk is writable'}",
-                      kind="server_error")
+                      kind="server_error", path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request, e: StarletteHTTPException):
-        return _error(e.status_code, str(e.detail), kind="invalid_request_error" if e.status_code < 500 else "server_error")
+    async def http_error(request: Request, e: StarletteHTTPException):
+        return _error(e.status_code, str(e.detail), kind="invalid_request_error" if e.status_code < 500 else "server_error",
+                      path=request.url.path)
 
     # -------------------------------------------------------------- info
     @app.get("/health")
@@ -354,6 +394,8 @@ def build_app(state: ServeState) -> Guard:
             r.messages = r.messages + new_messages + [reply]
 
         state.store.update(record, add_turn)  # a full disk: 507, and the record is as it was
+        counters.completions += 1
+        counters.by_engine[sample.engine_id] = counters.by_engine.get(sample.engine_id, 0) + 1
         return cid
 
     def session_record(session: str | None, group: str | None, messages, tools, render_new, extend):
@@ -523,10 +565,24 @@ def build_app(state: ServeState) -> Guard:
                 if body.group_id is not None:
                     r.group_id = body.group_id
 
+            newly = sum(len(r.completion_ids) for r in records if not r.rewarded)
             for r in records:
                 state.store.update(r, give)
+            counters.rewarded_completions += newly if body.reward is not None or body.turn_rewards is not None else 0
         return {"object": "feedback", "experience_ids": [r.record_id for r in records],
                 "rewarded": all(r.rewarded for r in records)}
+
+    async def commit_records(chosen: list[Record]) -> str | None:
+        """Write ``chosen`` into the buffer as one segment (source agent) and drop their pending files; the
+        segment's name, or None when there was nothing to write. Called under ``store_lock``."""
+        # no turn of these sessions is half-way while they are committed
+        async with locks.hold(*{r.session_id for r in chosen}):
+            segment = await state.commit(chosen) if chosen else None
+            state.store.remove(chosen)
+        if segment is not None:
+            counters.committed += len(chosen)
+            counters.commits += 1
+        return segment
 
     @app.post("/v1/commit")
     async def commit(request: Request):
@@ -552,14 +608,107 @@ def build_app(state: ServeState) -> Guard:
                 if unrewarded:
                     raise ApiError(409, f"{len(unrewarded)} experience(s) have no reward yet ({unrewarded[0]}...); "
                                         "POST /v1/feedback first", kind="conflict_error")
-            # no turn of these sessions is half-way while they are committed
-            async with locks.hold(*{r.session_id for r in chosen}):
-                segment = await state.commit(chosen) if chosen else None
-                state.store.remove(chosen)
+            segment = await commit_records(chosen)
         return {"object": "commit", "committed": len(chosen), "experience_ids": [r.record_id for r in chosen],
                 "segment": segment, "pending": len(state.store.records)}
 
+    # -------------------------------------------------------------- Trinity-RFT's proxy API
+    @app.post("/feedback")
+    async def trinity_feedback(request: Request):
+        """Trinity's ``POST /feedback {msg_ids, reward, task_id?, run_id?}``: ``reward`` to the experience of each
+        completion named in ``msg_ids`` (the ``id`` of each answer). ``task_id`` becomes the experiences' group
+        (Trinity's task: one GRPO group), ``run_id`` is kept in their ``info``. All or nothing: an unknown id or
+        an experience rewarded already refuses the whole request, naming it."""
+        body = await _json_object(request)
+        _check_unicode(body, "request")
+        msg_ids, reward = body.get("msg_ids"), body.get("reward")
+        if msg_ids is None or reward is None:
+            raise ApiError(400, "msg_ids and reward are required")  # Trinity's words
+        if not isinstance(msg_ids, list) or isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise ApiError(400, "msg_ids must be a list and reward must be a number")  # Trinity's words
+        unknown = sorted(set(body) - {"msg_ids", "reward", "task_id", "run_id"})
+        if unknown:
+            raise ApiError(400, f"unknown field {unknown[0]!r}: /feedback takes msg_ids, reward, task_id, run_id")
+        if not msg_ids or not all(isinstance(m, str) and m for m in msg_ids):
+            raise ApiError(400, "msg_ids must be a non-empty list of completion ids (the 'id' of each answer, e.g. "
+                                "'chatcmpl-...')")
+        if not math.isfinite(reward):
+            raise ApiError(400, f"reward must be a finite number, got {reward}")
+        task_id, run_id = body.get("task_id"), body.get("run_id")
+        if task_id is not None and not (isinstance(task_id, str) and 0 < len(task_id) <= 128 and task_id.isprintable()):
+            raise ApiError(400, "task_id must be 1 to 128 printable characters")
+        if run_id is not None and (isinstance(run_id, bool) or not isinstance(run_id, int)):
+            raise ApiError(400, "run_id must be an integer")
+        async with store_lock:
+            records: dict[str, Record] = {}
+            for mid in msg_ids:
+                rec = state.store.of_completion(_strip_prefix(mid))
+                if rec is None:
+                    raise ApiError(404, f"no pending completion has id {mid!r}: it was never answered here, or its "
+                                        "experience was committed already; nothing was rewarded")
+                if rec.rewarded and rec.record_id not in records:
+                    given = rec.reward if rec.reward is not None else f"turn rewards {rec.turn_rewards}"
+                    raise ApiError(409, f"completion {mid!r} has a reward already ({given}, experience "
+                                        f"{rec.record_id}); a reward is given once; nothing was rewarded")
+                records[rec.record_id] = rec
+
+            def give(r: Record) -> None:
+                r.reward = float(reward)
+                if task_id is not None:
+                    r.group_id = task_id
+                if run_id is not None:
+                    r.run_id = run_id
+
+            for r in records.values():
+                state.store.update(r, give)
+                counters.rewarded_completions += len(r.completion_ids)
+        return {"status": "success", "experience_ids": list(records)}
+
+    @app.post("/commit")
+    async def trinity_commit():
+        """Trinity's ``POST /commit``: every rewarded experience goes into the buffer, where the trainer reads it
+        (Trinity hands its rewarded experiences to the explorer's pipeline, which writes them to the trainer's
+        buffer). The unrewarded ones stay pending."""
+        async with store_lock:
+            chosen = [r for r in state.store.records.values() if r.rewarded]
+            segment = await commit_records(chosen)
+        return {"status": "success", "committed": len(chosen), "experience_ids": [r.record_id for r in chosen],
+                "segment": segment, "pending": len(state.store.records)}
+
+    @app.get("/metrics")
+    async def trinity_metrics():
+        """Trinity's fields (``explore_step_num``, ``rollout/...``), then ours (``serve/...``)."""
+        engines = state.backend.engines() if hasattr(state.backend, "engines") else []
+        metrics: dict[str, Any] = {"explore_step_num": counters.commits}
+        for i, (engine_id, version) in enumerate(engines):
+            metrics[f"rollout/model_{i}/total_request_count"] = counters.by_engine.get(engine_id, 0)
+            metrics[f"rollout/model_{i}/model_version"] = version
+        rewarded = [r for r in state.store.records.values() if r.rewarded]
+        metrics.update({
+            "rollout/total_experience_count": counters.completions,
+            "rollout/ready_experience_count": counters.rewarded_completions,
+            "serve/model_version": state.backend.version,
+            "serve/pending_experiences": len(state.store.records),
+            "serve/rewarded_pending_experiences": len(rewarded),
+            "serve/committed_experiences": counters.committed,
+            "serve/commits": counters.commits,
+            "serve/open_sessions": len(state.store.open_by_session),
+        })
+        return metrics
+
     return Guard(app, state.cfg.max_body_bytes, state.api_key)
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying what it is instead."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "request body is not valid JSON (send a JSON object, Content-Type: application/json)") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"request body must be a JSON object, got {type(body).__name__}")
+    return body
 
 
 def _check_unicode(value: Any, where: str = "body") -> None:

@@ -59,6 +59,9 @@ class Record:
     truncated: bool = False
     reward: float | None = None
     turn_rewards: list[float] | None = None
+    run_id: int | None = None
+    """Trinity-RFT's ``run_id`` given with ``POST /feedback`` (which of a task's repeated runs this is), kept in
+    ``info``."""
     closed: bool = False
     """No further turns join it (its session went on in a new record)."""
     created_at: str = field(default_factory=lambda: utc_now().isoformat())
@@ -85,7 +88,8 @@ class Record:
             engine_id=self.engine_ids[-1] if self.engine_ids else None, truncated=self.truncated,
             messages=self.messages,
             info={"session_id": self.session_id, "turns": len(self.turn_ends), "turn_versions": self.versions,
-                  "completion_ids": self.completion_ids, **({"tools": self.tools} if self.tools else {})})
+                  "completion_ids": self.completion_ids, **({"tools": self.tools} if self.tools else {}),
+                  **({"run_id": self.run_id} if self.run_id is not None else {})})
 
 
 class PendingStore:

@@ -117,6 +117,10 @@ class FleetBackend:
     async def generate(self, input_ids: list[int], sampling, seed: int):
         return (await self.fleet.generate([input_ids], sampling, [seed]))[0]
 
+    def engines(self) -> list[tuple[str, int]]:
+        """(engine id, version it holds) of each engine, in order (``/metrics``: Trinity's ``model_<i>``)."""
+        return [(f"{self.cfg.explorer.engine}-{s.index}", s.version) for s in self.fleet.slots]
+
     async def stop(self) -> None:
         if self._follow is not None:
             self._follow.cancel()
@@ -137,15 +141,22 @@ def make_commit(paths: RunPaths):
     return commit
 
 
+def committed_segments(paths: RunPaths) -> int:
+    """Segments the run's servers committed into its buffer (their writer id starts with ``serve``)."""
+    from trinity_like.buffer.segments import list_segments
+
+    return sum(s.name.split("-", 1)[1].startswith("serve-") for s in list_segments(paths.buffer_dir))
+
+
 def build_state(cfg: Config, backend, paths: RunPaths, api_key: str):
     from trinity_like.buffer.segments import stored_eids
-    from trinity_like.serve.app import ServeState
+    from trinity_like.serve.app import Counters, ServeState
     from trinity_like.serve.records import PendingStore
 
     store = PendingStore(paths.run_dir / "serve" / "pending", stored_eids(paths.buffer_dir))
     return ServeState(cfg=cfg.serve, backend=backend, store=store,
                       model_name=cfg.serve.model_name or namespace_of(cfg), default_sampling=cfg.explorer.sampling,
-                      commit=make_commit(paths), api_key=api_key)
+                      commit=make_commit(paths), api_key=api_key, counters=Counters(commits=committed_segments(paths)))
 
 
 def _uvicorn_server(app):
