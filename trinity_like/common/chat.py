@@ -150,15 +150,25 @@ def _for_template(m: dict[str, Any]) -> dict[str, Any]:
     return {**m, "tool_calls": calls}
 
 
-def _template_text(tokenizer, messages, add_generation_prompt: bool, tools) -> str:
+def _template_text(tokenizer, messages, add_generation_prompt: bool, tools, chat_template: str | None = None,
+                   continue_final: bool = False, enable_thinking: bool | None = None) -> str:
     from jinja2 import TemplateError
 
-    kwargs = {"tools": tools} if tools else {}
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    if chat_template:
+        kwargs["chat_template"] = chat_template
+    if enable_thinking is not None:
+        kwargs["enable_thinking"] = enable_thinking
+    if continue_final:
+        kwargs["continue_final_message"] = True
     try:
         return tokenizer.apply_chat_template([_for_template(m) for m in messages],
                                              add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
     except TemplateError as e:  # templates refuse shapes they do not support (raise_exception in the template)
-        raise ChatFormatError(f"the tokenizer's chat template refuses this conversation: {e}") from None
+        whose = "the task set's chat template" if chat_template else "the tokenizer's chat template"
+        raise ChatFormatError(f"{whose} refuses this conversation: {e}") from None
+    except ValueError as e:  # continue_final_message on a template that does not render the message's text as is
+        raise ChatFormatError(f"cannot continue the final assistant message (a reply prefix): {e}") from None
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -193,6 +203,26 @@ def render_ids(messages: list[dict[str, Any]], tokenizer, add_generation_prompt:
     if add_generation_prompt:
         ids += _plain_header(tokenizer, "assistant")
     return ids
+
+
+def render_prompt_ids(messages: list[dict[str, Any]], tokenizer, chat_template: str | None = None,
+                      enable_thinking: bool | None = None, tools: list[dict] | None = None) -> list[int]:
+    """The token ids of a prompt (normalised messages) as Trinity-RFT renders one for generation
+    (``BaseInferenceModel.apply_chat_template``): with ``chat_template`` (a Jinja template in place of the
+    tokenizer's) or the tokenizer's template, ``add_generation_prompt`` and ``enable_thinking`` (when not None);
+    a conversation that ends with an assistant message (a reply prefix, ``format.reply_prefix``) is continued
+    instead: that message stays open (``continue_final_message``, no end of turn) and the model writes on from its
+    text. Without any template, the plain format: the final assistant message's header and text, no EOS."""
+    continue_final = bool(messages) and messages[-1]["role"] == "assistant"
+    if chat_template or _has_template(tokenizer):
+        text = _template_text(tokenizer, messages, not continue_final, tools, chat_template=chat_template,
+                              continue_final=continue_final,
+                              enable_thinking=None if continue_final else enable_thinking)
+        return _encode(tokenizer, text)
+    if not continue_final:
+        return render_ids(messages, tokenizer, add_generation_prompt=True, tools=tools)
+    ids = render_ids(messages[:-1], tokenizer, add_generation_prompt=False, tools=tools)
+    return ids + _plain_header(tokenizer, "assistant") + _encode(tokenizer, message_text(messages[-1]))
 
 
 def continuation_ids(history: list[dict[str, Any]], new: list[dict[str, Any]], tokenizer,

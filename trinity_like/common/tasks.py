@@ -17,6 +17,12 @@ string ground truth and a struct one, two ``extra_info`` structs with other fiel
 ``concat_tasksets`` makes one task set of several files (``explorer.taskset.files``, verl's list-valued
 ``data.train_files``) that way.
 
+Trinity-RFT's task sets (any columns, read as Hugging Face ``datasets`` reads them: ``trinity_like.common.datasets``)
+become Tasks by their ``format`` (``rows_to_tasks``): each keeps its whole row as ``raw_task`` (what Trinity's
+workflows and reward functions read), and the columns ``TASK_ROW_COLUMNS`` keep it and the set's rendering settings
+(``chat_template``, ``enable_thinking``; a reply prefix is the conversation's final assistant message) in a task file
+of ours, so such a task too loads back equal.
+
 The built-in ``arithmetic`` set asks for the sum of two small numbers ("7+12=") and has an exact answer, so
 the reward is checkable and a tiny model can improve on it.
 
@@ -36,6 +42,7 @@ import json
 import logging
 import os
 import random
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +58,11 @@ TASK_COLUMNS = ("task_id", "prompt", "answer")
 TASK_JSON_COLUMNS = ("messages", "extra_info", "ground_truth")
 """Optional columns of ours, JSON text: a task's chat messages, its ``extra_info`` and a ground truth that is not a
 string (module docstring)."""
+
+TASK_ROW_COLUMNS = ("raw_task", "workflow", "reward_fn", "chat_template", "enable_thinking")
+"""Optional columns of ours for a task read from a Trinity-RFT row (``trinity_like.common.datasets``), written when a
+task carries any of them: ``raw_task`` (JSON text of the whole row), ``workflow``, ``reward_fn``, ``chat_template``
+(text) and ``enable_thinking`` (JSON text: true, false or null)."""
 
 VERL_COLUMNS = ("prompt", "reward_model")
 """Columns that make a Parquet file a verl data file (``data_source`` and ``extra_info`` are read when present)."""
@@ -72,18 +84,34 @@ class Task:
     prompt_token_ids: tuple[int, ...] | None = None
     """The prompt's token ids as the prompt limit cut them (``limit_prompts``); None = not cut, ``prompt_ids``
     renders them from ``messages`` or ``prompt``."""
+    raw_task: dict[str, Any] = field(default_factory=dict)
+    """The row as a Trinity-RFT task file gave it (Trinity's ``Task.raw_task``: every column, JSON values), read by
+    workflows and reward functions of Trinity's shape (``raw_task[format.prompt_key]``); empty for a task not read
+    through ``trinity_like.common.datasets`` (ours, verl's, generated)."""
+    workflow: str = ""
+    """This task's own workflow, from the column ``format.workflow_key`` names; empty = the task set's."""
+    reward_fn: str = ""
+    """This task's own reward function, from the column ``format.reward_fn_key`` names; empty = the task set's."""
+    chat_template: str = ""
+    """The Jinja chat template ``prompt_ids`` renders ``messages`` with (the task set's ``format.chat_template``);
+    empty = the tokenizer's."""
+    enable_thinking: bool | None = None
+    """Handed to the chat template as ``enable_thinking`` (Qwen3's switch; ``format.enable_thinking``); None = not
+    passed, the template's default."""
 
 
 def prompt_ids(task: Task, tokenizer) -> list[int]:
     """The prompt's token ids: those the prompt limit kept (``Task.prompt_token_ids``) for a task it cut, else the
-    chat messages rendered with a generation prompt by the tokenizer's chat template
-    (``trinity_like.common.chat.render_ids``), or the raw prompt text encoded."""
+    chat messages rendered as Trinity-RFT renders a prompt (``trinity_like.common.chat.render_prompt_ids``: the
+    task's chat template or the tokenizer's, a generation prompt, or the final assistant message continued when
+    it is a reply prefix), or the raw prompt text encoded."""
     if task.prompt_token_ids is not None:
         return list(task.prompt_token_ids)
     if task.messages:
-        from trinity_like.common.chat import render_ids
+        from trinity_like.common.chat import render_prompt_ids
 
-        return list(render_ids(list(task.messages), tokenizer, add_generation_prompt=True))
+        return render_prompt_ids(list(task.messages), tokenizer, chat_template=task.chat_template or None,
+                                 enable_thinking=task.enable_thinking)
     return list(tokenizer.encode(task.prompt))
 
 
@@ -174,8 +202,9 @@ def demonstrations(tasks: list[Task]) -> list[dict]:
 
 def taskset_table(tasks: list[Task]):
     """The Arrow table ``write_taskset`` writes: columns ``task_id``, ``prompt``, ``answer`` (text; a ground truth
-    that is not a string as JSON), ``data_source``, and ``TASK_JSON_COLUMNS`` when a task carries messages,
-    ``extra_info`` or such a ground truth. ValueError naming the task when a value is not JSON (a date, bytes)."""
+    that is not a string as JSON), ``data_source``, ``TASK_JSON_COLUMNS`` when a task carries messages,
+    ``extra_info`` or such a ground truth, and ``TASK_ROW_COLUMNS`` when a task carries a Trinity-RFT row or its
+    settings. ValueError naming the task when a value is not JSON (a date, bytes)."""
     import pyarrow as pa
 
     cols: dict[str, list] = {"task_id": [t.task_id for t in tasks], "prompt": [t.prompt for t in tasks],
@@ -186,6 +215,12 @@ def taskset_table(tasks: list[Task]):
         cols["messages"] = [None if t.messages is None else _json(t, "messages", list(t.messages)) for t in tasks]
         cols["extra_info"] = [_json(t, "extra_info", t.extra_info) for t in tasks]
         cols["ground_truth"] = [None if isinstance(t.answer, str) else cols["answer"][i] for i, t in enumerate(tasks)]
+    if any(t.raw_task or t.workflow or t.reward_fn or t.chat_template or t.enable_thinking is not None for t in tasks):
+        cols["raw_task"] = [_json(t, "raw_task", t.raw_task) for t in tasks]
+        cols["workflow"] = [t.workflow for t in tasks]
+        cols["reward_fn"] = [t.reward_fn for t in tasks]
+        cols["chat_template"] = [t.chat_template for t in tasks]
+        cols["enable_thinking"] = [None if t.enable_thinking is None else json.dumps(t.enable_thinking) for t in tasks]
     return pa.table(cols, schema=pa.schema([(c, pa.string()) for c in cols]))
 
 
@@ -293,8 +328,16 @@ def _our_task(path: Path, i: int, row: dict[str, Any]) -> Task:
     extra = _from_json(where, "extra_info", row.get("extra_info")) or {}
     if not isinstance(extra, dict):
         raise ValueError(f"{where}: extra_info must be a JSON object, got {type(extra).__name__}")
+    raw = _from_json(where, "raw_task", row.get("raw_task")) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: raw_task must be a JSON object, got {type(raw).__name__}")
+    thinking = _from_json(where, "enable_thinking", row.get("enable_thinking"))
+    if thinking is not None and not isinstance(thinking, bool):
+        raise ValueError(f"{where}: enable_thinking must be true, false or null, got {thinking!r}")
     return Task(str(row["task_id"]), str(row["prompt"]), str(row["answer"]) if answer is None else answer,
-                str(row.get("data_source") or ""), messages=messages, extra_info=extra)
+                str(row.get("data_source") or ""), messages=messages, extra_info=extra, raw_task=raw,
+                workflow=str(row.get("workflow") or ""), reward_fn=str(row.get("reward_fn") or ""),
+                chat_template=str(row.get("chat_template") or ""), enable_thinking=thinking)
 
 
 def _from_json(where: str, column: str, value: Any) -> Any:
@@ -332,3 +375,127 @@ def _verl_task(path: Path, i: int, row: dict[str, Any]) -> Task:
     text = users[-1]["content"] if users else messages[-1]["content"]
     return Task(task_id=task_id, prompt=str(text or ""), answer=reward_model["ground_truth"],
                 data_source=str(row.get("data_source") or ""), messages=tuple(messages), extra_info=dict(extra))
+
+
+PROMPT_TYPES = ("plaintext", "messages", "chatpair")
+"""Trinity-RFT's ``format.prompt_type`` values (``rows_to_tasks``)."""
+
+
+def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", origin: str = "the task set",
+                  answer_optional: bool = False) -> list[Task]:
+    """Tasks of the rows of a Trinity-RFT task set (``trinity_like.common.datasets.read_rows``) read with ``fmt``, a
+    ``TaskFormatConfig`` (read by attribute: ``common`` sits below ``config``). Each task keeps its whole row as
+    ``raw_task`` (Trinity's workflows read ``raw_task[format.prompt_key]`` and ``raw_task[format.response_key]``),
+    its id is ``<split>-<row>``, and its prompt is the conversation Trinity's ``SimpleWorkflow.format_messages``
+    builds, rendered by ``prompt_ids`` as Trinity's model renders it:
+
+    - ``plaintext``: ``format.system_prompt`` (or the row's ``system_prompt_key`` column when set and not empty)
+      as a system message, the ``prompt_key`` column as the user message (a column of chat messages is taken as
+      the conversation itself, as verl's data files hold it), then ``reply_prefix`` as an assistant message that
+      the model continues; the answer is the ``response_key`` column;
+    - ``messages``: the ``messages_key`` column (a list of chat messages, or its JSON text) is the conversation; a
+      final assistant turn is the answer and not part of the prompt (unless the ``response_key`` column exists, which
+      then is the answer); the system prompt goes first when the conversation has none; ``reply_prefix`` as above;
+    - ``chatpair``: the prompt as ``plaintext`` builds it (or the ``messages_key`` conversation when the row has no
+      ``prompt_key`` column), the ``chosen_key`` reply (its text) as the answer.
+
+    Trinity itself builds every task's prompt from ``prompt_key`` whatever ``prompt_type`` says (it reads
+    ``prompt_type`` for SFT and DPO data only); ``messages`` and ``chatpair`` task sets are ours to read, as above.
+    A number as answer becomes its text (the scorers compare text; ``raw_task`` keeps the number). ``format.workflow_key``
+    and ``reward_fn_key`` fill ``Task.workflow``/``reward_fn`` from their columns; ``chat_template`` and
+    ``enable_thinking`` are kept on every task for ``prompt_ids``. A ``data_source`` text column picks the scorer as
+    in our task files. ``answer_optional``: a missing ``response_key`` column (or a null in it) gives the answer ""
+    (for workflows and reward functions that read ``raw_task`` themselves) instead of an error.
+
+    ValueError, one line naming ``origin``, the row and column and the fix, for a missing column (naming the
+    columns the rows have), an empty prompt or a conversation that is not chat messages."""
+    from trinity_like.common.chat import ChatFormatError, normalize_messages
+
+    prompt_type = getattr(fmt, "prompt_type", "plaintext") or "plaintext"
+    if prompt_type not in PROMPT_TYPES:
+        raise ValueError(f"format.prompt_type '{prompt_type}' is not one of {', '.join(PROMPT_TYPES)}")
+    columns = list(dict.fromkeys(c for r in rows for c in r))
+
+    def need(key_name: str, column: str) -> None:
+        if column not in columns:
+            raise ValueError(f"{origin} has no column '{column}' (format.{key_name}; its columns: "
+                             f"{', '.join(columns) or 'none'}); set format.{key_name} to the column that holds it")
+
+    p_key, r_key, m_key = fmt.prompt_key, fmt.response_key, fmt.messages_key
+    if prompt_type == "plaintext" or (prompt_type == "chatpair" and m_key not in columns):
+        need("prompt_key", p_key)
+    if prompt_type == "messages":
+        need("messages_key", m_key)
+    if prompt_type == "chatpair":
+        need("chosen_key", fmt.chosen_key)
+    elif not answer_optional and not (prompt_type == "messages" and r_key not in columns):
+        need("response_key", r_key)
+    for key_name in ("system_prompt_key", "workflow_key", "reward_fn_key"):
+        if getattr(fmt, key_name, ""):
+            need(key_name, getattr(fmt, key_name))
+    system = getattr(fmt, "system_prompt", "") or ""
+    prefix = getattr(fmt, "reply_prefix", "") or ""
+    label = re.sub(r"\[.*?\]", "", split or "train")
+    out = []
+    for i, row in enumerate(rows):
+        where = f"{origin} row {i}"
+
+        def chat(value: Any, column: str, where: str = where) -> list[dict[str, Any]]:
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    raise ValueError(f"{where}: column '{column}' is neither chat messages nor their JSON text") from None
+            try:
+                return normalize_messages(value)
+            except ChatFormatError as e:
+                raise ValueError(f"{where}: column '{column}' is not a list of chat messages ({e})") from None
+
+        row_system = str(row.get(fmt.system_prompt_key) or "") if fmt.system_prompt_key else ""
+        sys_text = row_system or system
+        answer: Any = None
+        if prompt_type == "messages" or (prompt_type == "chatpair" and p_key not in columns):
+            conv = chat(row.get(m_key), m_key)
+            if prompt_type == "messages" and conv[-1]["role"] == "assistant":
+                answer = conv[-1]["content"]
+                conv = conv[:-1]
+            if not conv:
+                raise ValueError(f"{where}: column '{m_key}' holds only an assistant turn; a prompt needs a user turn")
+            if sys_text and conv[0]["role"] != "system":
+                conv = [{"role": "system", "content": sys_text}, *conv]
+        else:
+            value = row.get(p_key)
+            if isinstance(value, list):
+                conv = chat(value, p_key)
+                if sys_text and conv[0]["role"] != "system":
+                    conv = [{"role": "system", "content": sys_text}, *conv]
+            elif value is None or (isinstance(value, str) and not value.strip()):
+                raise ValueError(f"{where}: column '{p_key}' (format.prompt_key) is empty; every task needs a prompt")
+            else:
+                conv = ([{"role": "system", "content": sys_text}] if sys_text else []) + \
+                       [{"role": "user", "content": value if isinstance(value, str) else json.dumps(value)}]
+        if prompt_type == "chatpair":
+            chosen = row.get(fmt.chosen_key)
+            answer = chat(chosen, fmt.chosen_key)[-1]["content"] if isinstance(chosen, list) else chosen
+        elif r_key in columns and row.get(r_key) is not None:
+            answer = row[r_key]
+        if answer is None:
+            if not answer_optional:
+                raise ValueError(f"{where}: column '{r_key}' (format.response_key) is null; every task needs its "
+                                 "ground truth")
+            answer = ""
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)
+        if prefix:
+            conv = [*conv, {"role": "assistant", "content": prefix}]
+        users = [m for m in conv if m["role"] == "user"]
+        source = row.get("data_source")
+        out.append(Task(
+            task_id=f"{label}-{i}", prompt=str((users[-1] if users else conv[-1])["content"] or ""), answer=answer,
+            data_source=source if isinstance(source, str) else "", messages=tuple(conv), raw_task=dict(row),
+            workflow=str(row.get(fmt.workflow_key) or "") if fmt.workflow_key else "",
+            reward_fn=str(row.get(fmt.reward_fn_key) or "") if fmt.reward_fn_key else "",
+            chat_template=getattr(fmt, "chat_template", "") or "", enable_thinking=getattr(fmt, "enable_thinking", None)))
+    if not out:
+        raise ValueError(f"{origin} has no rows")
+    return out
