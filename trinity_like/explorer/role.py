@@ -12,7 +12,8 @@ whichever explorer runs it, and the steps of an explorer that dies are redone by
 
 A task whose workflow raises or times out (``explorer.task_timeout_s``) is retried up to
 ``explorer.max_retries`` times, then recorded as failed (``failed_tasks.jsonl`` in the run directory and
-``rollout/failed_tasks``) and the step goes on with the others.
+``rollout/failed_tasks``) and the step goes on with the others, unless every task of the step failed with one
+same error: then the run stops with that error in one line (``_check_task_errors``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from trinity_like.buffer.partial import PartialStore
 from trinity_like.common.errors import RunError
 from trinity_like.common.experience import Experience
 from trinity_like.common.offline import set_offline_env
+from trinity_like.common.plugins import import_plugins
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config
 from trinity_like.explorer.evaluation import apply_prompt_limit, evaluate
@@ -44,8 +46,8 @@ from trinity_like.explorer.fleet import EngineLost, WeightsLoadFailed
 from trinity_like.explorer.reward_model import start_reward_model
 from trinity_like.explorer.stream import GroupStream
 from trinity_like.explorer.tools import tool_metrics
-from trinity_like.explorer.workflow_base import explorer_context
-from trinity_like.explorer.workflows import WorkflowContext, load_workflow
+from trinity_like.explorer.workflow_base import explorer_context, workflow_metrics
+from trinity_like.explorer.workflows import WorkflowContext, load_workflow, workflow_name
 from trinity_like.runtime.metrics import open_metrics_writer
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
 from trinity_like.runtime.run_dir import explorer_needs_run_dir, prepare_eval_tasksets
@@ -128,7 +130,8 @@ class ExplorerRole:
         await self.fleet.ready()
         if self.reward_model is not None:
             await self.reward_model.ready()
-        self.workflow = load_workflow(self.cfg.explorer.workflow)
+        import_plugins(self.cfg.explorer.plugin_dirs)  # users' workflows and reward functions register on import
+        self.workflow = load_workflow(workflow_name(self.cfg))
         self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
         self.base_ctx = explorer_context(self.cfg, self.tokenizer, self.reward_manager, self.reward_model)
         self.writer = self.sender = None
@@ -142,6 +145,10 @@ class ExplorerRole:
                                            relay=partial(self.files.relay_only, "metrics.jsonl"))
         self._order: list[int] = []
         self._epoch = -1
+        self._task_errors: dict[int, list[str]] = {}
+        """The error of every task that failed for good, by explorer step (``_check_task_errors``)."""
+        self._ok_steps: set[int] = set()
+        """Explorer steps with a task whose workflow succeeded."""
         self._stragglers: list[asyncio.Task] = []
         """Tasks of earlier steps still running (over-rollout); each yields (step, position, task, group)."""
         self.streaming = (self.cfg.explorer.rollout == "stream" and self.cfg.mode == "async"
@@ -234,13 +241,16 @@ class ExplorerRole:
             if hasattr(engine, "new_attempt"):
                 engine.new_attempt()
             try:
-                return await asyncio.wait_for(self.workflow.run(task, engine or self.fleet, ctx),
-                                              self.cfg.explorer.task_timeout_s)
+                group = await asyncio.wait_for(self.workflow.run(task, engine or self.fleet, ctx),
+                                               self.cfg.explorer.task_timeout_s)
+                self._ok_steps.add(ctx.explore_step)
+                return group
             except EngineLost:  # no engine to retry on: the run stops now, not after max_empty_steps
                 raise
             except Exception as e:  # a workflow is user code: any failure costs this task only
                 error = f"{type(e).__name__}: {e}"
                 logger.warning("task %s failed (attempt %d): %s", task.task_id, attempt + 1, error)
+        self._task_errors.setdefault(ctx.explore_step, []).append(error)
         self.files.append("failed_tasks.jsonl", json.dumps(
             {"task_id": task.task_id, "explore_step": ctx.explore_step, "error": error,
              "attempts": self.cfg.explorer.max_retries + 1}))
@@ -315,6 +325,7 @@ class ExplorerRole:
         """Stop the run, before anything of this step is written, where the reward failed on more than
         ``reward.max_failure_frac`` of the step's samples (or on all of them): those rewards are not what the
         reward function computes. Fewer failures go on the console."""
+        self._check_task_errors(finished)
         samples = [e for *_, group in finished for e in group or ()]  # a failed task has no group
         failed = sum(bool(e.info.get("reward_failed")) for e in samples)
         if not failed:
@@ -330,6 +341,22 @@ class ExplorerRole:
                            f"instead would be training on nothing (reward.max_failure_frac: {rc.max_failure_frac})")
         print(f"warning: explorer step {step}: the reward failed on {failed} of {len(samples)} samples, trained "
               f"with {rc.failure_value} ({reason})", file=sys.stderr, flush=True)
+
+    def _check_task_errors(self, finished) -> None:
+        """Stop the run, in one line with the error, where every task of a step (``batch_size`` of them) failed
+        for good with one same error: the workflow (or its reward) fails by construction, and going on would log
+        step after step of reward 0 with the error only in failed_tasks.jsonl."""
+        for step in sorted({s for s, *_ in finished}):
+            errors = self._task_errors.get(step, [])
+            if step not in self._ok_steps and len(errors) >= self.cfg.explorer.batch_size and len(set(errors)) == 1:
+                raise RunError(f"explorer step {step}: the workflow failed on all {len(errors)} tasks (each tried "
+                               f"{self.cfg.explorer.max_retries + 1} times) with the same error: {errors[0]}; fix "
+                               "the workflow or its reward function (failed_tasks.jsonl in the run directory lists "
+                               "the tasks)")
+        for old in sorted(self._task_errors)[:-64]:  # bounded: only recent steps can still end
+            del self._task_errors[old]
+        if len(self._ok_steps) > 64:
+            self._ok_steps = set(sorted(self._ok_steps)[-64:])
 
     async def _write(self, step: int, finished, start: float) -> dict[str, float]:
         """Group ids, the DAPO filter, one write; the step's metrics."""
@@ -415,6 +442,7 @@ class ExplorerRole:
             "rollout/tokens_per_s": float(lengths.sum()) / max(elapsed, 1e-9),
             "time/explore_step_s": elapsed,
             **tool_metrics(e.info for e in exps),  # rollout/tool_calls/<name>, rollout/tool_failures/<name>
+            **workflow_metrics(e.info for e in exps),  # rollout/reward/<part>, rollout/workflow/<name>
         }
 
     async def run(self, num_steps: int | None = None) -> int:

@@ -38,6 +38,7 @@ import numpy as np
 from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task, prompt_ids
 from trinity_like.explorer.workflow_base import WORKFLOWS, Workflow, WorkflowContext, greedy_context
+from trinity_like.explorer.workflow_base import score_parts as _score_parts
 from trinity_like.explorer.workflow_base import score_texts as _score
 
 
@@ -90,15 +91,15 @@ class SingleTurnWorkflow(Workflow):
     async def to_experiences(task: Task, prompt: list[int], samples, ctx: WorkflowContext,
                        reward_baseline: float | None = None) -> list[Experience]:
         texts = [ctx.tokenizer.decode(s.response_ids.tolist(), skip_special_tokens=True) for s in samples]
-        rewards, failed = await _score(ctx, texts, task, [len(s.response_ids) for s in samples])
+        rewards, failed, parts = await _score_parts(ctx, texts, task, [len(s.response_ids) for s in samples])
         baseline = {} if reward_baseline is None else {"reward_baseline": reward_baseline}
         return [Experience(
             prompt_ids=prompt, response_ids=s.response_ids, logprobs=s.logprobs, reward=r,
             model_version=s.model_version, token_versions=s.token_versions, truncated=s.finish_reason == "length", prompt_text=task.prompt,
             response_text=text, task_id=task.task_id, engine_id=s.engine_id,
             info={"ground_truth": task.answer, "data_source": task.data_source, **baseline,
-                  **({"reward_failed": True} if f else {})},
-        ) for s, text, r, f in zip(samples, texts, rewards, failed, strict=True)]
+                  **({"reward_failed": True} if f else {}), **({"reward_parts": p} if p else {})},
+        ) for s, text, r, f, p in zip(samples, texts, rewards, failed, parts, strict=True)]
 
 
 _GUESS = re.compile(r"-?\d+")
@@ -179,16 +180,87 @@ def _import_module(ref: str):
     return importlib.import_module(ref)
 
 
-def load_workflow(name: str) -> Workflow:
-    """A registered workflow by name, or ``package.module:ClassName`` / ``path/to/file.py:ClassName``."""
+def _resolve(name: str):
+    """What ``name`` names: a class loaded from ``module:Class`` / ``file.py:Class``, else the registry's entry."""
     if ":" in name:
         module_name, _, cls_name = name.rpartition(":")
         try:
-            cls = getattr(_import_module(module_name), cls_name)
+            return getattr(_import_module(module_name), cls_name)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"cannot load workflow {name!r}: {e}") from None
-        if not (isinstance(cls, type) and issubclass(cls, Workflow)):
-            raise ValueError(f"workflow {name!r} is not a subclass of trinity_like.explorer.workflows.Workflow")
-        return cls()
-    return WORKFLOWS.get(name)()
+    return WORKFLOWS.get(name)
+
+
+def load_workflow(name: str) -> Workflow:
+    """A registered workflow by name, or ``package.module:ClassName`` / ``path/to/file.py:ClassName``: one of ours,
+    or a Trinity-RFT workflow class (``trinity_api``: run through ``TrinityWorkflowAdapter``)."""
+    from trinity_like.explorer.trinity_api import TrinityWorkflowAdapter, is_trinity_workflow
+
+    entry = _resolve(name)
+    if ":" not in name:
+        return entry()
+    if is_trinity_workflow(entry):
+        return TrinityWorkflowAdapter(entry, name)
+    if not (isinstance(entry, type) and issubclass(entry, Workflow)):
+        raise ValueError(f"workflow {name!r} is not a subclass of trinity_like.explorer.workflows.Workflow nor a "
+                         "Trinity-RFT workflow (trinity_like.explorer.trinity_api.Workflow)")
+    return entry()
+
+
+def workflow_name(cfg) -> str:
+    """The workflow of the run's task set: ``explorer.taskset.workflow``, else ``explorer.workflow``."""
+    return cfg.explorer.taskset.workflow or cfg.explorer.workflow
+
+
+def check_workflow_config(cfg) -> None:
+    """When the config loads, before anything starts: import the plugin folders (``explorer.plugin_dirs``,
+    ``TRINITY_PLUGIN_DIRS``), then check that the workflow names resolve (a Trinity name that cannot run here
+    says what it needs), that a Trinity workflow class has ``__init__(self, *, task, model,
+    auxiliary_models=None)`` and the ``run``/``run_async`` its ``is_async`` asks for, and that each task set's
+    ``reward_fn`` builds with its ``reward_fn_args`` and takes Trinity's call; ConfigError in one line otherwise."""
+    from functools import partial
+
+    from trinity_like.algorithms.trinity_rewards import check_reward_fn_class
+    from trinity_like.common.errors import ConfigError
+    from trinity_like.common.plugins import PluginError, import_plugins
+    from trinity_like.explorer.trinity_api import (
+        TrinityWorkflowAdapter,
+        _Refusal,
+        is_trinity_workflow,
+        trinity_workflow_problem,
+    )
+
+    ex = cfg.explorer
+    try:
+        import_plugins(ex.plugin_dirs)
+    except PluginError as e:
+        raise ConfigError(str(e)) from None
+    sets = [("explorer.taskset", ex.taskset), *((f"explorer.eval_tasksets[{i}]", ev)
+                                                for i, ev in enumerate(ex.eval_tasksets))]
+    names = {("explorer.workflow", ex.workflow)}
+    names |= {(f"{where}.workflow", ts.workflow) for where, ts in sets if getattr(ts, "workflow", "")}
+    for key, name in sorted(names):
+        try:
+            entry = _resolve(name)
+        except (KeyError, ValueError) as e:
+            raise ConfigError(f"{key}: {e.args[0]}; a plugin folder (explorer.plugin_dirs) that registers it "
+                              "must be given") from None
+        if isinstance(entry, partial) and entry.func is _Refusal:
+            raise ConfigError(f"{key}: workflow {name!r} {entry.args[0].why}")
+        cls = entry.args[0] if isinstance(entry, partial) and entry.func is TrinityWorkflowAdapter else entry
+        if is_trinity_workflow(cls):
+            problem = trinity_workflow_problem(cls, name)
+            if problem:
+                raise ConfigError(f"{key}: {problem}")
+        elif not (isinstance(cls, type) and issubclass(cls, Workflow)) and not isinstance(entry, partial):
+            raise ConfigError(f"{key}: workflow {name!r} is neither one of ours (a subclass of "
+                              "trinity_like.explorer.workflows.Workflow) nor a Trinity-RFT workflow")
+    for where, ts in sets:
+        if getattr(ts, "reward_fn", ""):
+            problem = check_reward_fn_class(ts.reward_fn, ts.reward_fn_args)
+            if problem:
+                raise ConfigError(f"{where}.reward_fn: {problem}")
+
+
 from trinity_like.explorer import tool_workflow as _tool_workflow  # noqa: E402,F401  (registers tool_agent)
+from trinity_like.explorer import trinity_envs as _trinity_envs  # noqa: E402,F401  (Trinity's names)
