@@ -382,7 +382,7 @@ PROMPT_TYPES = ("plaintext", "messages", "chatpair")
 
 
 def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", origin: str = "the task set",
-                  answer_optional: bool = False) -> list[Task]:
+                  answer_optional: bool = False, fmt_key: str = "format") -> list[Task]:
     """Tasks of the rows of a Trinity-RFT task set (``trinity_like.common.datasets.read_rows``) read with ``fmt``, a
     ``TaskFormatConfig`` (read by attribute: ``common`` sits below ``config``). Each task keeps its whole row as
     ``raw_task`` (Trinity's workflows read ``raw_task[format.prompt_key]`` and ``raw_task[format.response_key]``),
@@ -407,19 +407,20 @@ def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", or
     in our task files. ``answer_optional``: a missing ``response_key`` column (or a null in it) gives the answer ""
     (for workflows and reward functions that read ``raw_task`` themselves) instead of an error.
 
-    ValueError, one line naming ``origin``, the row and column and the fix, for a missing column (naming the
-    columns the rows have), an empty prompt or a conversation that is not chat messages."""
+    ValueError, one line naming ``origin``, the row and column and the fix (the format's keys named under
+    ``fmt_key``), for a missing column (naming the columns the rows have), an empty prompt or a conversation that is
+    not chat messages."""
     from trinity_like.common.chat import ChatFormatError, normalize_messages
 
     prompt_type = getattr(fmt, "prompt_type", "plaintext") or "plaintext"
     if prompt_type not in PROMPT_TYPES:
-        raise ValueError(f"format.prompt_type '{prompt_type}' is not one of {', '.join(PROMPT_TYPES)}")
+        raise ValueError(f"{fmt_key}.prompt_type '{prompt_type}' is not one of {', '.join(PROMPT_TYPES)}")
     columns = list(dict.fromkeys(c for r in rows for c in r))
 
     def need(key_name: str, column: str) -> None:
         if column not in columns:
-            raise ValueError(f"{origin} has no column '{column}' (format.{key_name}; its columns: "
-                             f"{', '.join(columns) or 'none'}); set format.{key_name} to the column that holds it")
+            raise ValueError(f"{origin} has no column '{column}' ({fmt_key}.{key_name}; its columns: "
+                             f"{', '.join(columns) or 'none'}); set {fmt_key}.{key_name} to the column that holds it")
 
     p_key, r_key, m_key = fmt.prompt_key, fmt.response_key, fmt.messages_key
     if prompt_type == "plaintext" or (prompt_type == "chatpair" and m_key not in columns):
@@ -470,7 +471,7 @@ def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", or
                 if sys_text and conv[0]["role"] != "system":
                     conv = [{"role": "system", "content": sys_text}, *conv]
             elif value is None or (isinstance(value, str) and not value.strip()):
-                raise ValueError(f"{where}: column '{p_key}' (format.prompt_key) is empty; every task needs a prompt")
+                raise ValueError(f"{where}: column '{p_key}' ({fmt_key}.prompt_key) is empty; every task needs a prompt")
             else:
                 conv = ([{"role": "system", "content": sys_text}] if sys_text else []) + \
                        [{"role": "user", "content": value if isinstance(value, str) else json.dumps(value)}]
@@ -481,7 +482,7 @@ def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", or
             answer = row[r_key]
         if answer is None:
             if not answer_optional:
-                raise ValueError(f"{where}: column '{r_key}' (format.response_key) is null; every task needs its "
+                raise ValueError(f"{where}: column '{r_key}' ({fmt_key}.response_key) is null; every task needs its "
                                  "ground truth")
             answer = ""
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
@@ -499,3 +500,31 @@ def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", or
     if not out:
         raise ValueError(f"{origin} has no rows")
     return out
+
+
+def is_task_file(path: str | Path) -> bool:
+    """Whether ``path`` is a task file ``load_taskset`` reads as it is: a Parquet file with our columns or verl's (a
+    ``.parquet`` path not there yet, or that cannot be read, counts too: ``load_taskset`` says what is wrong with it).
+    Anything else (JSON Lines, CSV, a folder, a hub id, a Parquet file of other columns) is read as Trinity-RFT reads
+    a task set (``reads_rows``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = Path(path).expanduser()
+    if p.suffix != ".parquet" or p.is_dir():
+        return False
+    try:
+        names = pq.read_schema(p).names
+    except (OSError, pa.ArrowException):
+        return True
+    return all(c in names for c in TASK_COLUMNS) or all(c in names for c in VERL_COLUMNS)
+
+
+def reads_rows(taskset: Any) -> bool:
+    """Whether a task set's config (``TasksetConfig`` / ``EvalTasksetConfig``, read by attribute) names data read as
+    Trinity-RFT reads it (``trinity_like.common.datasets`` and ``rows_to_tasks``), to be written as a task file of
+    ours in the run directory: a ``path`` that is not a task file (``is_task_file``), or any ``subset_name`` or
+    ``format`` key set."""
+    if not taskset.path:
+        return False
+    return bool(taskset.subset_name) or taskset.format != type(taskset.format)() or not is_task_file(taskset.path)

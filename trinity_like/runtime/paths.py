@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from trinity_like.common.tasks import reads_rows
 from trinity_like.config import Config
 
 
@@ -30,7 +31,8 @@ class RunPaths:
             run_dir=run_dir,
             buffer_dir=Path(cfg.buffer.path).absolute() if cfg.buffer.path else run_dir / "buffer",
             checkpoint_dir=run_dir / "checkpoints",
-            taskset=Path(cfg.explorer.taskset.path).absolute() if cfg.explorer.taskset.path
+            taskset=Path(cfg.explorer.taskset.path).absolute()
+            if cfg.explorer.taskset.path and not reads_rows(cfg.explorer.taskset)  # else read and written there
             else run_dir / "tasks.parquet",
             metrics=run_dir / "metrics.jsonl",
             summary=run_dir / "summary.json",

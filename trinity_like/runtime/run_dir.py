@@ -2,9 +2,13 @@
 before writing anything, then save the resolved config, the run's id and the task set; and the eval task sets
 (``prepare_eval_tasksets``: here, not in the explorer, because the trainer publishes them too).
 
-The run's task set is ``explorer.taskset.path``, or ``<run_dir>/tasks.parquet``: generated, or the concatenation of
-``explorer.taskset.files`` (``trinity_like.common.tasks.concat_tasksets``), written once and compared with what the
-files give at every later prepare (``_taskset_of_files``): a run trains on one task set from start to end."""
+The run's task set is ``explorer.taskset.path``, or ``<run_dir>/tasks.parquet``: generated, the concatenation of
+``explorer.taskset.files`` (``trinity_like.common.tasks.concat_tasksets``), or a task set read as Trinity-RFT reads
+one (a ``path`` that is not a task file of ours, or any ``subset_name``/``format`` key set:
+``trinity_like.common.tasks.reads_rows``; read by ``trinity_like.common.datasets`` and ``rows_to_tasks``), written
+once and compared with what its source gives at every later prepare (``_taskset_of_files``, ``_taskset_of_rows``): a
+run trains on one task set from start to end. Eval task sets read as Trinity reads them are written likewise, as
+``<run_dir>/eval-<name>.parquet``."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING
 from trinity_like.buffer.segments import check_schema_versions, list_segments
 from trinity_like.common.errors import ConfigError, RunError
 from trinity_like.common.fs import atomic_write_text, fsync_path
+from trinity_like.common.tasks import reads_rows
 from trinity_like.config import Config, EvalTasksetConfig, flatten, load_config, to_yaml
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths
@@ -122,12 +127,19 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     # Check what the user gave before writing anything: a config.yaml saved by an attempt that then failed would
     # make the corrected retry look like "another config".
     _check_model(cfg)
-    if cfg.mode != "offline" and cfg.explorer.taskset.path:
+    of_rows = None
+    if cfg.mode != "offline" and reads_rows(cfg.explorer.taskset):
+        of_rows = _taskset_of_rows(cfg, paths, compare=not allow_existing)
+    elif cfg.mode != "offline" and cfg.explorer.taskset.path:
         _check_taskset(paths.taskset)
     of_files = (_taskset_of_files(cfg, paths, compare=not allow_existing)
-                if cfg.mode != "offline" and cfg.explorer.taskset.files else None)
+                if cfg.mode != "offline" and cfg.explorer.taskset.files else of_rows)
+    read = {paths.taskset: of_rows} if of_rows is not None else {}
+    if cfg.mode != "offline":  # eval sets read as Trinity reads them: refused here, in one line, before any write
+        read.update({eval_taskset_path(cfg, ev): tasks_of_rows(cfg, ev, f"explorer.eval_tasksets[{i}]")
+                     for i, ev in enumerate(cfg.explorer.eval_tasksets) if reads_rows(ev)})
     if role != "serve":
-        check_reward_sources(cfg)
+        check_reward_sources(cfg, read)
     if not allow_existing:
         check_schema_versions(paths.buffer_dir)
     paths.run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,52 +160,118 @@ def _taskset_of_files(cfg: Config, paths: RunPaths, compare: bool = True) -> lis
     one line, RunError). With ``compare``, a ``tasks.parquet`` already in the run directory must be what they give
     (the same Parquet table ``write_taskset`` would write: the concatenation is deterministic): otherwise the
     run's task set changed, and the run stops rather than train on another one from here on."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from trinity_like.common.tasks import concat_tasksets, taskset_table
+    from trinity_like.common.tasks import concat_tasksets
 
     files = cfg.explorer.taskset.files
     try:
         tasks = concat_tasksets(files)
-        table = taskset_table(tasks)
     except (OSError, ValueError) as e:
         raise RunError(f"explorer.taskset.files: {e}") from None
-    if not compare or not paths.taskset.is_file():
-        return tasks
+    if compare:
+        _check_unchanged(paths.taskset, tasks, f"the {len(files)} files", "explorer.taskset.files no longer give",
+                         "restore those files")
+    return tasks
+
+
+def _check_unchanged(saved_path: Path, tasks: list[Task], givers: str, what: str, restore: str) -> None:
+    """A task file already written in the run directory (``saved_path``; none yet: nothing to check) must be the
+    table ``write_taskset`` writes of ``tasks``, what its source gives now; else RunError in one line saying where
+    they differ (``givers`` names the source, ``what`` the config key that no longer gives it, ``restore`` how to
+    give it again) and the ways out. ValueError from ``taskset_table`` becomes RunError too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trinity_like.common.tasks import taskset_table
+
     try:
-        saved = pq.read_table(paths.taskset)
+        table = taskset_table(tasks)
+    except ValueError as e:
+        raise RunError(f"{what.split()[0]}: {e}") from None
+    if not saved_path.is_file():
+        return
+    try:
+        saved = pq.read_table(saved_path)
     except (OSError, pa.ArrowException):
         saved = None
     if saved is not None and saved.equals(table):
-        return tasks
+        return
     if saved is None:
         how = "cannot be read as Parquet"
     elif saved.num_rows != table.num_rows or saved.schema != table.schema:
-        how = (f"holds {saved.num_rows} tasks ({', '.join(saved.column_names)}), the {len(files)} files give "
+        how = (f"holds {saved.num_rows} tasks ({', '.join(saved.column_names)}), {givers} give "
                f"{table.num_rows} ({', '.join(table.column_names)})")
     else:
         old, new = saved.to_pylist(), table.to_pylist()
         i = next(i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b)
-        how = f"differs from what the files give from row {i} on (task '{old[i]['task_id']}', now '{new[i]['task_id']}')"
-    raise RunError(f"the run's task set changed: '{paths.taskset}' {how}; explorer.taskset.files no longer give the "
-                   "tasks this run started with: restore those files, start a new run for the new tasks (another "
-                   "name=...), or delete that tasks.parquet to continue this run on them")
+        how = f"differs from what {givers} give from row {i} on (task '{old[i]['task_id']}', now '{new[i]['task_id']}')"
+    raise RunError(f"the run's task set changed: '{saved_path}' {how}; {what} the tasks this run started with: "
+                   f"{restore}, start a new run for the new tasks (another name=...), or delete that "
+                   f"{saved_path.name} to continue this run on them")
+
+
+def _scores_itself(cfg: Config, ts) -> bool:
+    """Whether task set ``ts`` (training or eval) is scored other than by the built-in reward's scorers: a reward
+    function or workflow of its own (``reward_fn``, ``format.reward_fn_key``/``workflow_key``), or a workflow that
+    scores as it decides (not one of ``REWARD_SCORED_WORKFLOWS``). Its tasks may then lack a ground truth, and
+    ``check_reward_sources`` leaves it out."""
+    return bool(ts.reward_fn or ts.format.reward_fn_key or ts.format.workflow_key
+                or (ts.workflow or cfg.explorer.workflow) not in REWARD_SCORED_WORKFLOWS)
+
+
+def tasks_of_rows(cfg: Config, ts, key: str) -> list[Task]:
+    """The tasks of a task set read as Trinity-RFT reads it (``reads_rows``): ``ts.path`` read as Hugging Face
+    ``datasets`` reads it (``subset_name``, ``split``) and its rows made tasks by ``ts.format``
+    (``rows_to_tasks``). ``key`` names the set's config key in messages. RunError, one line naming the file, row
+    or column and the fix."""
+    from trinity_like.common.datasets import DatasetError, read_rows
+    from trinity_like.common.tasks import rows_to_tasks
+
+    try:
+        data = read_rows(ts.path, ts.subset_name, ts.split, key=f"{key}.path")
+    except DatasetError as e:
+        raise RunError(str(e)) from None
+    try:
+        return rows_to_tasks(data.rows, ts.format, ts.split, origin=f"{key} {data.origin}",
+                             answer_optional=_scores_itself(cfg, ts), fmt_key=f"{key}.format")
+    except ValueError as e:
+        raise RunError(str(e)) from None
+
+
+def _taskset_of_rows(cfg: Config, paths: RunPaths, compare: bool = True) -> list[Task]:
+    """The run's task set read as Trinity-RFT reads it (``tasks_of_rows``), checked, with ``compare``, against the
+    ``tasks.parquet`` a first prepare wrote of it (as ``_taskset_of_files`` does)."""
+    tasks = tasks_of_rows(cfg, cfg.explorer.taskset, "explorer.taskset")
+    if compare:
+        _check_unchanged(paths.taskset, tasks, f"'{cfg.explorer.taskset.path}'", "explorer.taskset no longer gives",
+                         "restore that data or its format")
+    return tasks
 
 
 def eval_taskset_path(cfg: Config, ev: EvalTasksetConfig) -> Path:
-    """Where eval task set ``ev`` lives: its ``path``, or ``eval-<name>.parquet`` in the run directory."""
-    return Path(ev.path) if ev.path else RunPaths.of(cfg).run_dir / f"eval-{ev.name}.parquet"
+    """Where eval task set ``ev`` lives: its ``path`` (a task file of ours), or ``eval-<name>.parquet`` in the run
+    directory (generated, or read as Trinity-RFT reads it: ``reads_rows``)."""
+    return (Path(ev.path) if ev.path and not reads_rows(ev)
+            else RunPaths.of(cfg).run_dir / f"eval-{ev.name}.parquet")
 
 
 def prepare_eval_tasksets(cfg: Config) -> dict[str, list[Task]]:
-    """Load (or generate, seeded apart from the training tasks) every eval task set."""
+    """Load (or generate, seeded apart from the training tasks) every eval task set; one read as Trinity-RFT reads
+    it (``reads_rows``: its ``split`` is often ``test``) is written into the run directory the first time and
+    compared with what its source gives every later time (RunError when it changed, as for the training set)."""
     from trinity_like.common.tasks import TASKSET_GENERATORS, load_taskset, write_taskset
 
     out = {}
     for i, ev in enumerate(cfg.explorer.eval_tasksets):
         path = eval_taskset_path(cfg, ev)
-        if not path.is_file() and not ev.path:
+        if reads_rows(ev):
+            key = f"explorer.eval_tasksets[{i}]"
+            tasks = tasks_of_rows(cfg, ev, key)
+            _check_unchanged(path, tasks, f"'{ev.path}'", f"{key} no longer gives", "restore that data or its format")
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_taskset(path, tasks)
+        elif not path.is_file() and not ev.path:
             write_taskset(path, TASKSET_GENERATORS[ev.generate](ev.size, ev.max_operand, seed=cfg.seed + 7_919 * (i + 1)))
         out[ev.name] = load_taskset(path)
     return out
@@ -205,21 +283,25 @@ own game, and a workflow of the user's (an import path) scores as it decides, so
 by ``check_reward_sources``."""
 
 
-def reward_task_files(cfg: Config) -> list[tuple[str, Path]]:
+def reward_task_files(cfg: Config, read: dict[Path, list[Task]] | None = None) -> list[tuple[str, Path]]:
     """The task files a run of ``cfg`` scores with its reward function, as ``(config key, path)``: the training
     task set (every one of ``explorer.taskset.files``, whose concatenation the run's ``tasks.parquet`` is) and every
-    eval task set, those given by path and those already generated (a resumed run). Files not there yet are left
-    out: a generated set is ours (``arithmetic``), a missing given one is refused elsewhere."""
+    eval task set, those given by path and those already generated or read (a resumed run), and those whose tasks
+    are in ``read`` (read, not written yet). Files not there yet are left out: a generated set is ours
+    (``arithmetic``), a missing given one is refused elsewhere. So are the sets scored otherwise (``_scores_itself``:
+    their own reward function or workflow)."""
     paths = RunPaths.of(cfg)
     files = cfg.explorer.taskset.files
-    out = ([(f"explorer.taskset.files[{i}]", Path(f).absolute()) for i, f in enumerate(files)] if files
-           else [("explorer.taskset.path", paths.taskset)])
+    ts = cfg.explorer.taskset
+    out = [] if _scores_itself(cfg, ts) else (
+        [(f"explorer.taskset.files[{i}]", Path(f).absolute()) for i, f in enumerate(files)] if files
+        else [("explorer.taskset.path", paths.taskset)])
     out += [(f"explorer.eval_tasksets[{i}].path", eval_taskset_path(cfg, ev))
-            for i, ev in enumerate(cfg.explorer.eval_tasksets)]
-    return [(key, path) for key, path in out if path.is_file()]
+            for i, ev in enumerate(cfg.explorer.eval_tasksets) if not _scores_itself(cfg, ev)]
+    return [(key, path) for key, path in out if path.is_file() or path in (read or {})]
 
 
-def check_reward_sources(cfg: Config) -> None:
+def check_reward_sources(cfg: Config, read: dict[Path, list[Task]] | None = None) -> None:
     """Refuse a run, in one line (ConfigError), whose reward is the built-in one (no ``reward.function_path``, no
     reward model whose score replaces the function's: ``reward.model.combine`` replace) when a task set it scores
     (``reward_task_files``) has a data source the built-in reward has no scorer for
@@ -230,7 +312,8 @@ def check_reward_sources(cfg: Config) -> None:
     explorer) or with a workflow that does not score with the reward function (``REWARD_SCORED_WORKFLOWS``).
 
     Reads the ``data_source`` column only, the one the workflows score by (``Task.data_source``; empty = ``math``).
-    A file that cannot be read is left to the task-set checks, which say why."""
+    A file that cannot be read is left to the task-set checks, which say why. ``read``: the tasks of task files not
+    written yet (a set read as Trinity-RFT reads it, on its first prepare), checked as those files will hold them."""
     rc = cfg.reward
     if (cfg.mode == "offline" or rc.function_path or (rc.model.path and rc.model.combine == "replace")
             or cfg.explorer.workflow not in REWARD_SCORED_WORKFLOWS):
@@ -238,9 +321,10 @@ def check_reward_sources(cfg: Config) -> None:
     from trinity_like.algorithms.rewards import known_scorers, missing_scorer, scorer_for
     from trinity_like.common.tasks import data_sources_of
 
-    for key, path in reward_task_files(cfg):
+    read = read or {}
+    for key, path in reward_task_files(cfg, read):
         try:
-            counts = data_sources_of(path)
+            counts = _source_counts(read[path]) if path in read else data_sources_of(path)
         except (OSError, ValueError):  # not Parquet, damaged: _check_taskset / load_taskset refuse it in words
             continue
         missing = [source for source in counts if scorer_for(source) is None]
@@ -253,15 +337,23 @@ def check_reward_sources(cfg: Config) -> None:
             f"built-in reward scores {', '.join(known_scorers())}; give a reward function for it: "
             "reward.function_path=FILE.py (verl: custom_reward_function.path) with compute_score(data_source, "
             "solution_str, ground_truth, extra_info=None)")
-    for key, path in reward_task_files(cfg):
-        _check_truths(key, path)
+    for key, path in reward_task_files(cfg, read):
+        _check_truths(key, path, read.get(path))
+
+
+def _source_counts(tasks: list[Task]) -> dict[str, int]:
+    """``data_sources_of`` of tasks in hand."""
+    counts: dict[str, int] = {}
+    for t in tasks:
+        counts[t.data_source] = counts.get(t.data_source, 0) + 1
+    return counts
 
 
 TRUTH_SHOWN_CHARS = 60
 """How much of an unreadable ground truth the start-up refusal quotes."""
 
 
-def _check_truths(key: str, path: Path) -> None:
+def _check_truths(key: str, path: Path, tasks: list[Task] | None = None) -> None:
     """Refuse (ConfigError, one line) a task file with a ground truth that the built-in scorer of its row's data
     source cannot read (``trinity_like.algorithms.rewards.truth_problem``: e.g. gsm8k's whole solution without its
     ``#### 72`` under ``math``), which would score every sample of that row 0. Names the first such row (index and
@@ -271,7 +363,7 @@ def _check_truths(key: str, path: Path) -> None:
     from trinity_like.common.tasks import load_taskset
 
     try:
-        tasks = load_taskset(path)
+        tasks = load_taskset(path) if tasks is None else tasks
     except (OSError, ValueError):
         return
     bad = [(i, t, why) for i, t in enumerate(tasks) if (why := truth_problem(t.data_source, t.answer)) is not None]
