@@ -153,6 +153,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from trinity_like.explorer.evaluation import bench
 
     config, overrides = _split_config_and_overrides(args.items)
+    if args.all_checkpoints or args.follow:  # each checkpoint of the run: explorer/evaluation.py bench_checkpoints
+        from trinity_like.explorer.evaluation import bench_checkpoints_command
+
+        return bench_checkpoints_command(load_config(config, overrides), args)
     rows = bench(load_config(config, overrides), args.checkpoint)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -251,6 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="evaluate a model or checkpoint on the config's eval task sets")
     p.add_argument("items", nargs="+", metavar="CONFIG | key=value")
     p.add_argument("--checkpoint", help="a .safetensors state dict, a trainer checkpoint folder or an HF model folder")
+    p.add_argument("--all-checkpoints", action="store_true",
+                   help="each complete checkpoint of the run, in step order, one row each into --results")
+    p.add_argument("--follow", action="store_true", help="--all-checkpoints, then each new checkpoint as it lands, "
+                   "until the run ends or --timeout")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS", help="with --follow: stop after SECONDS")
+    p.add_argument("--results", metavar="FILE", help="results of --all-checkpoints/--follow (JSON lines; default "
+                   "<run_dir>/bench_results.jsonl); steps it holds already are not benched again")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_bench)
 

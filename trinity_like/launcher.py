@@ -106,9 +106,11 @@ def start_up_checks(cfg: Config, role: str, total_bytes: float | None = None) ->
     explores, trains = role in ("all", "explorer") and cfg.mode != "offline", role in ("all", "trainer")
     lines = []
     if explores:
-        from trinity_like.explorer.workflows import check_workflow_config  # names resolve, shapes fit: one line
+        from trinity_like.explorer.engines.external import refuse_outside_bench
+        from trinity_like.explorer.workflows import check_workflow_config
 
-        check_workflow_config(cfg)
+        refuse_outside_bench(cfg, "run")  # explorer.engine external: bench only
+        check_workflow_config(cfg)  # names resolve, shapes fit: one line
         unordered = None
         if not trains:
             unordered = "this explorer job (--role explorer) sets its engines up whenever it starts, beside a trainer job"

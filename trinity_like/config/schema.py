@@ -363,6 +363,10 @@ class ExplorerConfig:
     """Evaluate on `eval_tasksets` every N explorer steps (and before the first); 0 = never."""
     eval_tasksets: list[EvalTasksetConfig] = field(default_factory=list)
     """Held-out task sets for evaluation."""
+    bench_on_latest_checkpoint: bool = False
+    """`trinity-like bench` evaluates the run's newest checkpoint (`checkpoints/latest`) rather than `model.path`
+    (Trinity-RFT's key of the same name). `bench --all-checkpoints` evaluates every checkpoint of the run, `bench
+    --follow` each one as it lands."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Settings of the `vllm` engine."""
     node: NodeConfig = field(default_factory=NodeConfig)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trinity_like.common.tasks import Task, limit_prompts
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
+from trinity_like.explorer.engines.external import ExternalEngine, external_endpoint
 from trinity_like.explorer.workflow_base import Workflow, WorkflowContext, explorer_context
 from trinity_like.explorer.workflows import SingleTurnWorkflow, load_workflow
 from trinity_like.weights.messages import WeightsInfo
@@ -75,47 +76,193 @@ def _resolve_checkpoint(cfg: Config, checkpoint: str | None) -> tuple[Config, st
                     "a Hugging Face model folder")
 
 
-def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
-    """Evaluate a checkpoint on the config's eval task sets (a greedy arithmetic set when none is given)."""
-    import dataclasses
+class _Bench:
+    """What every model a ``bench`` evaluates shares: the run directory (opened read-only), the eval task sets
+    under the prompt limit, the tokenizer and the reward manager; ``rows`` evaluates one model on them."""
 
-    from trinity_like.algorithms.rewards import load_reward_manager
-    from trinity_like.common.tokenizer import hf_tokenizer
-    from trinity_like.explorer.fleet import EngineFleet
-    from trinity_like.explorer.reward_model import start_reward_model
-    from trinity_like.runtime.ray_cluster import init_ray
-    from trinity_like.runtime.run_dir import prepare_eval_tasksets, prepare_run_dir
-    cfg, weights = _resolve_checkpoint(cfg, checkpoint)
-    if not cfg.explorer.eval_tasksets:
-        cfg = dataclasses.replace(cfg, explorer=dataclasses.replace(cfg.explorer, eval_tasksets=[EvalTasksetConfig()]))
-    prepare_run_dir(cfg, allow_existing=True)
-    init_ray(cfg)
-    tokenizer = hf_tokenizer(cfg.model.path)
-    tasksets = {name: apply_prompt_limit(cfg, tokenizer, tasks, f"eval task set '{name}'")
-                for name, tasks in prepare_eval_tasksets(cfg).items()}
-    reward_manager = load_reward_manager(cfg, tokenizer)
+    def __init__(self, cfg: Config) -> None:
+        import dataclasses
 
-    async def main() -> list[dict]:
-        fleet = EngineFleet(cfg)
+        from trinity_like.algorithms.rewards import load_reward_manager
+        from trinity_like.common.tokenizer import hf_tokenizer
+        from trinity_like.runtime.ray_cluster import init_ray
+        from trinity_like.runtime.run_dir import prepare_eval_tasksets, prepare_run_dir
+
+        self.external = cfg.explorer.engine == "external"
+        if self.external:
+            external_endpoint(cfg)  # a missing variable is refused before anything starts
+        if not cfg.explorer.eval_tasksets:
+            cfg = dataclasses.replace(cfg, explorer=dataclasses.replace(cfg.explorer,
+                                                                        eval_tasksets=[EvalTasksetConfig()]))
+        self.cfg = cfg
+        self.paths = prepare_run_dir(cfg, allow_existing=True)
+        if not self.external or cfg.reward.model.path:  # engine actors, a reward model actor
+            init_ray(cfg)
+        self.tokenizer = hf_tokenizer(cfg.model.path)
+        self.tasksets = {name: apply_prompt_limit(cfg, self.tokenizer, tasks, f"eval task set '{name}'")
+                         for name, tasks in prepare_eval_tasksets(cfg).items()}
+        self.reward_manager = load_reward_manager(cfg, self.tokenizer)
+
+    def rows(self, checkpoint: str | None = None) -> list[dict]:
+        """One row per eval task set for ``checkpoint`` (a state-dict file, a trainer checkpoint folder or a
+        Hugging Face model folder; None = ``model.path``, or the external model)."""
+        if checkpoint is not None and self.external:
+            from trinity_like.common.errors import UserError
+
+            raise UserError("explorer.engine external evaluates the server's model: it takes no checkpoint "
+                            "(--checkpoint, --all-checkpoints, --follow, explorer.bench_on_latest_checkpoint)")
+        cfg, weights = _resolve_checkpoint(self.cfg, checkpoint)
+        return asyncio.run(self._rows(cfg, weights))
+
+    async def _rows(self, cfg: Config, weights: str | None) -> list[dict]:
+        from trinity_like.explorer.fleet import EngineFleet
+        from trinity_like.explorer.reward_model import start_reward_model
+
+        if self.external:
+            fleet = ExternalEngine.from_config(cfg, self.tokenizer)
+        else:
+            fleet = EngineFleet(cfg)
         reward_model = start_reward_model(cfg)
         try:
             await fleet.ready()
             if weights is not None:
                 await fleet.update_weights(WeightsInfo(version=1, path=weights))
             rows = []
-            ctx = explorer_context(cfg, tokenizer, reward_manager, reward_model)
+            ctx = explorer_context(cfg, self.tokenizer, self.reward_manager, reward_model)
             workflow = load_workflow(cfg.explorer.workflow)
             for ev in cfg.explorer.eval_tasksets:
-                m = await evaluate(fleet, ctx, ev.name, tasksets[ev.name], ev, seed=cfg.seed, workflow=workflow)
+                tasks = self.tasksets[ev.name]
+                m = await evaluate(fleet, ctx, ev.name, tasks, ev, seed=cfg.seed, workflow=workflow)
                 prefix = f"eval/{ev.name}/"
-                rows.append({"taskset": ev.name, "tasks": len(tasksets[ev.name]), "k": ev.k,
-                             "temperature": ev.temperature,
+                rows.append({"taskset": ev.name, "tasks": len(tasks), "k": ev.k, "temperature": ev.temperature,
                              "mean@k": m[f"{prefix}accuracy/mean@{ev.k}"], "best@k": m[f"{prefix}accuracy/best@{ev.k}"],
                              "reward_mean": m[f"{prefix}reward_mean"]})
             return rows
         finally:
-            fleet.kill()
+            if self.external:
+                await fleet.aclose()
+            else:
+                fleet.kill()
             if reward_model is not None:
                 reward_model.stop()
 
-    return asyncio.run(main())
+
+def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
+    """Evaluate a model on the config's eval task sets (a greedy arithmetic set when none is given): ``checkpoint``,
+    else the run's newest checkpoint with ``explorer.bench_on_latest_checkpoint``, else ``model.path`` (or, with
+    ``explorer.engine: external``, the server's model)."""
+    if checkpoint is None and cfg.explorer.bench_on_latest_checkpoint:
+        checkpoint = str(_latest_or_refuse(cfg))
+    return _Bench(cfg).rows(checkpoint)
+
+
+def _latest_or_refuse(cfg: Config) -> Path:
+    from trinity_like.common.errors import UserError
+    from trinity_like.runtime.checkpoints import latest_checkpoint
+    from trinity_like.runtime.paths import RunPaths
+
+    checkpoint_dir = RunPaths.of(cfg).checkpoint_dir
+    latest = latest_checkpoint(checkpoint_dir)
+    if latest is None:
+        raise UserError(f"explorer.bench_on_latest_checkpoint: the run has no checkpoint yet ({checkpoint_dir}/latest "
+                        "is missing); bench it once the trainer has saved one, or bench model.path without it")
+    return latest
+
+
+# ---------------------------------------------------------------------- every checkpoint of a run
+RESULTS_FILE = "bench_results.jsonl"
+"""Default results file of ``bench --all-checkpoints`` / ``--follow``, in the run directory."""
+FOLLOW_POLL_S = 2.0
+"""How often ``bench --follow`` looks for a new checkpoint."""
+
+
+def bench_checkpoints(cfg: Config, follow: bool = False, timeout_s: float = 0.0, results: str | None = None,
+                      say=print) -> list[dict]:
+    """Evaluate each complete checkpoint of the run (``checkpoints/step_<k>``) in step order, one row per
+    checkpoint and eval task set (``step``, ``checkpoint`` first), each written at once to ``results`` (default
+    ``<run_dir>/bench_results.jsonl``; rewritten atomically, so a reader never sees half a row). Steps the
+    results file holds rows of already are not evaluated again (a second call goes on where the first stopped,
+    as Trinity's bench does from its explorer's step). With ``follow``, then wait for new checkpoints and
+    evaluate each as it lands (``checkpoints/latest`` moving on), until the run ends (its ``summary.json``) or
+    ``timeout_s`` passes (0 = no limit). A checkpoint the trainer prunes before its turn is skipped, said in a
+    line. Returns the rows of this call."""
+    import json
+    import time
+
+    from trinity_like.common.fs import atomic_write_text
+    from trinity_like.runtime.checkpoints import complete_steps
+
+    if cfg.explorer.engine == "external":
+        from trinity_like.common.errors import UserError
+
+        raise UserError("explorer.engine external evaluates the server's model: it has no checkpoints to bench")
+    if timeout_s < 0:
+        from trinity_like.common.errors import UserError
+
+        raise UserError(f"--timeout takes seconds >= 0 (0 = no limit), got {timeout_s:g}")
+    runner = _Bench(cfg)
+    paths = runner.paths
+    out = Path(results) if results else paths.run_dir / RESULTS_FILE
+    kept = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() else []
+    names = {ev.name for ev in runner.cfg.explorer.eval_tasksets}
+    sets_of_step: dict[int, set[str]] = {}
+    for r in kept:
+        sets_of_step.setdefault(r.get("step"), set()).add(r.get("taskset"))
+    done = {step for step, sets in sets_of_step.items() if isinstance(step, int) and names <= sets}
+    new_rows: list[dict] = []
+    deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+    while True:
+        ended = paths.summary.is_file()  # read before listing: a checkpoint saved before the end is seen below
+        for step in sorted(complete_steps(paths.checkpoint_dir)):
+            if step in done:
+                continue
+            folder = paths.checkpoint_dir / f"step_{step}"
+            try:
+                rows = runner.rows(str(folder))
+            except Exception:
+                if folder.is_dir():
+                    raise
+                say(f"step {step}: pruned by the trainer before it was benched; skipped")
+                done.add(step)
+                continue
+            rows = [{"step": step, "checkpoint": str(folder), **r} for r in rows]
+            kept = [r for r in kept if r.get("step") != step] + rows
+            atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in kept))
+            new_rows += rows
+            done.add(step)
+            for r in rows:
+                say(f"step {step} {r['taskset']}: mean@{r['k']} {r['mean@k']:.4f} best@{r['k']} {r['best@k']:.4f} "
+                    f"reward_mean {r['reward_mean']:.4f}")
+        if not follow or ended:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            say(f"stopped following after {timeout_s:g}s (--timeout); the run goes on: bench again to go on")
+            break
+        time.sleep(FOLLOW_POLL_S)
+    if not done and not follow:
+        say(f"the run has no complete checkpoint yet in {paths.checkpoint_dir}")
+    say(f"results: {out}")
+    return new_rows
+
+
+def bench_checkpoints_command(cfg: Config, args) -> int:
+    """``trinity-like bench --all-checkpoints | --follow``: ``bench_checkpoints`` with the command's flags; progress
+    lines on stdout (on stderr with ``--json``, which prints the rows)."""
+    import json
+    import sys
+
+    from trinity_like.common.errors import UserError
+
+    if args.checkpoint:
+        raise UserError("--checkpoint names one model; --all-checkpoints and --follow bench the run's checkpoints: "
+                        "give one or the other")
+    if args.timeout and not args.follow:
+        raise UserError("--timeout goes with --follow (how long to wait for new checkpoints)")
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    rows = bench_checkpoints(cfg, follow=args.follow, timeout_s=args.timeout, results=args.results, say=say)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    return 0

@@ -225,8 +225,11 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None, api_key
           address: str | None = None) -> int:
     """``trinity-like serve``: check exposure, bind the port, join the run, serve until SIGINT/SIGTERM."""
     from trinity_like.common.offline import set_offline_env
+    from trinity_like.explorer.engines.external import refuse_outside_bench
     from trinity_like.runtime.ray_cluster import check_ray_address, init_ray
     from trinity_like.runtime.run_dir import prepare_run_dir
+
+    refuse_outside_bench(cfg, "serve")  # it records the policy's own tokens and log-probs
     host = host or cfg.serve.host
     port = cfg.serve.port if port is None else port
     api_key = api_key or cfg.serve.api_key or os.environ.get(API_KEY_ENV, "")
