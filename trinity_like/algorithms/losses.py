@@ -15,6 +15,15 @@ the defaults. ``rollout_is_weights`` (B, L), when given, multiplies the per-toke
 Departures from the papers, all as in verl: log-ratios are clamped to [-20, 20] before ``exp``; GSPO's
 log sequence ratio is clamped above at 10; DPO reads rows as interleaved (chosen, rejected) pairs with
 ``old_log_prob`` holding the reference policy's log-probs.
+
+Where Trinity-RFT's code (commit 9051d63) departs from its papers, these follow the papers
+(``trinity_like.algorithms.trinity_algorithms`` says which; tests/algorithms/test_trinity_algorithms.py shows each
+against Trinity's code): Trinity's DPO sums the log-ratios of every pair of a micro-batch into one logit (here one
+logit per pair, the mean over pairs); its MIX scales each micro-batch's terms by its own row counts (here each term
+is averaged over the mini-batch's rows of its kind, :func:`mix_policy_loss`); its ``seq-mean-token-sum-norm``
+divides the batch's whole sum by L (here the mean over sequences of sum / L, Dr. GRPO's) and its ``seq-*`` modes
+count a row without a valid token as a sequence; its k3 is not clamped; its GSPO and CISPO do not clamp the log
+ratio (the same wherever |log ratio| < 10).
 """
 
 from __future__ import annotations

@@ -366,6 +366,8 @@ def _kl_penalty(name: str, args: dict[str, Any], out: _Out) -> None:
             raise ConfigError("kl_penalty_fn_args.adaptive needs target_kl and horizon (as in Trinity); set both")
         out.keys["algorithm.kl_ctrl.target_kl"] = float(args["target_kl"])
         out.keys["algorithm.kl_ctrl.horizon"] = int(args["horizon"])
+        out.notes.append("kl_penalty_fn_args.adaptive: Trinity's code raises at its first update (torch.clip on a "
+                         "float); here the coefficient adapts as Ziegler et al. write it")
     if estimator == "k3":
         out.notes.append("kl_penalty_fn k3: ours clamps (as low_var_kl); Trinity's k3 does not")
 

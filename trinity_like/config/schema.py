@@ -654,14 +654,16 @@ class AlgorithmConfig:
     """Controller of the in-reward KL coefficient beta."""
     sft_sources: list[str] = field(default_factory=list)
     """Experience sources (`explorer`, `human`, `agent`, `import`) whose rows are trained with the SFT negative
-    log-likelihood instead of the policy loss, e.g. `[human]` for demonstrations: the loss is
-    `pg_loss(other rows) + sft_loss_coef * sft_loss(these rows)` (Trinity-RFT's MIX). Empty = every row
-    takes the policy loss."""
+    log-likelihood (a token mean over these rows) instead of the policy loss, e.g. `[human]` for demonstrations;
+    `sft_loss_form` says how the two parts add up. Empty = every row takes the policy loss."""
     sft_loss_coef: float = _at_least(1.0, 0.0)
-    """Weight of the SFT loss of the `sft_sources` rows."""
+    """Weight of the SFT loss of the `sft_sources` rows: the coefficient of form `sum`, mu of form `mix`
+    (Trinity-RFT's `mu`, whose default is 0.1; at 1 form `mix` has no policy loss left)."""
     sft_loss_form: str = _choices("sum", ("sum", "mix"))
-    """How the SFT term joins the policy loss: `sum` = pg + sft_loss_coef x sft; `mix` = (1 - mu) x pg + mu x sft
-    with mu = `sft_loss_coef` (Trinity-RFT's `mix` algorithm, its `mu`)."""
+    """How the SFT term joins the policy loss, each part averaged over the mini-batch's rows of its kind:
+    `sum` = pg + sft_loss_coef x sft; `mix` = (1 - mu) x pg + mu x sft with mu = `sft_loss_coef`, Trinity-RFT's
+    `mix` algorithm as its paper writes it (its entropy bonus then over the policy-loss rows only; Trinity's code
+    scales each micro-batch by its own row counts instead, docs/algorithms.md)."""
 
 
 @dataclass
