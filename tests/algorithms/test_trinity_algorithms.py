@@ -422,3 +422,12 @@ def test_remaining_differences_are_said():
     assert keys["algorithm.loss_agg_mode"] == "token-mean" and any("overwrites" in n for n in notes)
     _, notes = translate_algorithm({"algorithm_type": "grpo"})
     assert notes == []  # grpo with Trinity's defaults means the same here
+
+
+def test_docs_carry_the_table():
+    from trinity_like.algorithms.trinity_algorithms import markdown_tables
+
+    doc = (Path(__file__).parents[2] / "docs/algorithms.md").read_text()
+    begin, end = "<!-- trinity-algorithm-tables: begin -->\n", "<!-- trinity-algorithm-tables: end -->"
+    assert doc[doc.index(begin) + len(begin):doc.index(end)] == markdown_tables(), \
+        "docs/algorithms.md: paste trinity_algorithms.markdown_tables() between its trinity-algorithm-tables markers"

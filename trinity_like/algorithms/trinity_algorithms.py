@@ -217,6 +217,7 @@ def _mix_loss(args, out, agg):
     w = "policy_loss_fn_args"
     out.keys["algorithm.policy_loss"] = "vanilla"
     _clip(args, out)
+    out.keys["algorithm.clip_ratio_c"] = 3.0  # Trinity's mix builds its PPO part with the default dual clip
     out.keys["algorithm.sft_loss_form"] = "mix"
     out.keys["algorithm.sft_loss_coef"] = float(args.get("mu", 0.1))
     out.keys["algorithm.sft_sources"] = ["human"]
@@ -514,3 +515,29 @@ def translate_algorithm(section: dict[str, Any]) -> tuple[dict[str, Any], list[s
 ALGORITHM_TYPES: dict[str, dict[str, Any]] = {t: translate_algorithm({"algorithm_type": t})[0] for t in TRINITY_TYPES}
 """Each Trinity algorithm_type that runs here -> our dotted config keys -> values, Trinity's defaults included
 (``translate_algorithm({"algorithm_type": t})``)."""
+
+
+def markdown_tables() -> str:
+    """The types and refusals as Markdown tables (docs/algorithms.md carries them; a test keeps them equal)."""
+    short = {"algorithm.": "", "explorer.": "explorer.", "buffer.": "buffer."}
+
+    def key(dotted: str) -> str:
+        for prefix, shown in short.items():
+            if dotted.startswith(prefix):
+                return shown + dotted[len(prefix):]
+        return dotted
+
+    def value(v: Any) -> str:
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k}: {x:g}" for k, x in v.items()) + "}"
+        if isinstance(v, list):
+            return "[" + ", ".join(v) + "]"
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    lines = ["| Trinity `algorithm_type` | repeat_times | our keys (`algorithm.` omitted) |", "|---|---|---|"]
+    for name, keys in ALGORITHM_TYPES.items():
+        shown = ", ".join(f"`{key(k)}: {value(v)}`" for k, v in keys.items())
+        lines.append(f"| `{name}` | {DEFAULT_REPEAT_TIMES[name]} | {shown} |")
+    lines += ["", "| refused (type or function) | what is missing; nearest here |", "|---|---|"]
+    lines += [f"| `{name}` | {why} |" for name, why in REFUSED_ALGORITHMS.items()]
+    return "\n".join(lines) + "\n"
