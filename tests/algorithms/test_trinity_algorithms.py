@@ -415,8 +415,9 @@ def test_refusals_are_one_line_config_errors(section, needle):
 def test_remaining_differences_are_said():
     _, notes = translate_algorithm({"algorithm_type": "dpo"})
     assert any("sums the log-ratios" in n for n in notes)
-    _, notes = translate_algorithm({"algorithm_type": "grpo", "advantage_fn_args": {"std_threshold": 0.0}})
-    assert any("explorer.dynamic_sampling" in n for n in notes)
+    for threshold in (0.0, 0.0001):  # Trinity's examples use 1e-4
+        keys, notes = translate_algorithm({"algorithm_type": "grpo", "advantage_fn_args": {"std_threshold": threshold}})
+        assert keys["explorer.dynamic_sampling"] is True and any("explorer.dynamic_sampling" in n for n in notes)
     keys, notes = translate_algorithm({"algorithm_type": "grpo", "policy_loss_fn_args": {
         "clip_range": 0.2, "loss_agg_mode": "seq-mean-token-mean"}})
     assert keys["algorithm.loss_agg_mode"] == "token-mean" and any("overwrites" in n for n in notes)

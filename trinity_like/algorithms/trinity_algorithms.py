@@ -267,6 +267,10 @@ def _gae(args, out, agg):
     out.keys["algorithm.lam"] = float(args.get("lam", 1.0))
 
 
+_STD_THRESHOLD_MAX = 0.01
+"""Largest GRPO std_threshold taken as "drop the groups with equal rewards" (Trinity's examples use 1e-4)."""
+
+
 def _grpo(args, out, agg):
     w = "advantage_fn_args"
     out.keys["algorithm.adv_estimator"] = "grpo"
@@ -277,15 +281,17 @@ def _grpo(args, out, agg):
     threshold = args.get("std_threshold")
     if threshold is None:
         _unused(args, out, w, ("duplicate_experiences",), False)
-    elif threshold == 0:
+    elif isinstance(threshold, (int, float)) and 0 <= threshold <= _STD_THRESHOLD_MAX:
         out.keys["explorer.dynamic_sampling"] = True
-        out.notes.append("advantage_fn_args.std_threshold 0: groups whose rewards are all equal are dropped "
-                         "(explorer.dynamic_sampling), and more tasks are explored to fill the batch, where "
-                         "Trinity trains a smaller batch" + (" (or duplicates groups)" if args.get(
-                             "duplicate_experiences") else ""))
+        kept = f"; a group whose std is in (0, {threshold:g}] is kept here" if threshold > 0 else ""
+        out.notes.append("advantage_fn_args.std_threshold: groups whose rewards are all equal are dropped "
+                         "(explorer.dynamic_sampling) and more tasks are explored to fill the batch, where Trinity "
+                         "trains a smaller batch" + (" (or duplicates groups)" if args.get("duplicate_experiences")
+                                                     else "") + kept)
     else:
-        raise ConfigError(f"advantage_fn_args.std_threshold={threshold!r} is not supported here (only 0: drop "
-                          "groups with equal rewards, explorer.dynamic_sampling); set it to 0 or remove it")
+        raise ConfigError(f"advantage_fn_args.std_threshold={threshold!r} is not supported here (up to "
+                          f"{_STD_THRESHOLD_MAX:g}: drop groups with equal rewards, explorer.dynamic_sampling); "
+                          "lower it or remove it")
 
 
 def _opmd(args, out, agg):
