@@ -14,16 +14,20 @@ from trinity_like.trainer.batch import compute_log_probs, experiences_to_batch
 MU = 0.25
 
 
-def _mix_step_by_hand(trainer, exps, mu: float):
+def _mix_step_by_hand(trainer, exps, mu: float, entropy_coeff: float = 0.0, entropy_rows: str = "usual"):
     """One SGD step (lr 1) on losses.mix_policy_loss over the whole batch: (1 - mu) * PPO over the non-human rows
-    + mu * token-mean NLL over the human rows; returns (weights after, pg_loss, sft_loss)."""
+    + mu * token-mean NLL over the human rows, minus entropy_coeff times the token-mean entropy over the non-human
+    rows (``entropy_rows`` "all": over every row); returns (weights after, pg_loss, sft_loss)."""
     batch = experiences_to_batch(exps, trainer.pad_token_id)
     human = torch.tensor([e.source == "human" for e in exps])  # (B,)
     mask = batch["response_mask"]  # (B, R)
     adv, _ = compute_grpo_outcome_advantage(batch["token_level_rewards"], mask, index=batch["group_index"].tolist())
-    log_prob = compute_log_probs(trainer.model, batch, 1.0)  # (B, R)
+    log_prob, entropy = compute_log_probs(trainer.model, batch, 1.0, with_entropy=True)  # (B, R) each
     old = torch.where(batch["has_log_probs"].unsqueeze(-1), batch["old_log_probs"], log_prob.detach())
     loss, metrics = mix_policy_loss(old, log_prob, adv, mask, human, mu, "token-mean", {"clip_ratio": 0.2})
+    if entropy_coeff:
+        rows = mask * ~human.unsqueeze(-1) if entropy_rows == "usual" else mask
+        loss = loss - entropy_coeff * (entropy * rows).sum() / rows.sum()
     loss.backward()
     with torch.no_grad():
         for p in trainer.model.parameters():
@@ -71,3 +75,16 @@ def test_mix_form_without_sft_sources_is_the_plain_policy_loss(tmp_path, tiny_mo
     mixed = _trainer(tmp_path / "b", tiny_model_path, "algorithm.sft_loss_form=mix", "algorithm.sft_loss_coef=0.5")
     mixed.train_step(batch_exps)
     _assert_same_weights(export_state_dict(mixed.module), export_state_dict(plain.module))
+
+
+def test_mix_form_takes_the_entropy_bonus_over_the_policy_gradient_rows(tmp_path, tiny_model_path, batch_exps):
+    exps = _with_demonstrations(batch_exps)
+    t = _trainer(tmp_path, tiny_model_path, "algorithm.sft_sources=[human]", f"algorithm.sft_loss_coef={MU}",
+                 "algorithm.sft_loss_form=mix", "algorithm.entropy_coeff=0.5", "trainer.micro_batch_size=5")
+    t.train_step(exps)
+    got = export_state_dict(t.module)
+    usual, _, _ = _mix_step_by_hand(_trainer(tmp_path / "ref", tiny_model_path), exps, MU, entropy_coeff=0.5)
+    _assert_same_weights(got, usual)  # Trinity's mix entropy: the demonstrations' entropy is not rewarded
+    every, _, _ = _mix_step_by_hand(_trainer(tmp_path / "all", tiny_model_path), exps, MU, entropy_coeff=0.5,
+                                    entropy_rows="all")
+    assert any(not torch.allclose(got[k], every[k], rtol=1e-4, atol=1e-6) for k in got)
