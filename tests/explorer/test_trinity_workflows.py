@@ -149,7 +149,7 @@ def test_users_multi_turn_workflow_masks_the_assistant_turns(model):
 def test_check_workflow_config_says_what_is_wrong_in_one_line(tmp_path):
     cfg = Config()
     check_workflow_config(cfg)  # single_turn: nothing to say
-    for name, words in [("alfworld_workflow", "alfworld"), ("no_such_flow", "unknown workflow"),
+    for name, words in [("alfworld_workflow", "needs the alfworld package"), ("no_such_flow", "unknown workflow"),
                         ("email_search_workflow", "Enron")]:
         cfg.explorer.workflow = name
         with pytest.raises(ConfigError, match=words):
@@ -165,6 +165,11 @@ def test_check_workflow_config_says_what_is_wrong_in_one_line(tmp_path):
     cfg.explorer.workflow = f"{bad}:OldInit"
     with pytest.raises(ConfigError, match="task, model, auxiliary_models"):
         check_workflow_config(cfg)
+    cfg.explorer.workflow = "simple_workflow"  # scores with the task set's reward function: it needs one
+    with pytest.raises(ConfigError, match="set explorer.taskset.reward_fn"):
+        check_workflow_config(cfg)
+    cfg.explorer.taskset.reward_fn = "accuracy_reward"
+    check_workflow_config(cfg)
     cfg.explorer.workflow = "math_workflow"
     cfg.explorer.taskset.reward_fn = f"{USER / 'bots_math_boxed_reward.py'}:BOTSMathBoxedRewardFn"
     check_workflow_config(cfg)  # the user's reward function builds and takes Trinity's call

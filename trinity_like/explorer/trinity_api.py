@@ -989,19 +989,13 @@ def trinity_workflow_problem(cls: type, name: str) -> str | None:
     return None
 
 
-class _Refusal(OurWorkflow):
-    """A Trinity workflow name that cannot run here; building it raises RunError with the reason."""
-
-    def __init__(self, refused: Refused) -> None:
-        raise RunError(f"workflow {refused.name!r} {refused.why}")
-
-
 def _mirror(name: str, obj: Any) -> None:
-    """Register a Trinity workflow (or a refusal, or one of ours) into the explorer's registry under ``name``."""
+    """Register a Trinity workflow (or one of ours) into the explorer's registry under ``name``; a refused name
+    stays in this registry only (``load_workflow`` says why it cannot run)."""
     if isinstance(obj, Refused):
-        entry: Callable = functools.partial(_Refusal, obj)
-    elif is_trinity_workflow(obj):
-        entry = functools.partial(TrinityWorkflowAdapter, obj, name)
+        return
+    if is_trinity_workflow(obj):
+        entry: Callable = functools.partial(TrinityWorkflowAdapter, obj, name)
     elif isinstance(obj, type) and issubclass(obj, OurWorkflow):
         entry = obj
     else:

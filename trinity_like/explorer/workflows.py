@@ -188,12 +188,18 @@ def _resolve(name: str):
             return getattr(_import_module(module_name), cls_name)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"cannot load workflow {name!r}: {e}") from None
+    if name not in WORKFLOWS:
+        from trinity_like.explorer.trinity_api import WORKFLOWS as TRINITY_WORKFLOWS
+
+        if name in TRINITY_WORKFLOWS:
+            TRINITY_WORKFLOWS.get(name)  # a Trinity name that cannot run here: LookupError saying what it needs
     return WORKFLOWS.get(name)
 
 
 def load_workflow(name: str) -> Workflow:
     """A registered workflow by name, or ``package.module:ClassName`` / ``path/to/file.py:ClassName``: one of ours,
-    or a Trinity-RFT workflow class (``trinity_api``: run through ``TrinityWorkflowAdapter``)."""
+    or a Trinity-RFT workflow class (``trinity_api``: run through ``TrinityWorkflowAdapter``). KeyError for an
+    unknown name, LookupError for a Trinity name that cannot run here (saying what it needs)."""
     from trinity_like.explorer.trinity_api import TrinityWorkflowAdapter, is_trinity_workflow
 
     entry = _resolve(name)
@@ -224,8 +230,10 @@ def check_workflow_config(cfg) -> None:
     from trinity_like.common.errors import ConfigError
     from trinity_like.common.plugins import PluginError, import_plugins
     from trinity_like.explorer.trinity_api import (
+        BaseSimpleWorkflow,
+        MathBoxedWorkflow,
+        MathWorkflow,
         TrinityWorkflowAdapter,
-        _Refusal,
         is_trinity_workflow,
         trinity_workflow_problem,
     )
@@ -243,15 +251,19 @@ def check_workflow_config(cfg) -> None:
         try:
             entry = _resolve(name)
         except (KeyError, ValueError) as e:
-            raise ConfigError(f"{key}: {e.args[0]}; a plugin folder (explorer.plugin_dirs) that registers it "
-                              "must be given") from None
-        if isinstance(entry, partial) and entry.func is _Refusal:
-            raise ConfigError(f"{key}: workflow {name!r} {entry.args[0].why}")
+            raise ConfigError(f"{key}: {e.args[0]}; a workflow of your own is registered by a file in a plugin "
+                              "folder (explorer.plugin_dirs) or named as module:Class") from None
+        except LookupError as e:
+            raise ConfigError(f"{key}: {e.args[0]}") from None
         cls = entry.args[0] if isinstance(entry, partial) and entry.func is TrinityWorkflowAdapter else entry
         if is_trinity_workflow(cls):
             problem = trinity_workflow_problem(cls, name)
             if problem:
                 raise ConfigError(f"{key}: {problem}")
+            scored = cls.reset is not BaseSimpleWorkflow.reset or issubclass(cls, MathWorkflow | MathBoxedWorkflow)
+            if issubclass(cls, BaseSimpleWorkflow) and not scored and not ex.taskset.reward_fn:
+                raise ConfigError(f"{key}: workflow {name!r} scores with the task set's reward function; set "
+                                  "explorer.taskset.reward_fn (e.g. math_reward, accuracy_reward)")
         elif not (isinstance(cls, type) and issubclass(cls, Workflow)) and not isinstance(entry, partial):
             raise ConfigError(f"{key}: workflow {name!r} is neither one of ours (a subclass of "
                               "trinity_like.explorer.workflows.Workflow) nor a Trinity-RFT workflow")
