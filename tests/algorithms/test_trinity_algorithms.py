@@ -421,8 +421,11 @@ def test_remaining_differences_are_said():
     keys, notes = translate_algorithm({"algorithm_type": "grpo", "policy_loss_fn_args": {
         "clip_range": 0.2, "loss_agg_mode": "seq-mean-token-mean"}})
     assert keys["algorithm.loss_agg_mode"] == "token-mean" and any("overwrites" in n for n in notes)
-    _, notes = translate_algorithm({"algorithm_type": "grpo"})
-    assert notes == []  # grpo with Trinity's defaults means the same here
+    for same in ("grpo", "grpo_verl", "ppo", "rloo", "reinforceplusplus", "opmd", "cispo", "gspo", "sft"):
+        assert translate_algorithm({"algorithm_type": same})[1] == [], same  # Trinity's defaults mean the same here
+    _, notes = translate_algorithm({"algorithm_type": "grpo", "loss_agg_mode": "seq-mean-token-mean"})
+    assert notes == ["loss_agg_mode seq-mean-token-mean: a row with no valid token is left out of the mean over "
+                     "sequences here; Trinity counts it"]
 
 
 def test_docs_carry_the_table():

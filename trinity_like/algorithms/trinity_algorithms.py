@@ -151,10 +151,11 @@ def _clip(args: dict[str, Any], out: _Out) -> None:
     out.keys["algorithm.clip_ratio_high"] = float(high)
 
 
-def _agg_note(args: dict[str, Any], out: _Out, where: str, agg: str) -> None:
-    if "loss_agg_mode" in args and args["loss_agg_mode"] != agg:
-        out.notes.append(f"{where}.loss_agg_mode {args['loss_agg_mode']!r} has no effect: Trinity overwrites it "
-                         f"with algorithm.loss_agg_mode ({agg!r}), taken here too")
+def _agg_note(given: Any, out: _Out, agg: str) -> None:
+    """A policy loss's own loss_agg_mode, as the section gives it: Trinity overwrites it (it is no difference)."""
+    if isinstance(given, dict) and given.get("loss_agg_mode", agg) != agg:
+        out.notes.append(f"policy_loss_fn_args.loss_agg_mode {given['loss_agg_mode']!r} has no effect, in Trinity "
+                         f"either: it overwrites it with algorithm.loss_agg_mode ({agg!r}), taken here too")
 
 
 def _ppo_loss(args, out, agg):
@@ -165,18 +166,15 @@ def _ppo_loss(args, out, agg):
     out.keys["algorithm.policy_loss"] = "vanilla"
     _clip(args, out)
     out.keys["algorithm.clip_ratio_c"] = float(args.get("clip_ratio_c", 3.0))
-    _agg_note(args, out, w, agg)
 
 
 def _opmd_loss(args, out, agg):
     out.keys["algorithm.policy_loss"] = "opmd"
     out.keys["algorithm.tau"] = float(args.get("tau", 1.0))
-    _agg_note(args, out, "policy_loss_fn_args", agg)
 
 
 def _sft_loss(args, out, agg):
     out.keys["algorithm.policy_loss"] = "sft"
-    _agg_note(args, out, "policy_loss_fn_args", agg)
 
 
 def _dpo_loss(args, out, agg):
@@ -191,7 +189,6 @@ def _dpo_loss(args, out, agg):
 def _gspo_loss(args, out, agg):
     out.keys["algorithm.policy_loss"] = "gspo"
     _clip(args, out)
-    _agg_note(args, out, "policy_loss_fn_args", agg)
 
 
 def _cispo_loss(args, out, agg):
@@ -201,12 +198,10 @@ def _cispo_loss(args, out, agg):
     out.keys["algorithm.policy_loss"] = "cispo"
     out.keys["algorithm.clip_ratio_low"] = float(args.get("clip_range_low", 1.0))
     out.keys["algorithm.clip_ratio_high"] = float(args.get("clip_range_high", 0.28))
-    _agg_note(args, out, "policy_loss_fn_args", agg)
 
 
 def _is_loss(args, out, agg):
     out.keys["algorithm.policy_loss"] = "reinforce"
-    _agg_note(args, out, "policy_loss_fn_args", agg)
 
 
 _MIX_SCALING = ("use_dynamic_bsz", "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ngpus_trainer",
@@ -463,6 +458,7 @@ def translate_algorithm(section: dict[str, Any]) -> tuple[dict[str, Any], list[s
     policy = _name(full, "policy_loss_fn", POLICY_LOSS_FNS)
     known, defaults, rule = POLICY_LOSS_FNS[policy]
     rule(_args(full, "policy_loss_fn", policy, known, defaults), out, agg)
+    _agg_note(full.get("policy_loss_fn_args"), out, agg)  # (mix's sft/grpo_loss_agg_mode are not overwritten)
 
     advantage = _name(full, "advantage_fn", ADVANTAGE_FNS)
     known, defaults, rule = ADVANTAGE_FNS[advantage]
