@@ -486,8 +486,9 @@ class PPOTrainer(TrainEngineWrapper):
 
         The loss of the mini-batch is ``pg_loss(rows not sft) + sft_loss_coef * sft_loss(sft rows)``
         (``algorithm.sft_loss_form`` sum) or ``(1 - mu) * pg_loss(rows not sft) + mu * sft_loss(sft rows)`` with mu =
-        ``sft_loss_coef`` (form mix, Trinity-RFT's MIX: its entropy term is then over the rows not sft), plus the
-        entropy and KL terms over every row. The two parts have their own normalisers
+        ``sft_loss_coef`` (form mix, Trinity-RFT's MIX), plus the KL term over every row and the entropy term over
+        every row (form sum) or the rows not sft (form mix, as Trinity's mix entropy). The two parts have their own
+        normalisers
         (the policy loss by ``loss_agg_mode`` over the non-sft rows, the SFT NLL a token mean over the sft rows),
         so each micro-batch weighs each part by its share of that part's normaliser in the mini-batch."""
         algo = self.cfg.algorithm
