@@ -38,7 +38,6 @@ from trinity_like.algorithms import (
     masked_mean,
     pessimistic_weights,
 )
-from trinity_like.algorithms.losses import combine_sft_loss
 from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import Config
@@ -520,8 +519,8 @@ class PPOTrainer(TrainEngineWrapper):
                     rollout_is_weights=micro.get("rollout_is_weights", None))
                 pg_weight = self._micro_weight(m_pg_mask, pg_mask)  # = weight without sft rows
                 loss = pg_loss * pg_weight
-                if mix_form:  # (1 - mu) * pg: Trinity-RFT's mix (combine_sft_loss), parts pre-scaled, as it is linear
-                    loss = combine_sft_loss(loss, 0.0, algo.sft_loss_coef, "mix")
+                if mix_form:  # (1 - mu) * pg + mu * sft (losses.combine_sft_loss; linear, so each part pre-scaled)
+                    loss = (1.0 - algo.sft_loss_coef) * loss
                 weighted = {"actor/pg_loss": (float(pg_loss.detach()), pg_weight),
                             **{k: (v, pg_weight) for k, v in loss_metrics.items()}}
             if with_sft:
