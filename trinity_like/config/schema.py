@@ -631,7 +631,7 @@ class AlgorithmConfig:
     opmd_baseline: str = _choices("mean", ("mean", "logavgexp"))
     """Group baseline of the opmd estimator."""
     tau: float = field(default=1.0, metadata={"min": 1e-6})
-    """Temperature of the opmd `logavgexp` baseline."""
+    """Temperature of the opmd `logavgexp` baseline, and the opmd policy loss's regularisation: it is divided by 1 + tau."""
     dpo_beta: float = _at_least(0.1, 0.0)
     """DPO inverse temperature."""
     dpo_label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "max": 0.5})
