@@ -405,6 +405,9 @@ def test_every_type_loads_as_our_config(tmp_path):
      "enable_sequence_masking=True is not supported"),
     ({"algorithm_type": "grpo", "policy_loss_fn": "mix"}, "needs sample_strategy mix"),
     ({"algorithm_type": "grpo", "lr": 1}, "algorithm.lr is not a key of Trinity-RFT's algorithm section"),
+    ({"algorithm_type": "grpo", "policy_loss_fn_args": {"clip_range": "wide"}},
+     "algorithm.policy_loss_fn_args: a value of the wrong type"),
+    ({"algorithm_type": "grpo", "kl_loss_fn_args": {"kl_coef": "x"}}, "algorithm: a value of the wrong type"),
 ])
 def test_refusals_are_one_line_config_errors(section, needle):
     with pytest.raises(ConfigError) as err:

@@ -126,9 +126,7 @@ def _unused(args: dict[str, Any], out: _Out, where: str, names: tuple[str, ...],
 _NO_EFFECT = {
     "sft_dataset_name": "the expert rows are the buffer's `human` rows (ingest the SFT set with `trinity-like "
                         "buffer ingest`)",
-    "delta_sequence_masking": "only read with enable_sequence_masking",
     "duplicate_experiences": "only read with std_threshold",
-    "loss_agg_mode": "Trinity overwrites it with algorithm.loss_agg_mode, which is the one taken",
     "adaptive": "Trinity adapts only the in-reward coefficient (kl_penalty_fn)",
     "target_kl": "Trinity adapts only the in-reward coefficient (kl_penalty_fn)",
     "horizon": "Trinity adapts only the in-reward coefficient (kl_penalty_fn)",
@@ -418,6 +416,16 @@ def _name(section: dict[str, Any], key: str, table) -> str:
     return name
 
 
+def _apply(rule: _Rule, args: dict[str, Any], out: _Out, agg: str, where: str) -> None:
+    """``rule`` on ``args``; an arg of the wrong type (a word where a number goes) is a one-line ConfigError."""
+    try:
+        rule(args, out, agg)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"algorithm.{where}: a value of the wrong type ({e}); give numbers as numbers") from None
+
+
 def translate_algorithm(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Trinity's ``algorithm`` section (``optimizer`` and ``repeat_times`` are skipped: the config translator maps
     them) -> (our dotted keys -> values, one line per difference of meaning that remains).
@@ -425,6 +433,15 @@ def translate_algorithm(section: dict[str, Any]) -> tuple[dict[str, Any], list[s
     Applies Trinity's defaults for omitted keys (the validator's, then the type's ``default_config()``, then each
     function's ``default_args()``). Raises ConfigError, one line, for a refused type or function, an unknown
     type, function or key (of the section or of an ``*_args``), or an arg whose meaning is not here."""
+    try:
+        return _translate(section)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:  # a word where a number goes, a list where a mapping goes
+        raise ConfigError(f"algorithm: a value of the wrong type ({e}); give numbers as numbers") from None
+
+
+def _translate(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if not isinstance(section, dict):
         raise ConfigError(f"algorithm must be a mapping, got {type(section).__name__}")
     unknown = sorted(set(section) - _SECTION_KEYS - _OTHERS)
@@ -457,7 +474,7 @@ def translate_algorithm(section: dict[str, Any]) -> tuple[dict[str, Any], list[s
 
     policy = _name(full, "policy_loss_fn", POLICY_LOSS_FNS)
     known, defaults, rule = POLICY_LOSS_FNS[policy]
-    rule(_args(full, "policy_loss_fn", policy, known, defaults), out, agg)
+    _apply(rule, _args(full, "policy_loss_fn", policy, known, defaults), out, agg, "policy_loss_fn_args")
     _agg_note(full.get("policy_loss_fn_args"), out, agg)  # (mix's sft/grpo_loss_agg_mode are not overwritten)
 
     advantage = _name(full, "advantage_fn", ADVANTAGE_FNS)
@@ -467,7 +484,7 @@ def translate_algorithm(section: dict[str, Any]) -> tuple[dict[str, Any], list[s
         if "advantage_fn" in given or "advantage_fn_args" in given:
             out.notes.append(f"algorithm.advantage_fn has no effect with policy_loss_fn {policy} (none is read)")
     else:
-        rule(adv_args, out, agg)
+        _apply(rule, adv_args, out, agg, "advantage_fn_args")
     if policy == "opmd" and out.keys.get("algorithm.opmd_baseline") == "logavgexp":
         policy_tau = float(_args(full, "policy_loss_fn", policy, *POLICY_LOSS_FNS[policy][:2]).get("tau", 1.0))
         if float(adv_args.get("tau", 1.0)) != policy_tau:
