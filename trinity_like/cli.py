@@ -16,12 +16,17 @@ from trinity_like.config import ConfigError
 
 if TYPE_CHECKING:
     from trinity_like.config import Config
-    from trinity_like.config.verl import Translation
+    from trinity_like.config.loading import Translation
 
 
-def _split_config_and_overrides(items: list[str]) -> tuple[str, list[str]]:
-    """``run`` takes CONFIG and key=value overrides in any order: the one item without '=' is CONFIG."""
+def _split_config_and_overrides(items: list[str], config: str | None = None) -> tuple[str, list[str]]:
+    """``run`` takes CONFIG and key=value overrides in any order: the one item without '=' is CONFIG (or
+    ``-c/--config FILE``, Trinity-RFT's spelling, with only overrides among the items)."""
     paths = [x for x in items if "=" not in x]
+    if config is not None:
+        if paths:
+            raise ConfigError(f"give the config file once: -c {config} and {' '.join(paths)}")
+        return config, list(items)
     if len(paths) != 1:
         raise ConfigError(f"run takes exactly one CONFIG file besides key=value overrides, got {len(paths)}: "
                           f"{' '.join(paths) or '(none)'}")
@@ -62,25 +67,69 @@ def _load(args: argparse.Namespace) -> tuple[Config, Translation | None]:
         file, entry, overrides = _split_verl_items(args.items)
         return load_config_with_translation(file, overrides, allow_unmapped=args.allow_unmapped, verl=True,
                                             entry=entry)
-    config, overrides = _split_config_and_overrides(args.items)
-    return load_config_with_translation(config, overrides, allow_unmapped=args.allow_unmapped)
+    config, overrides = _split_config_and_overrides(args.items, getattr(args, "config", None))
+    return load_config_with_translation(config, [*overrides, *_plugin_overrides(args)],
+                                        allow_unmapped=getattr(args, "allow_unmapped", False))
+
+
+def _plugin_overrides(args: argparse.Namespace) -> list[str]:
+    """``--plugin-dir DIR`` (repeatable, Trinity-RFT's flag) -> ``explorer.plugin_dirs``, after the config's own."""
+    dirs = getattr(args, "plugin_dir", None) or []
+    return [f"explorer.plugin_dirs={json.dumps([str(d) for d in dirs])}"] if dirs else []
+
+
+def _is_trinity(translation: Translation | None) -> bool:
+    from trinity_like.config.trinity import Translation as TrinityTranslation
+
+    return isinstance(translation, TrinityTranslation)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from trinity_like.config import to_yaml
 
     cfg, translation = _load(args)
-    if translation is not None:
+    role = args.role or "all"
+    if _is_trinity(translation):
+        role = args.role or translation.role
+        print(f"Trinity config: {_trinity_summary(translation, cfg, role)}", flush=True)
+        if translation.command != "run" and not args.print_config:  # mode bench / serve: our commands of those names
+            return _run_as(translation.command, args, cfg)
+    elif translation is not None:
         print(f"verl config: {_verl_summary(translation, cfg)}", flush=True)
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
-    if translation is not None and args.role != "explorer":  # the trainer's node holds the run directory
-        _keep_verl_translation(translation, cfg)
+    if translation is not None and role != "explorer":  # the trainer's node holds the run directory
+        _keep_translation(translation, cfg)
     from trinity_like.launcher import run
 
-    summary = run(cfg, role=args.role, resume=args.resume, address=args.address)
+    summary = run(cfg, role=role, resume=args.resume, address=args.address)
     return 0 if summary["exit_reason"] in ("completed", "stopped") else 1
+
+
+def _run_as(command: str, args: argparse.Namespace, cfg: Config) -> int:
+    """``run`` of a Trinity config of mode bench or serve: that command of ours, with its defaults."""
+    defaults = vars(build_parser().parse_args([command, "--config", "-"]))  # that command's defaults
+    defaults.update({k: v for k, v in vars(args).items() if k in defaults and v is not None and k != "func"})
+    ns = argparse.Namespace(**defaults)
+    return _cmd_bench(ns, loaded=cfg) if command == "bench" else _cmd_serve(ns, loaded=cfg)
+
+
+def _trinity_summary(translation: Translation, cfg: Config, role: str) -> str:
+    """One line: what Trinity's mode became here."""
+    if translation.command != "run":
+        return f"mode {translation.command}: `trinity-like {translation.command}` on this config"
+    if cfg.mode == "sync":
+        how = "mode sync (Trinity's both with sync_interval 1, sync_offset 0: on-policy lock-step)"
+    elif cfg.mode == "offline":
+        how = f"mode offline: the trainer replays {', '.join(cfg.buffer.replay_sources)}"
+    else:
+        how = (f"mode async, synchronizer.max_staleness={cfg.synchronizer.max_staleness} (sync_interval "
+               f"{cfg.synchronizer.interval} - 1 + sync_offset {cfg.synchronizer.offset})")
+    who = "" if role == "all" else (f"; this job runs the {role} (run --role {role}); the other role's job meets it "
+                                    "in the run directory")
+    return (f"{how}; {cfg.trainer.total_steps} trainer steps{who}; {len(translation.differences)} difference(s) of "
+            "meaning (config-convert lists them)")
 
 
 def _verl_summary(translation: Translation, cfg: Config) -> str:
@@ -97,9 +146,9 @@ def _verl_summary(translation: Translation, cfg: Config) -> str:
     return f"{how}; {split}"
 
 
-def _keep_verl_translation(translation: Translation, cfg: Config) -> None:
-    """A verl-shaped config leaves its translation in the run directory: what each key set, what had no effect
-    and which keys were ignored (``verl_translation.yaml``)."""
+def _keep_translation(translation: Translation, cfg: Config) -> None:
+    """A verl- or Trinity-shaped config leaves its translation in the run directory: what each key set, what had
+    no effect and which keys were ignored (``verl_translation.yaml`` / ``trinity_translation.yaml``)."""
     import yaml
 
     from trinity_like.common.fs import atomic_write_text
@@ -107,8 +156,9 @@ def _keep_verl_translation(translation: Translation, cfg: Config) -> None:
 
     run_dir = RunPaths.of(cfg).run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "verl_translation.yaml", yaml.safe_dump(translation.report(), sort_keys=False))
-    if translation.unmapped:
+    name = "trinity_translation.yaml" if _is_trinity(translation) else "verl_translation.yaml"
+    atomic_write_text(run_dir / name, yaml.safe_dump(translation.report(), sort_keys=False))
+    if not _is_trinity(translation) and translation.unmapped:
         print(f"verl config: ignored {len(translation.unmapped)} key(s) with no counterpart here: "
               f"{', '.join(k for k, _, _ in translation.unmapped)} (listed in {run_dir / 'verl_translation.yaml'})")
 
@@ -118,8 +168,18 @@ def _cmd_config_convert(args: argparse.Namespace) -> int:
 
     cfg, translation = _load(args)
     if translation is None:
-        raise ConfigError(f"'{args.items[0]}' is not a verl-shaped config (no data, actor_rollout_ref, critic, "
-                          "reward_model or custom_reward_function section): it is already one of ours")
+        raise ConfigError(f"'{args.config or args.items[0]}' is not a verl-shaped config (no data, "
+                          "actor_rollout_ref, critic, reward_model or custom_reward_function section) nor a "
+                          "Trinity-RFT one (no buffer.explorer_input, model.model_path, algorithm.algorithm_type, "
+                          "cluster, ...): it is already one of ours")
+    if _is_trinity(translation):
+        from trinity_like.config import to_yaml
+
+        print(to_yaml(cfg), end="")
+        print(f"# {_trinity_summary(translation, cfg, translation.role)}")
+        for line in translation.differences:
+            print(f"# difference: {line}")
+        return 0
     print(native_yaml(translation), end="")
     print(f"# {_verl_summary(translation, cfg)}")
     for key, value, why in translation.unmapped:
@@ -148,16 +208,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from trinity_like.config import load_config
+def _cmd_bench(args: argparse.Namespace, loaded: Config | None = None) -> int:
     from trinity_like.explorer.evaluation import bench
 
-    config, overrides = _split_config_and_overrides(args.items)
+    cfg = loaded if loaded is not None else _load(args)[0]
     if args.all_checkpoints or args.follow:  # each checkpoint of the run: explorer/evaluation.py bench_checkpoints
         from trinity_like.explorer.evaluation import bench_checkpoints_command
 
-        return bench_checkpoints_command(load_config(config, overrides), args)
-    rows = bench(load_config(config, overrides), args.checkpoint)
+        return bench_checkpoints_command(cfg, args)
+    rows = bench(cfg, args.checkpoint)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -168,13 +227,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from trinity_like.config import load_config
+def _cmd_serve(args: argparse.Namespace, loaded: Config | None = None) -> int:
     from trinity_like.serve.server import serve
 
-    config, overrides = _split_config_and_overrides(args.items)
-    return serve(load_config(config, overrides), host=args.host, port=args.port, api_key=args.api_key,
-                 address=args.address)
+    cfg = loaded if loaded is not None else _load(args)[0]
+    return serve(cfg, host=args.host, port=args.port, api_key=args.api_key, address=args.address)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
@@ -205,18 +262,28 @@ def _cmd_config_docs(args: argparse.Namespace) -> int:
     return run(args.out or DOCS_PATH, check=args.check)
 
 
+def _config_flags(p: argparse.ArgumentParser) -> None:
+    """Trinity-RFT's spellings: ``-c/--config FILE`` and ``--plugin-dir DIR`` (repeatable)."""
+    p.add_argument("-c", "--config", metavar="FILE", help="the config file (instead of the CONFIG item)")
+    p.add_argument("--plugin-dir", action="append", metavar="DIR",
+                   help="a folder of user modules (workflows, reward functions) imported before they are looked up; "
+                        "repeatable (explorer.plugin_dirs)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trinity-like", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run explorer, buffer, trainer and synchronizer as configured")
-    p.add_argument("items", nargs="+", metavar="CONFIG | key=value",
-                   help="a YAML config file (e.g. configs/quickstart.yaml) and dotted overrides such as "
-                        "trainer.total_steps=5 mode=sync, in any order")
+    p.add_argument("items", nargs="*", metavar="CONFIG | key=value",
+                   help="a YAML config file (e.g. configs/quickstart.yaml; a verl or Trinity-RFT config too) and "
+                        "dotted overrides such as trainer.total_steps=5 mode=sync, in any order")
+    _config_flags(p)
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("--role", choices=("all", "explorer", "trainer"), default="all",
-                   help="run every part in this job (all), or one part as an independent job that meets the "
-                        "others through the run directory and the Ray namespace <project>/<name>")
+    p.add_argument("--role", choices=("all", "explorer", "trainer"), default=None,
+                   help="run every part in this job (all, the default; a Trinity-RFT config of mode explore / train: "
+                        "explorer / trainer), or one part as an independent job that meets the others through the "
+                        "run directory and the Ray namespace <project>/<name>")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in its run directory: the trainer loads its latest checkpoint and the "
                         "buffer re-delivers what was consumed after it")
@@ -232,10 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "translation); see docs/verl.md")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("config-convert", help="print the config of ours that a verl config translates to")
-    p.add_argument("items", nargs="+", metavar="FILE | key=value",
-                   help="a verl config file (sections data, actor_rollout_ref, trainer, ...) and overrides; with "
-                        "--verl, a verl launch as `run --verl` takes it")
+    p = sub.add_parser("config-convert", help="print the config of ours that a verl or Trinity-RFT config "
+                                              "translates to (a Trinity one ends with its differences of meaning)")
+    p.add_argument("items", nargs="*", metavar="FILE | key=value",
+                   help="a verl config file (sections data, actor_rollout_ref, trainer, ...) or a Trinity-RFT one "
+                        "(buffer.explorer_input, model.model_path, ...) and overrides; with --verl, a verl launch as "
+                        "`run --verl` takes it")
+    _config_flags(p)
     p.add_argument("--verl", action="store_true", help="the items are a verl launch (see run --verl)")
     p.add_argument("--allow-unmapped", action="store_true",
                    help="convert without the keys that have no counterpart here (listed as comments)")
@@ -253,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("bench", help="evaluate a model or checkpoint on the config's eval task sets")
-    p.add_argument("items", nargs="+", metavar="CONFIG | key=value")
+    p.add_argument("items", nargs="*", metavar="CONFIG | key=value")
+    _config_flags(p)
     p.add_argument("--checkpoint", help="a .safetensors state dict, a trainer checkpoint folder or an HF model folder")
     p.add_argument("--all-checkpoints", action="store_true",
                    help="each complete checkpoint of the run, in step order, one row each into --results")
@@ -266,8 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("serve", help="OpenAI-compatible endpoint that records agents' completions as experiences")
-    p.add_argument("items", nargs="+", metavar="CONFIG | key=value",
+    p.add_argument("items", nargs="*", metavar="CONFIG | key=value",
                    help="the run's config file and dotted overrides (serve.* settings)")
+    _config_flags(p)
     p.add_argument("--host", help="address to listen on (default serve.host, 127.0.0.1); any other than loopback "
                                   "needs --api-key")
     p.add_argument("--port", type=int, help="port (default serve.port, 8000; 0 = any free port)")

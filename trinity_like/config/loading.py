@@ -13,7 +13,9 @@ from trinity_like.config.schema import RENAMED_KEYS, Config
 from trinity_like.config.validation import validate
 
 if TYPE_CHECKING:
-    from trinity_like.config.verl import Translation
+    from trinity_like.config import trinity, verl
+
+    Translation = verl.Translation | trinity.Translation
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = (),
@@ -33,7 +35,11 @@ def load_config_with_translation(path: str | os.PathLike | None, overrides: list
     ``verl`` (``run --verl``), or a verl-shaped file: the config is verl's, built as verl builds it (its
     composed defaults for ``entry``, the file, the overrides that are verl keys, interpolations resolved) and
     then translated; the overrides that are keys of ours only (``mode``, ``synchronizer.*``, ``explorer.*``, ...)
-    apply after the translation (``split_verl_overrides``)."""
+    apply after the translation (``split_verl_overrides``).
+
+    A Trinity-RFT-shaped file (``trinity_like.config.trinity.is_trinity_config``) is translated the same way: the
+    overrides in Trinity's keys (``buffer.batch_size=4``) apply to its tree first, those in keys only ours has
+    after the translation (``split_trinity_overrides``)."""
     from omegaconf import OmegaConf
 
     schema = OmegaConf.structured(Config)
@@ -46,11 +52,18 @@ def load_config_with_translation(path: str | os.PathLike | None, overrides: list
             raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML file such as "
                               "configs/quickstart.yaml")
         tree = _verl_tree(p)
+        trinity_tree = _trinity_tree(p) if tree is None and not verl else None
+        if trinity_tree is not None:
+            from trinity_like.config.trinity import translate as translate_trinity
+
+            trinity_items, overrides = split_trinity_overrides(overrides, schema)
+            translation = translate_trinity(trinity_tree, path, trinity_items)
+            layers.append(OmegaConf.create(translation.nested()))
         if tree is None and verl:
             raise ConfigError(f"run --verl: '{path}' is not a verl-shaped config (no data, actor_rollout_ref, "
                               "critic, reward_model or custom_reward_function section); drop --verl to run it as "
                               "a config of ours")
-        if tree is None:
+        if tree is None and trinity_tree is None:
             try:
                 layers.append(OmegaConf.load(p))
             except Exception as e:  # yaml.YAMLError and OmegaConf's own errors share no base class
@@ -98,6 +111,31 @@ def split_verl_overrides(overrides: list[str] | tuple[str, ...], entry: str, sch
 _MISSING = object()
 
 
+def split_trinity_overrides(overrides: list[str] | tuple[str, ...], schema: Any) -> tuple[list[str], list[str]]:
+    """A Trinity run's overrides, split into Trinity's (a key of Trinity's schema: applied to its tree before the
+    translation; ``mode`` when its value is one of Trinity's modes) and ours (a key only our config has:
+    ``mode=async``, ``synchronizer.max_staleness=2``, ``explorer.plugin_dirs=[...]``: applied after it); a key in
+    neither is refused."""
+    from omegaconf import OmegaConf
+
+    from trinity_like.config.trinity import TRINITY_MODES, is_trinity_key
+
+    trinity_items, ours = [], []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key == "mode":
+            (trinity_items if value.strip() in TRINITY_MODES else ours).append(item)
+        elif is_trinity_key(key):
+            trinity_items.append(item)
+        elif OmegaConf.select(schema, key, default=_MISSING) is not _MISSING or key in RENAMED_KEYS:
+            ours.append(item)
+        else:
+            raise ConfigError(f"override '{item}': neither Trinity-RFT's config nor ours has the key {key!r}; check "
+                              "the spelling (docs/trinity.md lists Trinity's keys, docs/config.md ours)")
+    return trinity_items, ours
+
+
 def _has_key(tree: dict[str, Any], key: str) -> bool:
     node: Any = tree
     for part in key.split("."):
@@ -113,6 +151,14 @@ def _verl_tree(path: Path) -> dict[str, Any] | None:
 
     tree = load_verl_file(path)
     return tree if is_verl_config(tree) else None
+
+
+def _trinity_tree(path: Path) -> dict[str, Any] | None:
+    """A Trinity-RFT-shaped config file's parsed YAML, or None when the file is a config of ours."""
+    from trinity_like.config.trinity import is_trinity_config, load_trinity_file
+
+    tree = load_trinity_file(path)
+    return tree if is_trinity_config(tree) else None
 
 
 def _merge(schema: Any, layers: list[Any], overrides: list[str] | tuple[str, ...]) -> Config:
