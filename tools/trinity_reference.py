@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError:
         git = ""
     doc = {
-        "upstream": "https://github.com/modelscope/Trinity-RFT", "upstream_commit": git or UPSTREAM_COMMIT,
+        "upstream": "https://github.com/yanxi-chen/Trinity-RFT", "upstream_commit": git or UPSTREAM_COMMIT,
         "generated_by": "tools/trinity_reference.py",
         "recipe": (f"make_inputs(): torch.Generator().manual_seed({SEED}), float64, B={B}, L={L}, right-padded "
                    f"lengths {LENGTHS}, groups {GROUPS}, expert rows {EXPERT}; inputs stored below"),
