@@ -402,3 +402,179 @@ def export(buffer_dir: Path, out: Path, where: str | None = None) -> int:
     else:
         raise UserError(f"cannot export to '{out}': give a .parquet or .jsonl path")
     return table.num_rows
+
+
+# --- SFT / DPO data as Trinity-RFT reads it ------------------------------------------------------------------------
+
+TRINITY_SHAPES = ("messages", "plaintext", "pair")
+"""What a row of SFT/DPO data is (``row_shape``): a conversation, a prompt and its response, a preference pair."""
+
+
+def is_experience_source(path: Path) -> bool:
+    """Whether a replay source holds Experience rows (read as they are: a buffer folder or run directory, a buffer
+    segment, a Parquet or JSON Lines file whose rows carry ``prompt_ids``) rather than SFT/DPO data to tokenise
+    (``replay_table``)."""
+    if path.is_dir():
+        return any((path / p).exists() for p in ("segments", "buffer", "config.yaml", "catalog.json"))
+    if path.suffix == ".arrow":
+        from trinity_like.buffer.segments import SegmentInfo
+
+        return SegmentInfo.parse(path) is not None
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return "prompt_ids" in pq.read_schema(path).names
+        except (OSError, pa.ArrowException):
+            return False
+    if path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    try:
+                        first = json.loads(line)
+                    except json.JSONDecodeError:
+                        return False
+                    return isinstance(first, dict) and "prompt_ids" in first
+    return False
+
+
+def row_shape(fmt: Any, columns: list[str]) -> tuple[str, Any]:
+    """(shape, format) of SFT/DPO rows with ``columns`` read with ``fmt`` (a ``TaskFormatConfig``, read by attribute):
+    ``pair`` when ``prompt_type`` is ``chatpair`` or the chosen and rejected columns are there, else ``messages`` or
+    ``plaintext`` as ``prompt_type`` says. ``fmt`` at its defaults lets the columns decide (``messages`` or
+    ``message``: a conversation; ``chosen``/``rejected``: a pair; ``prompt``/``response``: plaintext); the format
+    returned then names the columns found. RecordError naming the columns when they fit no shape."""
+    from dataclasses import replace
+
+    cols = set(columns)
+    if fmt == type(fmt)():
+        key = next((k for k in ("messages", "message") if k in cols), None)
+        if {"chosen", "rejected"} <= cols and (key or "prompt" in cols):
+            return "pair", replace(fmt, prompt_type="messages" if key and "prompt" not in cols else "plaintext",
+                                   messages_key=key or fmt.messages_key)
+        if key:
+            return "messages", replace(fmt, prompt_type="messages", messages_key=key)
+        if {"prompt", "response"} <= cols:
+            return "plaintext", fmt
+        raise RecordError(f"its columns ({', '.join(columns)}) are neither Experience rows (prompt_ids, response_ids) "
+                          "nor SFT/DPO data (messages, prompt and response, chosen and rejected); name its columns "
+                          "in buffer.replay_format (prompt_type, messages_key, prompt_key, response_key, chosen_key, "
+                          "rejected_key)")
+    if fmt.prompt_type == "chatpair" or {fmt.chosen_key, fmt.rejected_key} <= cols:
+        return "pair", fmt
+    return ("messages" if fmt.prompt_type == "messages" else "plaintext"), fmt
+
+
+def _json_value(value: Any, column: str) -> Any:
+    """A column that may hold JSON text (Trinity's files often keep messages and tools so)."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise RecordError(f"column '{column}' is text that is not valid JSON") from None
+    return value
+
+
+def _column(row: dict[str, Any], column: str, what: str) -> Any:
+    if row.get(column) is None:
+        raise RecordError(f"column '{column}' ({what}) is missing or null")
+    return row[column]
+
+
+def _with_text_tool_results(messages: Any) -> Any:
+    """Tool messages whose content is a JSON object (Trinity's sft_with_tools data) carry it as JSON text."""
+    if not isinstance(messages, list):
+        return messages
+    return [{**m, "content": json.dumps(m["content"], ensure_ascii=False)}
+            if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), (dict, list))
+            and not (isinstance(m.get("content"), list) and all(isinstance(p, dict) and "type" in p for p in m["content"]))
+            else m for m in messages]
+
+
+def _prompt_of(row: dict[str, Any], fmt: Any) -> list[dict[str, Any]]:
+    """A plaintext row's prompt: the system prompt (the row's ``system_prompt_key`` column where not empty, else
+    ``system_prompt``) and the ``prompt_key`` text as one user message."""
+    system = (str(row.get(fmt.system_prompt_key) or "") if fmt.system_prompt_key else "") or fmt.system_prompt
+    prompt = _json_value(_column(row, fmt.prompt_key, "format.prompt_key"), fmt.prompt_key)
+    if isinstance(prompt, list):
+        return prompt
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": str(prompt)}]
+
+
+def trinity_row_to_experiences(row: dict[str, Any], shape: str, fmt: Any, tokenizer, vocab_size: int | None,
+                               index: int = 0, source: str | None = None) -> list[Experience]:
+    """The experiences of one SFT/DPO row as Trinity-RFT's formatters read it (``SFTFormatter``, ``DPOFormatter``):
+
+    - ``messages``: the ``messages_key`` conversation (or its JSON text), ``tools_key`` offered; its last message is
+      the response and everything before it the prompt, or, with ``enable_concatenated_multi_turn``, everything
+      after the first assistant turn is the response with only the assistants' tokens trained;
+    - ``plaintext``: the system prompt, the ``prompt_key`` user message, the ``response_key`` assistant reply;
+    - ``pair``: the prompt (``messages_key`` conversation for ``messages``, else as plaintext builds it) with the
+      ``chosen_key`` and ``rejected_key`` replies: two rows of one group, rewards 1.0 and 0.0 (as ``buffer ingest``
+      makes a pair).
+
+    Each row's eid comes from its content and ``index`` (its row in the data, kept as ``info.row``), so the same data
+    gives the same rows and a row written twice in a file is two samples, as Trinity reads it. RecordError with the
+    reason."""
+    if shape == "pair":
+        if fmt.prompt_type == "messages":
+            prompt = _with_text_tool_results(_json_value(_column(row, fmt.messages_key, "format.messages_key"),
+                                                         fmt.messages_key))
+        else:
+            prompt = _prompt_of(row, fmt)
+        record = {"messages": prompt,
+                  "chosen": _json_value(_column(row, fmt.chosen_key, "format.chosen_key"), fmt.chosen_key),
+                  "rejected": _json_value(_column(row, fmt.rejected_key, "format.rejected_key"), fmt.rejected_key),
+                  "info": {"row": index}}
+        return preference_to_experiences(record, source or "human", vocab_size, tokenizer)
+    tools = None
+    if shape == "messages":
+        messages = _with_text_tool_results(_json_value(_column(row, fmt.messages_key, "format.messages_key"),
+                                                       fmt.messages_key))
+        tools = _check_tools(_json_value(row.get(fmt.tools_key), fmt.tools_key) or None, f"column '{fmt.tools_key}'")
+    else:
+        messages = _prompt_of(row, fmt) + [
+            {"role": "assistant", "content": str(_column(row, fmt.response_key, "format.response_key"))}]
+    if not isinstance(messages, list) or not messages:
+        raise RecordError(f"column '{fmt.messages_key}' is not a list of chat messages")
+    last = messages[-1].get("role") if isinstance(messages[-1], dict) else None
+    if last != "assistant":
+        raise RecordError(f"the conversation ends with a {last!r} message; its last message is the response "
+                          "trained on and must be the assistant's")
+    prompt_messages = None if getattr(fmt, "enable_concatenated_multi_turn", False) else len(messages) - 1
+    prompt_ids, response_ids, mask, _ = _chat_split(messages, tokenizer, tools, prompt_messages,
+                                                    field_name=fmt.messages_key if shape == "messages" else "")
+    data = {"prompt_ids": prompt_ids, "response_ids": response_ids, "action_mask": mask, "messages": messages,
+            "info": {"row": index, **({"tools": tools} if tools else {})}}
+    data["eid"] = content_eid({"row": row, "shape": shape, "index": index})
+    return [record_to_experience(data, source or "import", vocab_size)]
+
+
+def replay_table(path: str | Path, tokenizer_path: str, fmt: Any, split: str = "train", subset_name: str = "",
+                 vocab_size: int | None = None):
+    """Experience rows of SFT/DPO data (a file, a folder laid out as Hugging Face data sets are, a hub id in the
+    local cache: ``trinity_like.common.datasets``), tokenised as they are read with the tokenizer at
+    ``tokenizer_path`` (``fmt.chat_template`` in place of its own when set): an offline run's ``replay_sources`` that
+    are not Experience rows. Nothing is written. UserError in one line naming the file, the row, what is wrong and
+    the fix."""
+    from trinity_like.common.datasets import read_rows
+    from trinity_like.common.tokenizer import hf_tokenizer
+
+    data = read_rows(path, subset_name, split, key="buffer.replay_sources")
+    try:
+        shape, fmt = row_shape(fmt, data.columns)
+    except RecordError as e:
+        raise UserError(f"buffer.replay_sources: {data.origin}: {e}") from None
+    tokenizer = hf_tokenizer(tokenizer_path)
+    if getattr(fmt, "chat_template", ""):
+        tokenizer.chat_template = fmt.chat_template
+    exps: list[Experience] = []
+    for i, row in enumerate(data.rows):
+        try:
+            exps += trinity_row_to_experiences(row, shape, fmt, tokenizer, vocab_size, index=i)
+        except RecordError as e:
+            raise UserError(f"buffer.replay_sources: {data.origin} row {i} (read as {shape} SFT/DPO data): {e}; fix "
+                            "the row, or name its columns in buffer.replay_format") from None
+    return experiences_to_table(exps)

@@ -1,7 +1,8 @@
 """Offline replay: read-only iteration, by epochs, over stored experiences under a SQL filter.
 
 Sources may be buffer folders (or run directories), single segment files (``.arrow``), Parquet files of
-Experience rows (``buffer export`` writes them), or JSONL files of Experience rows. Nothing is written: the
+Experience rows (``buffer export`` writes them), or JSONL files of Experience rows; or SFT/DPO data as Trinity-RFT
+reads it, tokenised as it is read (``trinity_like.buffer.ingest.replay_table``). Nothing is written: the
 sources may belong to a finished run or to one that is still writing (the rows present at ``load`` count).
 
 Untrainable rows (``table_row_problems``) are left out when the sources are loaded, named once in the log,
@@ -34,9 +35,17 @@ from trinity_like.common.experience import (
 logger = logging.getLogger(__name__)
 
 
-def _load_source(path: Path, where: str | None = None) -> pa.Table:
+def _load_source(path: Path, where: str | None = None, data: dict | None = None) -> pa.Table:
     """A source's rows; a buffer folder's segments that its catalog rules out for ``where`` are not read (the
-    caller applies ``where`` to what comes back)."""
+    caller applies ``where`` to what comes back). SFT/DPO data (not Experience rows) is tokenised as it is read,
+    with ``data`` (``replay_table``'s tokenizer_path, fmt, split, subset_name, vocab_size)."""
+    from trinity_like.buffer.ingest import is_experience_source, replay_table
+
+    if not is_experience_source(path):
+        if not data or not data.get("tokenizer_path"):
+            raise UserError(f"replay source '{path}' holds no Experience rows (no prompt_ids): SFT/DPO data is "
+                            "tokenised with the run's model as it is read; replay it in an offline run")
+        return replay_table(path, **data)
     if path.is_dir():
         buffer_dir = path / "buffer" if (path / "buffer" / "segments").is_dir() else path
         return experiences_table(buffer_dir, where=where).select([f.name for f in EXPERIENCE_SCHEMA])
@@ -53,8 +62,15 @@ def _load_source(path: Path, where: str | None = None) -> pa.Table:
             table = upgrade_table(table, "1")
         return table.select([f.name for f in EXPERIENCE_SCHEMA]).cast(EXPERIENCE_SCHEMA)
     if path.suffix == ".jsonl":
+        exps = []
         with open(path, encoding="utf-8") as fh:
-            return experiences_to_table([Experience.from_json(line) for line in fh if line.strip()])
+            for n, line in enumerate(fh, start=1):
+                if line.strip():
+                    try:
+                        exps.append(Experience.from_json(line))
+                    except (ValueError, TypeError) as e:
+                        raise UserError(f"replay source '{path}' line {n} is not an Experience row ({e})") from None
+        return experiences_to_table(exps)
     raise UserError(f"cannot replay '{path}': give a buffer folder, .arrow, .parquet or .jsonl")
 
 
@@ -63,13 +79,17 @@ class ReplayReader:
 
     def __init__(self, sources: list[str | Path], where: str | None = None, batch_size: int = 32,
                  shuffle: bool = True, seed: int = 0, vocab_size: int | None = None,
-                 quarantine: Ledger | None = None) -> None:
+                 quarantine: Ledger | None = None, data: dict | None = None) -> None:
         """``vocab_size``: the trained model's (token ids past it are untrainable; None: only negative ids);
-        ``quarantine``: the ledger that records the untrainable rows."""
+        ``quarantine``: the ledger that records the untrainable rows; ``data``: how sources of SFT/DPO data are
+        read (``trinity_like.buffer.ingest.replay_table``'s tokenizer_path, fmt, split, subset_name)."""
+        from trinity_like.common.datasets import is_hub_id
+
         for s in sources:
-            if not Path(s).exists():
+            if not Path(s).exists() and not is_hub_id(str(s)):  # a hub id: read from the local cache, or refused
                 raise UserError(f"replay source '{s}' does not exist")
         self.sources = [Path(s) for s in sources]
+        self.data = {**(data or {}), "vocab_size": vocab_size} if data else None
         self.where, self.batch_size, self.shuffle, self.seed = where, batch_size, shuffle, seed
         self.vocab_size, self.quarantine = vocab_size, quarantine
         self.quarantined = 0
@@ -79,7 +99,7 @@ class ReplayReader:
     def _load(self) -> pa.Table:
         import duckdb
 
-        tables = [self._trainable(s, _load_source(s, self.where)) for s in self.sources]
+        tables = [self._trainable(s, _load_source(s, self.where, self.data)) for s in self.sources]
         rows = pa.concat_tables(tables) if tables else EXPERIENCE_SCHEMA.empty_table()
         con = duckdb.connect(":memory:")
         try:
@@ -131,3 +151,11 @@ class ReplayReader:
             batch.extend(rows)
         if batch:
             yield table_to_experiences(self.table.take(pa.array(batch)))
+
+
+def replay_data(cfg) -> dict:
+    """How an offline run of ``cfg`` reads replay sources of SFT/DPO data (``ReplayReader``'s ``data``): its model's
+    tokenizer and ``buffer.replay_format``, ``replay_split``, ``replay_subset_name``."""
+    b = cfg.buffer
+    return {"tokenizer_path": cfg.model.path, "fmt": b.replay_format, "split": b.replay_split,
+            "subset_name": b.replay_subset_name}

@@ -76,28 +76,36 @@ class SamplingConfig:
 
 @dataclass
 class TaskFormatConfig:
-    """How the rows of a task file in Trinity-RFT's shape are read (its `format` section): which columns hold the
-    prompt and the answer, and how the prompt becomes a conversation. Used when the task file is not one of ours or
-    verl's (any column names), or when `prompt_key` is set; see docs/trinity.md."""
+    """How rows of data in Trinity-RFT's shape are read (its `format` section): which columns hold the prompt and
+    the answer, and how the prompt becomes a conversation. For a task set (`explorer.taskset.format`, an eval set's):
+    used when its `path` is not a task file of ours or verl's, or when any key here is set; for SFT/DPO data
+    (`buffer.replay_format`) when a replay source holds such rows. Each task keeps its whole row (`Task.raw_task`)."""
 
     prompt_type: str = _choices("plaintext", ("plaintext", "messages", "chatpair"))
-    """`plaintext`: the prompt column is text, sent as one user message (after `system_prompt`); `messages`: the
-    `messages_key` column holds a whole conversation (chat messages); `chatpair`: `chosen_key`/`rejected_key`
-    hold preferred and dispreferred replies (DPO data)."""
+    """`plaintext`: the `prompt_key` column is text, sent as one user message (after the system prompt);
+    `messages`: the `messages_key` column holds a conversation (for a task, a final assistant turn is the answer
+    unless a `response_key` column exists, and not part of the prompt); `chatpair`: `chosen_key`/`rejected_key` hold
+    preferred and dispreferred replies beside the prompt (DPO data; a task's answer is the chosen reply). Trinity
+    reads it for SFT/DPO data only, building every task's prompt from `prompt_key`, and defaults to `messages`: a
+    Trinity SFT/DPO format that omits it means `messages`."""
     prompt_key: str = "prompt"
-    """Column of the prompt text (`plaintext`)."""
+    """Column of the prompt text (`plaintext`, `chatpair`); a column of chat messages there is the conversation."""
     response_key: str = "response"
-    """Column of the ground truth (the answer the reward compares with)."""
+    """Column of the ground truth (a task's answer, which the reward compares with; a number becomes its text), or
+    of the reply trained on (SFT data, `plaintext`)."""
     system_prompt: str = ""
     """System message put before the prompt; empty = none (lower priority than `system_prompt_key`)."""
     system_prompt_key: str = ""
-    """Column holding each row's own system message; empty = `system_prompt`."""
+    """Column holding each row's own system message (used where not empty, else `system_prompt`); empty = none.
+    Trinity reads it for SFT/DPO data; task sets here read it too."""
     reply_prefix: str = ""
-    """Text the assistant's reply starts with, appended after the generation prompt (the model continues it)."""
+    """Text the assistant's reply starts with: a task's prompt ends with an assistant message holding it, which the
+    model continues (the chat template's `continue_final_message`, as Trinity's model renders it)."""
     messages_key: str = "message"
     """Column of the conversation (`messages`); Trinity's default name is `message`."""
     tools_key: str = "tools"
-    """Column of a row's tool descriptions (JSON), when present."""
+    """Column of a row's tool descriptions (a list, or its JSON text), offered in SFT data; a task keeps it in its
+    `raw_task`."""
     chosen_key: str = "chosen"
     """Column of the preferred reply (`chatpair`)."""
     rejected_key: str = "rejected"
@@ -107,9 +115,14 @@ class TaskFormatConfig:
     reward_fn_key: str = ""
     """Column naming each row's reward function; empty = the task set's `reward_fn`."""
     chat_template: str = ""
-    """A Jinja chat template used instead of the tokenizer's; empty = the tokenizer's."""
+    """A Jinja chat template used instead of the tokenizer's, to render a task's prompt or tokenise SFT/DPO data;
+    empty = the tokenizer's (Trinity fills it from `model.custom_chat_template`)."""
     enable_thinking: bool | None = None
-    """Passed to the chat template (Qwen3's thinking switch); None = the template's default."""
+    """Passed to the chat template (Qwen3's thinking switch) when a task's prompt is rendered; None = the template's
+    default."""
+    enable_concatenated_multi_turn: bool = False
+    """SFT data only (`buffer.replay_format`): train every assistant turn of a conversation (the other messages
+    masked out); false = only its last message, the rest being the prompt (Trinity-RFT's default)."""
 
 
 @dataclass
@@ -130,14 +143,16 @@ class TasksetConfig:
     max_operand: int = _at_least(20, 1)
     """Largest operand of the generated arithmetic tasks."""
     subset_name: str = ""
-    """The data set's configuration name (Hugging Face `load_dataset(path, name)`, Trinity's `subset_name`): a
-    sub-folder of `path`, or a data file's prefix; empty = none."""
+    """The data set's configuration name (Hugging Face `load_dataset(path, name)`, Trinity's `subset_name`): one of
+    the `configs` its README declares, else a sub-folder of `path`; empty = the default config (or none)."""
     split: str = "train"
     """The split read from a folder laid out as Hugging Face data sets are (`train*.jsonl`, `data/train-*.parquet`,
-    ...); a single file is read whole whatever the split."""
+    `test/`, ...; datasets' forms `train[:100]`, `train[10%:]`, `train+test` too); a single file is read whole
+    whatever the split."""
     format: TaskFormatConfig = field(default_factory=TaskFormatConfig)
-    """How rows of a task file in Trinity-RFT's shape are read (`path` of any local jsonl, json, parquet, csv or
-    arrow file, or a folder of them)."""
+    """How rows of a task set in Trinity-RFT's shape are read (`path` of a local jsonl, json, parquet, csv or arrow
+    file, a folder of them, or a hub id in the local Hugging Face cache): read once, as Hugging Face `datasets`
+    reads it, into the run directory's task file."""
     workflow: str = ""
     """This task set's workflow (a registered name or `module:Class`); empty = `explorer.workflow`."""
     reward_fn: str = ""
@@ -166,14 +181,16 @@ class EvalTasksetConfig:
     temperature: float = _at_least(0.0, 0.0)
     """Sampling temperature of the eval; 0 = greedy (then k should be 1)."""
     subset_name: str = ""
-    """The data set's configuration name (Hugging Face `load_dataset(path, name)`, Trinity's `subset_name`): a
-    sub-folder of `path`, or a data file's prefix; empty = none."""
+    """The data set's configuration name (Hugging Face `load_dataset(path, name)`, Trinity's `subset_name`): one of
+    the `configs` its README declares, else a sub-folder of `path`; empty = the default config (or none)."""
     split: str = "train"
     """The split read from a folder laid out as Hugging Face data sets are (`train*.jsonl`, `data/train-*.parquet`,
-    ...); a single file is read whole whatever the split."""
+    `test/`, ...; datasets' forms `train[:100]`, `train[10%:]`, `train+test` too); a single file is read whole
+    whatever the split."""
     format: TaskFormatConfig = field(default_factory=TaskFormatConfig)
-    """How rows of a task file in Trinity-RFT's shape are read (`path` of any local jsonl, json, parquet, csv or
-    arrow file, or a folder of them)."""
+    """How rows of a task set in Trinity-RFT's shape are read (`path` of a local jsonl, json, parquet, csv or arrow
+    file, a folder of them, or a hub id in the local Hugging Face cache): read once, as Hugging Face `datasets`
+    reads it, into the run directory's task file."""
     workflow: str = ""
     """This task set's workflow (a registered name or `module:Class`); empty = `explorer.workflow`."""
     reward_fn: str = ""
@@ -742,7 +759,23 @@ class BufferConfig:
     replay_sources: list[str] = field(default_factory=list)
     """What `mode: offline` trains on: buffer folders or run directories of earlier runs, `.arrow` segments,
     `.parquet` / `.jsonl` files of Experience rows (`buffer export`, `buffer ingest`), filtered by
-    `buffer.where`. Read only; batches are whole groups, shuffled per epoch (seeded)."""
+    `buffer.where`; or SFT/DPO data as Trinity-RFT reads it (a jsonl, json, parquet or csv file, a folder laid out
+    as Hugging Face data sets are, a hub id in the local cache: rows of chat messages, prompt and response, or
+    prompt/messages with chosen and rejected), tokenised with the model's chat template as they are read
+    (`replay_format`). Read only; batches are whole groups, shuffled per epoch (seeded)."""
+    replay_format: TaskFormatConfig = field(default_factory=TaskFormatConfig)
+    """How `replay_sources` that hold SFT/DPO data rather than Experience rows are read (Trinity-RFT's
+    `trainer_input.experience_buffer.format`): `prompt_type` `messages` (the `messages_key` column is the
+    conversation; its last message is the response, or every assistant turn with `enable_concatenated_multi_turn`;
+    `tools_key` the tools offered), `plaintext` (`system_prompt`/`system_prompt_key`, `prompt_key` and
+    `response_key`), and preference pairs (`chatpair`, or a `chosen_key` column beside the prompt: a DPO row, two
+    experiences with rewards 1 and 0); `chat_template` replaces the tokenizer's. Left at its defaults, each file's
+    columns decide: `messages` or `message` = a conversation, `chosen`/`rejected` = a pair, `prompt`/`response` =
+    plaintext."""
+    replay_split: str = "train"
+    """The split read from a `replay_sources` folder of SFT/DPO data (Trinity's experience_buffer `split`)."""
+    replay_subset_name: str = ""
+    """The subset read from a `replay_sources` folder of SFT/DPO data (Trinity's experience_buffer `subset_name`)."""
     transport: str = _choices("file", ("file", "redis"))
     """How explorers hand experiences over: `file` (write segments into the buffer folder) or `redis` (a
     Redis Stream, for explorers on hosts that share no filesystem with the trainer)."""

@@ -135,6 +135,8 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
         _check_taskset(paths.taskset)
     of_files = (_taskset_of_files(cfg, paths, compare=not allow_existing)
                 if cfg.mode != "offline" and cfg.explorer.taskset.files else of_rows)
+    if cfg.mode == "offline":
+        _check_replay_data(cfg)
     read = {paths.taskset: of_rows} if of_rows is not None else {}
     if cfg.mode != "offline":  # eval sets read as Trinity reads them: refused here, in one line, before any write
         read.update({eval_taskset_path(cfg, ev): tasks_of_rows(cfg, ev, f"explorer.eval_tasksets[{i}]")
@@ -154,6 +156,25 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     if cfg.mode != "offline":
         _check_taskset(paths.taskset)
     return paths
+
+
+def _check_replay_data(cfg: Config) -> None:
+    """Replay sources of SFT/DPO data (not Experience rows) must be there and have columns their format reads
+    (``trinity_like.buffer.ingest.row_shape``): refused here, in one line, before Ray starts; the trainer tokenises
+    them as it reads them (``replay_table``), where a bad row is refused naming it."""
+    from trinity_like.buffer.ingest import RecordError, is_experience_source, row_shape
+    from trinity_like.common.datasets import is_hub_id, read_rows
+
+    b = cfg.buffer
+    for source in b.replay_sources:
+        path = Path(source)
+        if not (path.exists() or is_hub_id(source)) or (path.exists() and is_experience_source(path)):
+            continue  # a missing source is refused by the replay reader; Experience rows are read as they are
+        data = read_rows(source, b.replay_subset_name, b.replay_split, key="buffer.replay_sources")
+        try:
+            row_shape(b.replay_format, data.columns)
+        except RecordError as e:
+            raise RunError(f"buffer.replay_sources: {data.origin}: {e}") from None
 
 
 def _taskset_of_files(cfg: Config, paths: RunPaths, compare: bool = True) -> list[Task]:

@@ -140,11 +140,12 @@ class TrainerRole:
         self.replay = None
         if self.cfg.mode == "offline":
             from trinity_like.buffer.ledger import Ledger
-            from trinity_like.buffer.replay import ReplayReader
+            from trinity_like.buffer.replay import ReplayReader, replay_data
 
             self.replay = ReplayReader(b.replay_sources, where=b.where or None, batch_size=self.cfg.train_batch_size,
                                        seed=self.cfg.seed, vocab_size=vocab_size,
-                                       quarantine=Ledger(self.paths.buffer_dir, CONSUMER_NAME, create=False))
+                                       quarantine=Ledger(self.paths.buffer_dir, CONSUMER_NAME, create=False),
+                                       data=replay_data(self.cfg))
             if not len(self.replay):
                 raise UserError(f"buffer.replay_sources hold no rows{' matching buffer.where' if b.where else ''}: "
                                 f"{', '.join(b.replay_sources)}")
