@@ -78,6 +78,10 @@ class ExplorerRole:
         """Steps in a row that wrote no rows; ``explorer.max_empty_steps`` of them stop the explorer."""
         self._stop = False
         """Set by ``request_stop``: ``run()`` ends after the step in progress."""
+        self._task_errors: dict[int, list[str]] = {}
+        """The error of every task that failed for good, by explorer step (``_check_task_errors``)."""
+        self._ok_steps: set[int] = set()
+        """Explorer steps with a task whose workflow succeeded."""
         self.files = RunFiles(self.paths)
         """Appends to run-directory files; ``setup`` makes it relay them when the run directory is the trainer's
         on another node."""
@@ -145,10 +149,6 @@ class ExplorerRole:
                                            relay=partial(self.files.relay_only, "metrics.jsonl"))
         self._order: list[int] = []
         self._epoch = -1
-        self._task_errors: dict[int, list[str]] = {}
-        """The error of every task that failed for good, by explorer step (``_check_task_errors``)."""
-        self._ok_steps: set[int] = set()
-        """Explorer steps with a task whose workflow succeeded."""
         self._stragglers: list[asyncio.Task] = []
         """Tasks of earlier steps still running (over-rollout); each yields (step, position, task, group)."""
         self.streaming = (self.cfg.explorer.rollout == "stream" and self.cfg.mode == "async"

@@ -188,12 +188,15 @@ def _resolve(name: str):
             return getattr(_import_module(module_name), cls_name)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"cannot load workflow {name!r}: {e}") from None
-    if name not in WORKFLOWS:
-        from trinity_like.explorer.trinity_api import WORKFLOWS as TRINITY_WORKFLOWS
+    if name in WORKFLOWS:
+        return WORKFLOWS.get(name)
+    from trinity_like.explorer.trinity_api import WORKFLOWS as TRINITY_WORKFLOWS
 
-        if name in TRINITY_WORKFLOWS:
-            TRINITY_WORKFLOWS.get(name)  # a Trinity name that cannot run here: LookupError saying what it needs
-    return WORKFLOWS.get(name)
+    if name in TRINITY_WORKFLOWS:
+        TRINITY_WORKFLOWS.get(name)  # a Trinity name that cannot run here: LookupError saying what it needs
+    trinity = [n for n in TRINITY_WORKFLOWS.names() if n in WORKFLOWS]
+    ours = [n for n in WORKFLOWS.names() if n not in trinity]
+    raise KeyError(f"unknown workflow {name!r}; valid names: {', '.join(ours)}; Trinity-RFT's: {', '.join(trinity)}")
 
 
 def load_workflow(name: str) -> Workflow:
