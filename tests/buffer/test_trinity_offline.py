@@ -169,3 +169,12 @@ def test_an_offline_run_trains_on_trinitys_sft_folder(tmp_path, tiny_model_path,
                        "trainer.micro_batch_size=4")
     summary = run(cfg)
     assert summary["exit_reason"] == "completed" and summary["trainer_steps"] == 2
+
+
+def test_buffer_ingest_takes_trinitys_sft_rows(tmp_path, tiny_model_path):
+    from trinity_like.buffer.ingest import ingest_files
+
+    report = ingest_files([DATA / "sft_for_gsm8k" / "sft.jsonl"], tmp_path / "buf", tokenizer_path=tiny_model_path)
+    assert (report.accepted, report.duplicates, report.rejected) == (4, 4, [])  # the file holds each row twice
+    report = ingest_files([DATA / "sft_for_gsm8k" / "sft.jsonl"], tmp_path / "buf2")
+    assert report.accepted == 0 and "needs --tokenizer" in report.rejected[0]["reason"]

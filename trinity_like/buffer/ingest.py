@@ -18,6 +18,13 @@ Accepted input (JSONL, one object per line, or Parquet, one record per row):
   assistant tokens are masked in, so a prompt may hold earlier assistant turns as context. A pair goes in
   whole or not at all.
 
+- SFT rows as Trinity-RFT writes them (``trinity_row_to_experiences``): ``prompt`` and ``response`` (one user and
+  one assistant message; the response is what is trained), or ``message`` (Trinity's default name for a
+  conversation, its last message trained); the row's other columns are left out.
+
+Offline runs read such data, and any SFT/DPO data in Trinity-RFT's shape, directly as ``buffer.replay_sources``:
+``replay_table`` tokenises it as it is read, by ``buffer.replay_format`` (nothing is written).
+
 Every record is validated; a bad one is reported with its line number and reason (naming the field) and
 written to a rejects file, the good ones go in as one atomic segment (``strict`` takes none if any is bad).
 Token ids that no model can train on refuse the whole ingest instead (UserError, nothing written): a negative
@@ -163,6 +170,14 @@ def record_to_experiences(record: Any, source: str | None, vocab_size: int | Non
     otherwise; RecordError with the reason otherwise (then no row at all)."""
     if isinstance(record, dict) and ("chosen" in record or "rejected" in record):
         return preference_to_experiences(record, source or "human", vocab_size, tokenizer)
+    if isinstance(record, dict) and not set(record) & {"prompt_ids", "response_ids", "messages"} and (
+            {"prompt", "response"} <= set(record) or "message" in record):  # Trinity-RFT's SFT rows
+        from trinity_like.config.schema import TaskFormatConfig
+
+        if tokenizer is None:
+            raise RecordError("an SFT row (prompt and response, or message) needs --tokenizer")
+        shape, fmt = row_shape(TaskFormatConfig(), list(record))
+        return trinity_row_to_experiences(record, shape, fmt, tokenizer, vocab_size, source=source)
     return [record_to_experience(record, source or "import", vocab_size, tokenizer)]
 
 
