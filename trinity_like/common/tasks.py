@@ -78,7 +78,8 @@ class Task:
     data_source: str = ""
     """Which scorer judges the answer (e.g. ``arithmetic``, ``math``); empty = the reward config decides."""
     messages: tuple[dict[str, Any], ...] | None = None
-    """Chat messages that form the prompt (verl's data files); None = ``prompt`` is the raw text."""
+    """Chat messages that form the prompt (verl's data files, Trinity-RFT's rows); None = ``prompt`` is the raw text.
+    A final assistant message is a reply prefix: the model continues it (``prompt_ids``)."""
     extra_info: dict[str, Any] = field(default_factory=dict)
     """Per-task extras handed to the reward function (verl's ``extra_info``)."""
     prompt_token_ids: tuple[int, ...] | None = None
