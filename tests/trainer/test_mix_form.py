@@ -69,14 +69,6 @@ def test_mix_form_differs_from_sum_form_by_the_pg_weight(tmp_path, tiny_model_pa
     assert any(not torch.allclose(got[k], other[k], rtol=1e-4, atol=1e-6) for k in got)
 
 
-def test_mix_form_without_sft_sources_is_the_plain_policy_loss(tmp_path, tiny_model_path, batch_exps):
-    plain = _trainer(tmp_path / "a", tiny_model_path)
-    plain.train_step(batch_exps)
-    mixed = _trainer(tmp_path / "b", tiny_model_path, "algorithm.sft_loss_form=mix", "algorithm.sft_loss_coef=0.5")
-    mixed.train_step(batch_exps)
-    _assert_same_weights(export_state_dict(mixed.module), export_state_dict(plain.module))
-
-
 def test_mix_form_takes_the_entropy_bonus_over_the_policy_gradient_rows(tmp_path, tiny_model_path, batch_exps):
     exps = _with_demonstrations(batch_exps)
     t = _trainer(tmp_path, tiny_model_path, "algorithm.sft_sources=[human]", f"algorithm.sft_loss_coef={MU}",

@@ -292,6 +292,18 @@ def _validate_sources(cfg: Config) -> None:
         raise ConfigError("buffer.mix needs mode 'async': sync's lock-step schedule has the explorer write a whole "
                           "trainer batch per step, so quotas for other sources would leave explorer rows behind to "
                           "be trained ever staler; set mode=async (synchronizer.max_staleness bounds their age)")
+    algo = cfg.algorithm
+    if algo.sft_loss_form == "mix" and not algo.sft_sources:
+        raise ConfigError("algorithm.sft_loss_form 'mix' weighs the SFT loss of the algorithm.sft_sources rows against "
+                          "the policy loss, and algorithm.sft_sources is empty; name the expert rows' source (e.g. "
+                          "algorithm.sft_sources=[human]) or leave sft_loss_form at 'sum'")
+    if algo.sft_loss_form == "mix" and algo.sft_loss_coef > 1:
+        raise ConfigError(f"algorithm.sft_loss_coef={algo.sft_loss_coef:g} with sft_loss_form 'mix' is mu in (1 - mu) x "
+                          "pg + mu x sft and must be in [0, 1] (Trinity's mix uses 0.1)")
+    if algo.sft_loss_form == "mix" and algo.sft_loss_coef == 1:
+        raise ConfigError("algorithm.sft_loss_coef=1 with sft_loss_form 'mix' leaves no policy loss ((1 - mu) x pg + "
+                          "mu x sft with mu = 1); set mu below 1 (Trinity's mix uses 0.1; the key's default 1.0 is "
+                          "the 'sum' form's weight), or train SFT alone with algorithm.policy_loss=sft")
     if cfg.algorithm.sft_sources and cfg.algorithm.policy_loss == "dpo":
         raise ConfigError("algorithm.sft_sources with algorithm.policy_loss 'dpo' would break DPO's (chosen, "
                           "rejected) pairs; leave algorithm.sft_sources empty")
