@@ -188,6 +188,8 @@ def test_subset_name_is_a_readme_config_or_a_sub_folder(tmp_path):
     assert got.rows[0]["question"] == "Question 1 in subset 2." and len(got.rows) > 1
     with pytest.raises(DatasetError, match=r"has no subset 'subset_3'.*\(folders: subset_1, subset_2\)"):
         read_rows(root, subset_name="subset_3")
+    # datasets' implicit config of a folder without README configs is 'default': the folder itself
+    assert len(read_rows(root / "subset_1", subset_name="default").rows) == len(read_rows(root / "subset_1").rows)
     # gsm8k's layout and README: configs main and socratic, data_files per split
     gsm = _folder(tmp_path, ["main/train-00000-of-00001.parquet", "main/test-00000-of-00001.parquet",
                              "socratic/train-00000-of-00001.parquet", "socratic/test-00000-of-00001.parquet"])

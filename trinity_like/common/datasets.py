@@ -26,7 +26,8 @@ rounded to the closest row) and ``train+test`` (concatenated).
 
 Where this departs from ``datasets``: a single file is read whole whatever ``split`` names (``datasets`` calls it
 ``train`` and refuses other names; Trinity-RFT's eval sets often say ``split: test`` of one file); a
-``subset_name`` in a folder without ``configs`` in its README names a sub-folder (``datasets`` would refuse the name);
+``subset_name`` in a folder without ``configs`` in its README names a sub-folder (``datasets`` knows only
+``default`` there, which reads the folder itself here too);
 files of one split whose columns differ are read together, a column missing from a file being null in its rows
 (``datasets`` refuses such files); JSON rows whose fields change type from row to row keep their values as they
 are (``datasets`` stores such a field as JSON text). Values come as JSON values: timestamps and dates as ISO text,
@@ -170,8 +171,8 @@ def hub_snapshot(repo_id: str, key: str = "path") -> Path:
     if found:
         return found[-1]
     raise DatasetError(
-        f"{key} '{repo_id}' is a Hugging Face hub data set that is not in the local cache ({hub_cache_dir()}), and "
-        f"nothing is downloaded at run time: fetch it once (`huggingface-cli download {repo_id} --repo-type dataset "
+        f"{key} '{repo_id}' is no local file or folder, and as a Hugging Face hub data set it is not in the local "
+        f"cache ({hub_cache_dir()}); nothing is downloaded at run time: fetch it once (`huggingface-cli download {repo_id} --repo-type dataset "
         f"--local-dir DIR`) and set {key} (or TRINITY_TASKSET_PATH) to DIR")
 
 
@@ -186,7 +187,7 @@ def data_files(folder: Path, subset_name: str = "", key: str = "path") -> tuple[
         splits = _resolve_given(base, given) if given else _default_splits(base)
     else:
         base = folder
-        if subset_name:
+        if subset_name and not (subset_name == "default" and not (folder / "default").is_dir()):
             base = folder / subset_name
             if not base.is_dir():
                 subs = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
