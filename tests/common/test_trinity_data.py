@@ -335,3 +335,12 @@ def test_without_a_template_the_reply_prefix_is_continued_in_the_plain_format(to
     (t,) = rows_to_tasks(ROWS[:1], _fmt(prompt_key="question", response_key="answer", reply_prefix="The answer"))
     (plain,) = rows_to_tasks(ROWS[:1], _fmt(prompt_key="question", response_key="answer"))
     assert tok.decode(prompt_ids(t, tok)) == tok.decode(prompt_ids(plain, tok)) + "The answer"
+
+
+def test_a_save_to_disk_folder_is_refused_as_load_dataset_refuses_it(tmp_path):
+    root = tmp_path / "saved"
+    (root / "train").mkdir(parents=True)
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
+    (root / "train" / "state.json").write_text("{}")
+    with pytest.raises(DatasetError, match=r"written by datasets' save_to_disk.*Dataset.to_json"):
+        read_rows(root)

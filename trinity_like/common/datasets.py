@@ -119,6 +119,10 @@ def read_rows(path: str | os.PathLike, subset_name: str = "", split: str = "trai
             raise DatasetError(f"{key} '{text}' does not exist: name a data file (jsonl, json, parquet, csv, arrow), a "
                                "folder laid out as Hugging Face data sets are, or a hub id (org/name) in the local "
                                "Hugging Face cache")
+        if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file():
+            raise DatasetError(f"{key} '{folder}' was written by datasets' save_to_disk, which load_dataset (and so "
+                               "Trinity-RFT) refuses to read; write it as data files (Dataset.to_json / to_parquet) "
+                               "and point there")
         base, splits = data_files(folder, subset_name, key)
         pieces = []
         for part in parts:
