@@ -43,6 +43,7 @@ def _bench_cfg(tmp_path, model_path, *overrides):
                               "explorer.eval_tasksets=[{name: arith, size: 8, max_operand: 9}]", *overrides])
 
 
+@pytest.mark.slow
 def test_bench_through_the_server_gives_the_rows_of_bench_on_the_model_itself(openai_server, tmp_path,
                                                                              tiny_model_path, monkeypatch):
     """Greedy: the server's engine answers each prompt as our own hf engine does, so every row is the same; the
@@ -70,6 +71,7 @@ def test_bench_through_the_server_gives_the_rows_of_bench_on_the_model_itself(op
         bench(_bench_cfg(tmp_path / "ext", tiny_model_path, *external, "explorer.sampling.max_new_tokens=5000"))
 
 
+@pytest.mark.slow
 def test_chat_and_the_first_listed_model(openai_server, tiny_model_path, monkeypatch):
     """``chat`` goes to /chat/completions; with no model_name the first model of /models is used; the prompt ids
     are the local rendering of the messages, the response ids the answer's text in our tokenizer."""

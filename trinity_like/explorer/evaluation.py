@@ -78,7 +78,8 @@ def _resolve_checkpoint(cfg: Config, checkpoint: str | None) -> tuple[Config, st
 
 class _Bench:
     """What every model a ``bench`` evaluates shares: the run directory (opened read-only), the eval task sets
-    under the prompt limit, the tokenizer and the reward manager; ``rows`` evaluates one model on them."""
+    under the prompt limit, the tokenizer and the reward manager; ``open`` starts the engines (or reaches the
+    external server), ``rows`` evaluates what they hold, ``load`` puts a checkpoint's weights into them."""
 
     def __init__(self, cfg: Config) -> None:
         import dataclasses
@@ -102,49 +103,68 @@ class _Bench:
         self.tasksets = {name: apply_prompt_limit(cfg, self.tokenizer, tasks, f"eval task set '{name}'")
                          for name, tasks in prepare_eval_tasksets(cfg).items()}
         self.reward_manager = load_reward_manager(cfg, self.tokenizer)
+        self.fleet = None
+        self.reward_model = None
+        self.loaded = 0
+        """Versions loaded into the fleet so far (each load takes the next number)."""
 
-    def rows(self, checkpoint: str | None = None) -> list[dict]:
-        """One row per eval task set for ``checkpoint`` (a state-dict file, a trainer checkpoint folder or a
-        Hugging Face model folder; None = ``model.path``, or the external model)."""
+    async def open(self, cfg: Config | None = None) -> None:
+        """Start the engines on ``cfg``'s model (default: the bench's ``model.path``), or reach the external
+        server."""
+        from trinity_like.explorer.fleet import EngineFleet
+        from trinity_like.explorer.reward_model import start_reward_model
+
+        cfg = cfg or self.cfg
+        self.fleet = ExternalEngine.from_config(cfg, self.tokenizer) if self.external else EngineFleet(cfg)
+        self.reward_model = start_reward_model(cfg)
+        await self.fleet.ready()
+
+    async def load(self, weights: str) -> None:
+        """Put the state dict in the safetensors file ``weights`` into every engine (WeightsLoadFailed if one
+        cannot read it: then nothing is benched on it)."""
+        self.loaded += 1
+        await self.fleet.update_weights(WeightsInfo(version=self.loaded, path=weights))
+
+    async def rows(self) -> list[dict]:
+        """One row per eval task set for the model the engines hold."""
+        cfg, rows = self.cfg, []
+        ctx = explorer_context(cfg, self.tokenizer, self.reward_manager, self.reward_model)
+        workflow = load_workflow(cfg.explorer.workflow)
+        for ev in cfg.explorer.eval_tasksets:
+            tasks = self.tasksets[ev.name]
+            m = await evaluate(self.fleet, ctx, ev.name, tasks, ev, seed=cfg.seed, workflow=workflow)
+            prefix = f"eval/{ev.name}/"
+            rows.append({"taskset": ev.name, "tasks": len(tasks), "k": ev.k, "temperature": ev.temperature,
+                         "mean@k": m[f"{prefix}accuracy/mean@{ev.k}"], "best@k": m[f"{prefix}accuracy/best@{ev.k}"],
+                         "reward_mean": m[f"{prefix}reward_mean"]})
+        return rows
+
+    async def close(self) -> None:
+        fleet, reward_model, self.fleet, self.reward_model = self.fleet, self.reward_model, None, None
+        if fleet is not None:
+            if self.external:
+                await fleet.aclose()
+            else:
+                fleet.kill()
+        if reward_model is not None:
+            reward_model.stop()
+
+    async def rows_of(self, checkpoint: str | None) -> list[dict]:
+        """Start the engines on ``checkpoint`` (a state-dict file, a trainer checkpoint folder or a Hugging Face
+        model folder; None = ``model.path``, or the external model), evaluate, stop them."""
         if checkpoint is not None and self.external:
             from trinity_like.common.errors import UserError
 
             raise UserError("explorer.engine external evaluates the server's model: it takes no checkpoint "
                             "(--checkpoint, --all-checkpoints, --follow, explorer.bench_on_latest_checkpoint)")
         cfg, weights = _resolve_checkpoint(self.cfg, checkpoint)
-        return asyncio.run(self._rows(cfg, weights))
-
-    async def _rows(self, cfg: Config, weights: str | None) -> list[dict]:
-        from trinity_like.explorer.fleet import EngineFleet
-        from trinity_like.explorer.reward_model import start_reward_model
-
-        if self.external:
-            fleet = ExternalEngine.from_config(cfg, self.tokenizer)
-        else:
-            fleet = EngineFleet(cfg)
-        reward_model = start_reward_model(cfg)
         try:
-            await fleet.ready()
+            await self.open(cfg)
             if weights is not None:
-                await fleet.update_weights(WeightsInfo(version=1, path=weights))
-            rows = []
-            ctx = explorer_context(cfg, self.tokenizer, self.reward_manager, reward_model)
-            workflow = load_workflow(cfg.explorer.workflow)
-            for ev in cfg.explorer.eval_tasksets:
-                tasks = self.tasksets[ev.name]
-                m = await evaluate(fleet, ctx, ev.name, tasks, ev, seed=cfg.seed, workflow=workflow)
-                prefix = f"eval/{ev.name}/"
-                rows.append({"taskset": ev.name, "tasks": len(tasks), "k": ev.k, "temperature": ev.temperature,
-                             "mean@k": m[f"{prefix}accuracy/mean@{ev.k}"], "best@k": m[f"{prefix}accuracy/best@{ev.k}"],
-                             "reward_mean": m[f"{prefix}reward_mean"]})
-            return rows
+                await self.load(weights)
+            return await self.rows()
         finally:
-            if self.external:
-                await fleet.aclose()
-            else:
-                fleet.kill()
-            if reward_model is not None:
-                reward_model.stop()
+            await self.close()
 
 
 def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
@@ -153,7 +173,8 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
     ``explorer.engine: external``, the server's model)."""
     if checkpoint is None and cfg.explorer.bench_on_latest_checkpoint:
         checkpoint = str(_latest_or_refuse(cfg))
-    return _Bench(cfg).rows(checkpoint)
+    runner = _Bench(cfg)
+    return asyncio.run(runner.rows_of(checkpoint))
 
 
 def _latest_or_refuse(cfg: Config) -> Path:
@@ -203,7 +224,13 @@ def bench_checkpoints(cfg: Config, follow: bool = False, timeout_s: float = 0.0,
     runner = _Bench(cfg)
     paths = runner.paths
     out = Path(results) if results else paths.run_dir / RESULTS_FILE
-    kept = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() else []
+    try:
+        kept = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() else []
+    except ValueError as e:
+        from trinity_like.common.errors import UserError
+
+        raise UserError(f"results file '{out}' is not JSON lines ({e}); move it away or name another with "
+                        "--results") from None
     names = {ev.name for ev in runner.cfg.explorer.eval_tasksets}
     sets_of_step: dict[int, set[str]] = {}
     for r in kept:
@@ -211,34 +238,57 @@ def bench_checkpoints(cfg: Config, follow: bool = False, timeout_s: float = 0.0,
     done = {step for step, sets in sets_of_step.items() if isinstance(step, int) and names <= sets}
     new_rows: list[dict] = []
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
-    while True:
-        ended = paths.summary.is_file()  # read before listing: a checkpoint saved before the end is seen below
-        for step in sorted(complete_steps(paths.checkpoint_dir)):
-            if step in done:
-                continue
-            folder = paths.checkpoint_dir / f"step_{step}"
-            try:
-                rows = runner.rows(str(folder))
-            except Exception:
-                if folder.is_dir():
-                    raise
-                say(f"step {step}: pruned by the trainer before it was benched; skipped")
+
+    async def bench_step(folder: Path) -> list[dict]:
+        """One checkpoint: its weights loaded into the engines kept from the step before (one start for every
+        checkpoint; a Hugging Face folder with several weight files gets engines of its own)."""
+        weights = folder / "model" / "model.safetensors"
+        if not weights.is_file():
+            await runner.close()
+            return await runner.rows_of(str(folder))
+        if runner.fleet is None:
+            await runner.open()
+        await runner.load(str(weights))
+        return await runner.rows()
+
+    async def main() -> None:
+        nonlocal kept
+        while True:
+            ended = paths.summary.is_file()  # read before listing: a checkpoint saved before the end is seen below
+            for step in sorted(complete_steps(paths.checkpoint_dir)):
+                if step in done:
+                    continue
+                folder = paths.checkpoint_dir / f"step_{step}"
+                try:
+                    rows = await bench_step(folder)
+                except Exception:
+                    if folder.is_dir():
+                        raise
+                    say(f"step {step}: pruned by the trainer before it was benched; skipped")
+                    done.add(step)
+                    continue
+                rows = [{"step": step, "checkpoint": str(folder), **r} for r in rows]
+                kept = [r for r in kept if r.get("step") != step] + rows
+                atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in kept))
+                new_rows.extend(rows)
                 done.add(step)
-                continue
-            rows = [{"step": step, "checkpoint": str(folder), **r} for r in rows]
-            kept = [r for r in kept if r.get("step") != step] + rows
-            atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in kept))
-            new_rows += rows
-            done.add(step)
-            for r in rows:
-                say(f"step {step} {r['taskset']}: mean@{r['k']} {r['mean@k']:.4f} best@{r['k']} {r['best@k']:.4f} "
-                    f"reward_mean {r['reward_mean']:.4f}")
-        if not follow or ended:
-            break
-        if deadline is not None and time.monotonic() >= deadline:
-            say(f"stopped following after {timeout_s:g}s (--timeout); the run goes on: bench again to go on")
-            break
-        time.sleep(FOLLOW_POLL_S)
+                for r in rows:
+                    say(f"step {step} {r['taskset']}: mean@{r['k']} {r['mean@k']:.4f} best@{r['k']} "
+                        f"{r['best@k']:.4f} reward_mean {r['reward_mean']:.4f}")
+            if not follow or ended:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                say(f"stopped following after {timeout_s:g}s (--timeout); the run goes on: bench again to go on")
+                return
+            await asyncio.sleep(FOLLOW_POLL_S)
+
+    async def guarded() -> None:
+        try:
+            await main()
+        finally:
+            await runner.close()
+
+    asyncio.run(guarded())
     if not done and not follow:
         say(f"the run has no complete checkpoint yet in {paths.checkpoint_dir}")
     say(f"results: {out}")
