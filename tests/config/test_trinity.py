@@ -221,6 +221,12 @@ def test_sft_and_dpo_examples_are_offline_runs_replaying_their_file(tmp_path, mo
     assert n["mode"] == "offline" and n["buffer.replay_sources"] == [str(sft)]
     assert n["algorithm.policy_loss"] == "sft" and n["trainer.batch_size"] == 4
     assert n["trainer.total_steps"] == 10 // 4 and n["synchronizer.method"] == "checkpoint"
+    assert n["buffer.replay_format.prompt_type"] == "messages" and n["buffer.replay_format.messages_key"] == "messages"
+    assert "buffer.replay_subset_name" in n and n["buffer.replay_subset_name"] == ""
+    cfg, _ = load_config_with_translation(EXAMPLES / "sft_mot/sft.yaml", [
+        f"buffer.trainer_input.experience_buffer.path={sft}", "buffer.trainer_input.experience_buffer.subset_name=",
+        "cluster.gpu_per_node=0", "buffer.train_batch_size=4", "model.model_path=runs/models/tiny"])
+    assert cfg.mode == "offline" and cfg.buffer.replay_format.prompt_type == "messages"
     pairs = tmp_path / "dpo.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n" for _ in range(8)))
     monkeypatch.setenv("TRINITY_TASKSET_PATH", str(pairs))
@@ -230,6 +236,7 @@ def test_sft_and_dpo_examples_are_offline_runs_replaying_their_file(tmp_path, mo
     assert n["explorer.repeat_times"] == 2 and n["trainer.batch_size"] == 4  # 2 pairs = 4 experiences
     assert n["trainer.total_steps"] == 2 * 8 // 2  # 2 epochs of 8 pairs, 2 a step (before trainer.total_steps 200)
     assert n["trainer.optimizer.lr_schedule"] == "cosine" and n["trainer.optimizer.beta2"] == 0.95
+    assert (n["buffer.replay_format.prompt_type"], n["buffer.replay_format.chosen_key"]) == ("plaintext", "chosen")
 
 
 # ---------------------------------------------------------------- Trinity's defaults where ours differ

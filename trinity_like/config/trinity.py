@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import difflib
 import glob
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -799,21 +798,18 @@ def _replay(out: Translation, view: View, offline: bool, algo_type: str) -> None
         if not path:
             raise Unmapped(f"{eb}.path is required in mode train (Trinity requires it too)")
         local = Path(view.path(str(path)))
-        if local.is_dir() or view.raw(f"{eb}.subset_name"):
-            out.differences.append(f"{eb}.path '{path}' is a folder or a Hugging Face data set: replay reads one "
-                                   "file; give the .jsonl/.parquet file itself")
         n["buffer.replay_sources"] = [str(local) if local.exists() else str(path)]
-        fmt = dict(view.raw(f"{eb}.format") or {})
-        kind = str(fmt.get("prompt_type", "messages")).lower()
-        keys = {k: fmt[k] for k in ("messages_key", "prompt_key", "chosen_key", "rejected_key") if k in fmt}
-        expected = {"messages_key": "messages", "prompt_key": "prompt", "chosen_key": "chosen",
-                    "rejected_key": "rejected"}
-        odd = {k: v for k, v in keys.items() if v != expected[k]}
-        if odd:
-            raise Unmapped(f"{eb}.format {odd}: the replayed records' columns are messages, prompt, chosen and "
-                           "rejected here (as `trinity-like buffer ingest` reads them); rename the columns")
-        out.differences.append(f"{algo_type} data ({kind}): replayed from {n['buffer.replay_sources'][0]} as "
-                               "`trinity-like buffer ingest` reads chat records and preference pairs")
+        for k in ("split", "subset_name"):
+            if view.raw(f"{eb}.{k}") is not None:
+                n[f"buffer.replay_{k}"] = str(view.raw(f"{eb}.{k}"))
+        fmt = {k: v for k, v in dict(view.raw(f"{eb}.format") or {}).items()
+               if v is not None and k not in ("image_key", "video_key", "workflow_key", "reward_fn_key")}
+        fmt["prompt_type"] = str(fmt.get("prompt_type", "messages")).lower()  # Trinity's default: messages
+        chat_template = _chat_template(view)
+        if chat_template and "chat_template" not in fmt:
+            fmt["chat_template"] = chat_template
+        for k, v in fmt.items():
+            n[f"buffer.replay_format.{k}"] = v
         return
     if view.raw(f"{eb}.replay_buffer.enable"):
         priority = view.raw(f"{eb}.replay_buffer.priority_fn") or "linear_decay"
@@ -848,45 +844,16 @@ def _mix(out: Translation, view: View, algo_type: str) -> None:
                            "human` (Trinity reads the file itself)")
 
 
-def _task_rows(path: str, split: str | None, subset: str | None) -> int | None:
-    """Rows of a local task file (or of the split's files in a folder laid out as Hugging Face data sets are); None
-    when the data is not local."""
-    p = Path(path)
-    if p.is_dir():
-        if subset and (p / subset).is_dir():
-            p = p / subset
-        files = [f for f in sorted(p.rglob("*")) if f.is_file() and f.suffix in (".jsonl", ".json", ".parquet",
-                                                                                  ".csv")]
-        if split:
-            chosen = [f for f in files if f.name.startswith(split) or f"/{split}" in f.as_posix()[len(str(p)):]]
-            files = chosen or files
-        if not files:
-            return None
-        counts = [_file_rows(f) for f in files]
-        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
-    if p.is_file():
-        return _file_rows(p)
-    return None
+def _task_rows(path: str, split: str | None, subset: str | None) -> tuple[int | None, str]:
+    """(rows, "") of the data at ``path`` as Trinity's reader (``datasets.load_dataset``) gives them: a local file,
+    a folder laid out as Hugging Face data sets are, a hub id in the local cache (read by
+    ``trinity_like.common.datasets``); (None, why) when it cannot be read here."""
+    from trinity_like.common.datasets import DatasetError, read_rows
 
-
-def _file_rows(p: Path) -> int | None:
     try:
-        if p.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(p).metadata.num_rows
-        if p.suffix == ".jsonl":
-            with open(p, encoding="utf-8") as fh:
-                return sum(1 for line in fh if line.strip())
-        if p.suffix == ".json":
-            data = json.loads(p.read_text())
-            return len(data) if isinstance(data, list) else None
-        if p.suffix == ".csv":
-            with open(p, encoding="utf-8") as fh:
-                return max(0, sum(1 for line in fh if line.strip()) - 1)
-    except (OSError, ValueError):
-        return None
-    return None
+        return len(read_rows(path, subset or "", split or "train").rows), ""
+    except DatasetError as e:
+        return None, str(e)
 
 
 def _total_steps(out: Translation, view: View, mode: str, offline: bool, algo_type: str) -> None:
@@ -910,13 +877,14 @@ def _total_steps(out: Translation, view: View, mode: str, offline: bool, algo_ty
         if buf_steps is not None:
             steps, how = int(buf_steps), "buffer.total_steps"
         else:
-            rows = _task_rows(n["buffer.replay_sources"][0], None, None)
+            rows, why = _task_rows(n["buffer.replay_sources"][0], n.get("buffer.replay_split"),
+                                   n.get("buffer.replay_subset_name"))
             if rows is not None:
                 steps = max(1, epochs * rows // per_step)
                 how = f"buffer.total_epochs {epochs} x {rows} records // train_batch_size {per_step}"
             elif own is None:
                 raise Unmapped(f"the run's length comes from buffer.total_epochs x the records of {eb}.path, which "
-                               "is not a local file here; set buffer.total_steps or trainer.total_steps")
+                               f"cannot be counted here ({why}); set buffer.total_steps or trainer.total_steps")
     else:
         per_explorer_step = n["explorer.batch_size"] * n["explorer.repeat_times"]
         if buf_steps is not None:
@@ -924,17 +892,17 @@ def _total_steps(out: Translation, view: View, mode: str, offline: bool, algo_ty
             how = f"buffer.total_steps {buf_steps} explorer steps x {per_explorer_step} rows // {train_rows}"
         else:
             path = n.get("explorer.taskset.path")
-            rows = _task_rows(path, n.get("explorer.taskset.split"), n.get("explorer.taskset.subset_name")) \
-                if path else None
+            rows, why = _task_rows(path, n.get("explorer.taskset.split"), n.get("explorer.taskset.subset_name")) \
+                if path else (None, "no task set")
             if rows is not None:
                 explorer_steps = max(1, epochs * rows // n["explorer.batch_size"])
                 steps = max(1, explorer_steps * per_explorer_step // train_rows)
                 how = (f"buffer.total_epochs {epochs} x {rows} tasks // batch_size {n['explorer.batch_size']} = "
                        f"{explorer_steps} explorer steps")
             elif own is None:
-                raise Unmapped(f"the run's length comes from buffer.total_epochs x the task set's rows, and the task "
-                               f"set '{path}' is not local data here; set buffer.total_steps (or trainer.total_steps), "
-                               "or point the task set's path at a local file")
+                raise Unmapped(f"the run's length comes from buffer.total_epochs x the task set's rows, which cannot "
+                               f"be counted here ({why}); set buffer.total_steps (or trainer.total_steps), or point "
+                               "the task set's path at local data")
     if own is not None and (steps is None or int(own) < steps):
         steps, how = int(own), "trainer.total_steps"
     n["trainer.total_steps"] = steps
@@ -981,13 +949,12 @@ def _stages(out: Translation, view: View) -> None:
         n["warmup.batch_size"] = int(buf["train_batch_size"])
     if buf.get("total_steps"):
         n["warmup.sft_steps"] = int(buf["total_steps"])
-    else:
-        rows = _task_rows(view.path(str(path)), None, None)
+    rows, why = _task_rows(view.path(str(path)), None, None)
+    if not buf.get("total_steps"):
         if rows is None:
-            raise Unmapped("stages[0]: set buffer.total_steps (the warm-up's steps), or name a local file of chat "
-                           "records to count")
+            raise Unmapped(f"stages[0]: set buffer.total_steps (the warm-up's steps): its chat records cannot be "
+                           f"counted here ({why})")
         n["warmup.sft_steps"] = max(1, int(buf.get("total_epochs", 1)) * rows // int(n.get("warmup.batch_size", 16)))
-    rows = _task_rows(view.path(str(path)), None, None)
     if rows:
         n["warmup.num_demonstrations"] = rows
     n["warmup.lr"] = float(((sft.get("algorithm") or {}).get("optimizer") or {}).get("lr", 1e-6))

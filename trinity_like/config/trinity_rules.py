@@ -380,8 +380,8 @@ RULES: tuple[Rule, ...] = (
     _no("<buffer>.name", "the run's buffer is <run_dir>/buffer"),
     _derived("<buffer>.storage_type", ("buffer.replay_sources",), "queue / sql (the explorer's output): the run's "
              "buffer; file (train mode): the data trained on (mode offline, buffer.replay_sources)"),
-    _derived("<buffer>.path", ("buffer.replay_sources",), "a file of SFT or DPO data (storage file): "
-             "buffer.replay_sources; a queue's or SQL database's path means nothing here (the buffer is "
+    _derived("<buffer>.path", ("buffer.replay_sources",), "SFT or DPO data (storage file: a file, a folder, a hub "
+             "id): buffer.replay_sources; a queue's or SQL database's path means nothing here (the buffer is "
              "<run_dir>/buffer)"),
     Rule("<buffer>.capacity", ("buffer.capacity",), "most rows not yet trained before explorers wait",
          _copy("buffer.capacity", int)),
@@ -396,24 +396,20 @@ RULES: tuple[Rule, ...] = (
     _derived("<buffer>.replay_buffer.priority_fn_args", NOTHING, "read with priority_fn", whole=True),
     _no("<buffer>.max_retry_times", "read only by Trinity's SQL storage"),
     _no("<buffer>.max_retry_interval", "read only by Trinity's SQL storage"),
-    _derived("<buffer>.split", NOTHING, "a file of SFT or DPO data: must name the file itself"),
-    _derived("<buffer>.subset_name", NOTHING, "a file of SFT or DPO data: must name the file itself"),
-    _derived("<buffer>.format.prompt_type", NOTHING, "messages (SFT) or plaintext / chatpair with chosen and "
-             "rejected (DPO): read by the replay of chat records and pairs"),
-    *(_derived(f"<buffer>.format.{k}", NOTHING, "the columns of the SFT or DPO file (must be messages, prompt, "
-               "chosen, rejected as `buffer ingest` reads them)")
+    _derived("<buffer>.split", ("buffer.replay_split",), "SFT / DPO data (mode train): same"),
+    _derived("<buffer>.subset_name", ("buffer.replay_subset_name",), "SFT / DPO data (mode train): same"),
+    _derived("<buffer>.format.prompt_type", ("buffer.replay_format.prompt_type",), "SFT / DPO data: same names "
+             "(Trinity's default messages)"),
+    *(_derived(f"<buffer>.format.{k}", (f"buffer.replay_format.{k}",), "SFT / DPO data: same")
       for k in ("prompt_key", "response_key", "system_prompt_key", "system_prompt", "messages_key", "tools_key",
-                "reply_prefix", "chosen_key", "rejected_key")),
+                "reply_prefix", "chosen_key", "rejected_key", "chat_template", "enable_thinking",
+                "enable_concatenated_multi_turn")),
     _no("<buffer>.format.workflow_key", "experiences carry no workflow"),
     _no("<buffer>.format.reward_fn_key", "experiences carry no reward function"),
-    _no("<buffer>.format.chat_template", "stored experiences are token ids already"),
-    _no("<buffer>.format.enable_thinking", "stored experiences are token ids already"),
     _checked("<buffer>.format.image_key", "multi-modal rows", (None, ""), "image_key: multi-modal data is not "
              "supported"),
     _checked("<buffer>.format.video_key", "multi-modal rows", (None, ""), "video_key: multi-modal data is not "
              "supported"),
-    _checked("<buffer>.format.enable_concatenated_multi_turn", "multi-turn SFT rows", (False,),
-             "enable_concatenated_multi_turn: multi-turn records train on every assistant turn here as one sample"),
     _no("<buffer>.enable_progress_bar", "files load without a progress bar"),
     Rule("<buffer>.data_selector.selector_type", NOTHING, "sequential / shuffle / random: rows are read in the "
          "buffer's read_policy order", _selector, kind="checked"),
