@@ -230,3 +230,42 @@ def test_malformed_tokenizer_file(capsys, config, tmp_path, tiny_model_path):
     (broken / "tokenizer.json").write_text("{not json")
     _error(capsys, ["run", config, f"model.path={broken}"], f"the tokenizer in model.path '{broken}' does not load",
            "replace it with the tokenizer files that came with this model")
+
+
+TRINITY = """\
+project: errors
+name: trinity
+checkpoint_root_dir: {root}
+model:
+  model_path: {model}
+  max_model_len: 128
+cluster:
+  node_num: 1
+  gpu_per_node: 0
+buffer:
+  batch_size: 2
+  total_steps: 2
+  explorer_input:
+    taskset:
+      path: ${{oc.env:MY_TASKS_FOR_THE_TEST}}
+"""
+
+
+def test_trinity_config_mistakes_are_one_line(capsys, tmp_path, tiny_model_path, monkeypatch):
+    """A Trinity-RFT config's mistakes: every unknown key (with a close spelling) and refused value in one line, an
+    unset environment variable named, a config file given twice."""
+    monkeypatch.delenv("MY_TASKS_FOR_THE_TEST", raising=False)
+    path = tmp_path / "trinity.yaml"
+    path.write_text(TRINITY.format(root=tmp_path / "runs", model=tiny_model_path))
+    _error(capsys, ["run", "-c", path], "'buffer.explorer_input.taskset.path' reads the environment variable "
+           "MY_TASKS_FOR_THE_TEST, which is not set")
+    monkeypatch.setenv("MY_TASKS_FOR_THE_TEST", str(tmp_path / "tasks.jsonl"))
+    _error(capsys, ["run", "--config", path, "buffer.batch_sise=3", "trainer.ulysses_sequence_parallel_size=2"],
+           "neither Trinity-RFT's config nor ours has the key 'buffer.batch_sise'")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text() + "explorer:\n  rollout_model:\n    engine_nun: 2\n    ignore_eos: true\n")
+    _error(capsys, ["run", bad, "trainer.ulysses_sequence_parallel_size=2"], "1 key(s) are not Trinity-RFT's",
+           "explorer.rollout_model.engine_nun (did you mean explorer.rollout_model.engine_num?)",
+           "2 key(s) have no counterpart here", "ignore_eos", "sequence parallelism")
+    _error(capsys, ["config-convert", "-c", path, bad], "give the config file once")
+    _error(capsys, ["run", path, "mode=sideways"], "bad value for 'mode'")

@@ -506,3 +506,13 @@ def test_a_file_named_in_the_config_is_found_beside_it(tmp_path):
     cfg_path.write_text(textwrap.dedent(yaml.safe_dump(tree)))
     tr = translate(load_trinity_file(cfg_path), cfg_path)
     assert Path(tr.native["explorer.taskset.path"]).resolve() == data.resolve()
+
+
+def test_run_of_a_bench_config_is_our_bench(env, capsys, monkeypatch):
+    """Trinity's `mode: bench` file under `run` is `trinity-like bench`: here it reaches the external engine, which
+    names the environment variable it lacks (run itself refuses engine external before anything starts)."""
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    assert main(["run", str(EXAMPLES / "bench/external_model.yaml")]) == 2
+    captured = capsys.readouterr()
+    assert "Trinity config: mode bench: `trinity-like bench` on this config" in captured.out
+    assert "environment variable OPENAI_BASE_URL, which is not set" in captured.err
