@@ -78,6 +78,8 @@ class TrinityRegistry:
     def __init__(self, kind: str, on_register: Callable[[str, Any], None] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, Any] = {}
+        self._loaded: dict[str, Any] = {}
+        """Objects loaded by import path (``get("module:Class")``), once per process: one class per path."""
         self._on_register = on_register
 
     @property
@@ -115,7 +117,9 @@ class TrinityRegistry:
         KeyError listing the valid names when there is none, LookupError for a refused name."""
         entry = self._entries.get(key)
         if entry is None and isinstance(key, str) and (":" in key or "." in key):
-            entry = load_object(key, self.kind)
+            if key not in self._loaded:
+                self._loaded[key] = load_object(key, self.kind)
+            entry = self._loaded[key]
         if entry is None:
             raise KeyError(f"unknown {self.kind} {key!r}; valid names: {', '.join(self.names())} (or "
                            "module:Class, or path/to/file.py:Class)")

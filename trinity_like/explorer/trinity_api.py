@@ -51,7 +51,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -324,8 +324,6 @@ class ModelWrapper:
         max_tokens = kwargs.get("max_tokens", kwargs.get("max_completion_tokens"))
         if max_tokens is not None:
             over["max_new_tokens"] = max(int(max_tokens), 1)
-        from dataclasses import replace
-
         return replace(s, **over) if over else s
 
     def _seeds(self, n: int) -> list[int]:
@@ -502,7 +500,9 @@ class ModelWrapper:
     def model_path(self) -> str:
         return str(getattr(self.tokenizer, "name_or_path", "") or "model")
 
-    model_path_async = model_path
+    @property
+    async def model_path_async(self) -> str:
+        return self.model_path
 
     @property
     def model_name(self) -> str:
