@@ -259,3 +259,51 @@ def test_a_step_whose_every_task_fails_with_one_error_stops_the_run():
     role._task_errors[3] = ["TypeError: x"] * 4
     role._ok_steps.add(3)  # a task of the step succeeded: the workflow works
     ExplorerRole._check_task_errors(role, finished)
+
+
+SYNC_CLIENT_WORKFLOW = '''
+from trinity_like.explorer.trinity_api import Workflow
+
+
+class SyncClientWorkflow(Workflow):
+    can_repeat = True
+
+    def set_repeat_times(self, repeat_times, run_id_base):
+        self.n = repeat_times
+
+    def run(self):
+        client = self.model.get_openai_client()
+        model = client.models.list().data[0].id
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "2+2="}], n=self.n)
+        exps = self.model.extract_experience_from_history()
+        for exp, choice in zip(exps, reply.choices):
+            exp.reward = float(len(choice.message.content))
+            exp.info["logprob_sum"] = sum(t.logprob for t in choice.logprobs.content)
+        return exps
+'''
+
+
+def test_a_sync_workflow_through_the_in_process_openai_client(model, tmp_path):
+    hf, tok = model
+    path = tmp_path / "client_flow.py"
+    path.write_text(SYNC_CLIENT_WORKFLOW)
+    exps = asyncio.run(load_workflow(f"{path}:SyncClientWorkflow").run(Task("c0", "", ""), LocalEngine(hf), _ctx(tok)))
+    prompt = render_chat([{"role": "user", "content": "2+2="}], tok)
+    direct = hf.generate([prompt] * 3, SAMPLING, [100, 101, 102])
+    for e, s in zip(exps, direct, strict=True):
+        text = tok.decode(s.response_ids.tolist(), skip_special_tokens=True)
+        assert e.response_ids.tolist() == s.response_ids.tolist() and e.reward == float(len(text))
+        # the completion's token log-probs are the engine's behaviour log-probs
+        assert e.info["logprob_sum"] == pytest.approx(float(s.logprobs.sum()), rel=1e-5)
+
+
+def test_reply_prefix_is_continued_not_closed(model):
+    hf, tok = model
+    ts = _gsm8k_taskset(reward_fn="format_reward")
+    ts.format.reply_prefix = "The answer is"
+    engine = LocalEngine(hf)
+    asyncio.run(load_workflow("simple_workflow").run(GSM8K, engine, _ctx(tok, ts, repeat=1)))
+    sent = engine.calls[0][0][0]
+    opened = render_chat([{"role": "user", "content": GSM8K.prompt}], tok)  # ... <|assistant|>\n
+    assert sent[:len(opened)] == opened
+    assert tok.decode(sent[len(opened):]) == "The answer is"  # no end of turn after the prefix
