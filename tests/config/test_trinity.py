@@ -274,7 +274,7 @@ def test_each_trinity_default_where_ours_differs_is_applied(tmp_path, data, row)
         "buffer.trainer_input.experience_buffer.capacity": ("buffer.capacity", 10000),
         "trainer.max_checkpoints_to_keep": ("trainer.keep_checkpoints", 0),
         "trainer.use_dynamic_bsz / max_token_len_per_gpu": ("trainer.max_token_len_per_micro_batch", 2 * 256),
-        "model.enable_prompt_truncation": ("explorer.prompt_truncation", "left"),
+        "model.enable_prompt_truncation": ("explorer.filter_overlong_prompts", True),
         "explorer.rollout_model.engine_type": ("explorer.engine", "vllm"),
         "explorer.rollout_model.gpu_memory_utilization": ("explorer.vllm.gpu_memory_utilization", 0.9),
         "explorer.rollout_model.dtype": ("explorer.dtype", "bfloat16"),
@@ -308,6 +308,9 @@ def test_trinitys_defaults_give_a_valid_config_of_ours(tmp_path, data, tiny_mode
 def test_both_mode_with_interval_or_offset_is_async_with_that_bound(data):
     n = translate(minimal(data, synchronizer__sync_interval=3)).native
     assert (n["mode"], n["synchronizer.max_staleness"], n["synchronizer.interval"]) == ("async", 2, 3)
+    tree = minimal(data, synchronizer__sync_interval=8, explorer__eval_interval=50)
+    tree["buffer"]["explorer_input"]["eval_tasksets"] = [{"name": "e", "path": str(data)}]
+    assert translate(tree).native["explorer.eval_interval"] == 48  # Trinity: a multiple of sync_interval
     n = translate(minimal(data, synchronizer__sync_offset=1)).native
     assert (n["mode"], n["synchronizer.max_staleness"], n["synchronizer.offset"]) == ("async", 1, 1)
     tr = translate(minimal(data, synchronizer__sync_style="explorer_driven"))
@@ -376,6 +379,9 @@ def test_stages_of_sft_then_rft_are_our_warmup_and_others_are_refused(data, tmp_
     assert n["warmup.num_demonstrations"] == 12 and n["warmup.lr"] == 1e-6
     with pytest.raises(ConfigError, match="the second stage sets algorithm"):
         translate(minimal(data, stages=[sft, {"stage_name": "rft", "algorithm": {"algorithm_type": "grpo"}}]))
+    typo = {**sft, "buffer": {**sft["buffer"], "train_batch_sise": 4}}
+    with pytest.raises(ConfigError, match=r"stages\.0\.buffer\.train_batch_sise are not Trinity-RFT's keys"):
+        translate(minimal(data, stages=[typo, {"stage_name": "rft"}]))
     with pytest.raises(ConfigError, match="3 stage"):
         translate(minimal(data, stages=[sft, sft, {"stage_name": "rft"}]))
 

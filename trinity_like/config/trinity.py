@@ -95,8 +95,8 @@ DEFAULTS_WHERE_OURS_DIFFER: tuple[DefaultRow, ...] = (
     DefaultRow("trainer.max_checkpoints_to_keep", "null (keep all)", "trainer.keep_checkpoints", "3", "0 (keep all)"),
     DefaultRow("trainer.use_dynamic_bsz / max_token_len_per_gpu", "true / 2 x max_model_len",
                "trainer.max_token_len_per_micro_batch", "0 (by count)", "2 x max_model_len"),
-    DefaultRow("model.enable_prompt_truncation", "true", "explorer.prompt_truncation", "error",
-               "left, at max_prompt_tokens"),
+    DefaultRow("model.enable_prompt_truncation", "true", "explorer.filter_overlong_prompts", "false",
+               "true, at max_prompt_tokens"),
     DefaultRow("explorer.rollout_model.engine_type", "vllm", "explorer.engine", "hf", "vllm (hf without a GPU)"),
     DefaultRow("explorer.rollout_model.gpu_memory_utilization", "0.9", "explorer.vllm.gpu_memory_utilization", "0.3",
                "0.9 (0.25 on a shared GPU)"),
@@ -518,8 +518,10 @@ def _lengths(n: dict[str, Any], view: View) -> None:
     max_tokens = view.raw("buffer.explorer_input.taskset.rollout_args.max_tokens") or view.raw(
         "buffer.explorer_input.tasksets.0.rollout_args.max_tokens")
     n["explorer.sampling.max_new_tokens"] = int(max_tokens or mrt)
+    # Trinity turns a prompt over max_prompt_tokens into a masked-out sample of reward 0 (no gradient): here its
+    # task is dropped when the task sets load (logged), which trains on the same samples
     n["explorer.max_prompt_tokens"] = int(mpt) if truncate else 0
-    n["explorer.prompt_truncation"] = "left" if truncate else "error"
+    n["explorer.filter_overlong_prompts"] = truncate
     n["explorer.vllm.max_model_len"] = int(mml)
     n["_max_model_len"] = int(mml)  # read by _micro_batches, dropped there
 
@@ -657,6 +659,9 @@ def _modes(out: Translation, view: View, mode: str, offline: bool, algo_type: st
         n["mode"] = "offline"
         out.role = "all"
         return
+    every = int(n.get("explorer.eval_interval") or 0)
+    if every and every % interval:  # Trinity evaluates at sync points: the nearest multiple of sync_interval
+        n["explorer.eval_interval"] = max(every // interval, 1) * interval
     n["synchronizer.interval"] = interval
     n["synchronizer.offset"] = offset
     n["synchronizer.style"] = "trainer_driven" if style == "trainer_driven" else "fixed"
@@ -935,6 +940,10 @@ def _stages(out: Translation, view: View) -> None:
     extra = set(sft) - {"stage_name", "mode", "algorithm", "buffer"}
     if extra:
         raise Unmapped(f"{why}; the first stage also sets {', '.join(sorted(extra))}")
+    unknown = [f"stages.0.{k}" for k, norm, _ in _leaves({k: v for k, v in sft.items() if k != "stage_name"})
+               if find_rule(norm) is None]
+    if unknown:
+        raise Unmapped(f"stages[0]: {', '.join(unknown)} are not Trinity-RFT's keys")
     buf = sft.get("buffer") or {}
     eb = (buf.get("trainer_input") or {}).get("experience_buffer") or {}
     path = eb.get("path")

@@ -263,8 +263,9 @@ RULES: tuple[Rule, ...] = (
              "max_model_len)"),
     _checked("model.min_response_tokens", "no minimum response length here", (0,),
              "min_response_tokens: responses here end at EOS, with no minimum length"),
-    _derived("model.enable_prompt_truncation", ("explorer.prompt_truncation", "explorer.max_prompt_tokens"),
-             "true: prompts over max_prompt_tokens keep their last tokens (left); false: no prompt limit"),
+    _derived("model.enable_prompt_truncation", ("explorer.filter_overlong_prompts", "explorer.max_prompt_tokens"),
+             "true: a task whose prompt is over max_prompt_tokens is dropped when the task sets load (Trinity makes "
+             "it a masked-out sample of reward 0: no gradient either way); false: no prompt limit"),
     _checked("model.repetition_penalty", "sampling is plain temperature / top-p / top-k", (1, 1.0),
              "repetition_penalty: the engines here sample without a repetition penalty"),
     _derived("model.enable_thinking", ("explorer.taskset.format.enable_thinking",), "every task set's "
