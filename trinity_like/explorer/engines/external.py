@@ -38,7 +38,7 @@ from trinity_like.explorer.engines.base import Sample, render_chat
 MAX_IN_FLIGHT = 32
 """Requests sent to the server at once (more wait): enough to keep a remote server busy on an eval set, few
 enough not to be rate-limited for it."""
-RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)
+RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 """Answers worth asking again (overload, a restarting server); any other error status is final."""
 
 
