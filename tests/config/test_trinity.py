@@ -132,14 +132,15 @@ def _translate_example(name: str, *overrides: str):
                                   "grpo_frozen_lake/frozen_lake.yaml", "mix_math/mix_math.yaml",
                                   "ppo_countdown_exp_replay/countdown.yaml", "ppo_countdown/countdown.yaml",
                                   "opmd_gsm8k/opmd_gsm8k.yaml", "cispo_gsm8k/gsm8k.yaml",
-                                  "grpo_lora_gsm8k/gsm8k.yaml", "bench/external_model.yaml"])
+                                  "grpo_lora_gsm8k/gsm8k.yaml", "bench/external_model.yaml",
+                                  "template/config.yaml"])
 def test_rl_examples_translate_and_load_with_only_env_and_size_overrides(env, monkeypatch, tmp_path, name):
     monkeypatch.setenv("TRINITY_SFT_DATASET_PATH", str(env))
     overrides = ["cluster.gpu_per_node=0", "buffer.batch_size=4", "algorithm.repeat_times=4",
                  "model.max_model_len=256", "model.max_response_tokens=64"]
     if name.startswith("bench/"):
         overrides = ["buffer.batch_size=4", "model.max_model_len=4096"]
-    if name.endswith("countdown.yaml"):
+    if name.endswith("countdown.yaml") or name.startswith("template/"):
         overrides.append(f"buffer.explorer_input.taskset.path={env}")
     if name == "async_gsm8k/trainer.yaml" or name == "mix_math/mix_math.yaml":
         overrides.append("buffer.train_batch_size=16")
@@ -178,6 +179,8 @@ def test_grpo_gsm8k_as_trinity_means_it(env):
     assert n["explorer.eval_interval"] == 50 and n["trainer.save_interval"] == 100
     assert n["checkpoint_root_dir"] == str(Path(env).parent / "ckpt")
     assert n["algorithm.adv_estimator"] == "grpo"
+    assert any(k == "buffer.trainer_input.experience_buffer.path" and "means nothing here" in why
+               for k, _, why in tr.no_effect)  # the queue's sqlite:///gsm8k.db
 
 
 def test_total_steps_come_from_the_local_task_rows(tmp_path):
@@ -207,6 +210,16 @@ def test_examples_we_cannot_run_are_refused_in_one_line_naming_why(env, name, wh
     with pytest.raises(ConfigError) as e:
         _translate_example(name, "cluster.gpu_per_node=0")
     assert why in str(e.value) and "\n" not in str(e.value)
+
+
+def test_alfworld_is_refused_at_start_naming_what_it_needs(env, tmp_path, capsys):
+    """Without its env_vars (refused above), the ALFWorld example stops before anything starts, naming the
+    environment its workflow needs."""
+    code = main(["run", str(EXAMPLES / "grpo_alfworld/alfworld.yaml"), "explorer.env_vars={}",
+                 "cluster.gpu_per_node=0", f"checkpoint_root_dir={tmp_path}", "buffer.total_steps=2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "workflow 'alfworld_workflow' needs the alfworld package and the ALFWorld game files" in err[0]
 
 
 def test_sft_and_dpo_examples_are_offline_runs_replaying_their_file(tmp_path, monkeypatch):

@@ -816,6 +816,10 @@ def _replay(out: Translation, view: View, offline: bool, algo_type: str) -> None
         for k, v in fmt.items():
             n[f"buffer.replay_format.{k}"] = v
         return
+    if view.raw(f"{eb}.path"):
+        out.no_effect.append((f"{eb}.path", view.raw(f"{eb}.path"), f"a {view.get(f'{eb}.storage_type', 'queue')} "
+                              "storage's path means nothing here: the explorer writes the run's buffer, "
+                              "<run_dir>/buffer"))
     if view.raw(f"{eb}.replay_buffer.enable"):
         priority = view.raw(f"{eb}.replay_buffer.priority_fn") or "linear_decay"
         out.differences.append(f"{eb}.replay_buffer: rows are reused up to buffer.replay_max_uses times with "
