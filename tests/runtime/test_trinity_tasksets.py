@@ -105,3 +105,20 @@ def test_a_truth_the_scorer_cannot_read_is_refused_before_anything_is_written(tm
     paths = prepare_run_dir(cfg_of(tmp_path, tiny_model_path, f"explorer.taskset.path={data}", *GSM8K_FORMAT,
                                    "explorer.taskset.reward_fn=math_reward"))
     assert load_taskset(paths.taskset)[0].answer.startswith("It is four")
+
+
+def test_a_parquet_file_is_ours_verls_or_trinitys_by_its_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trinity_like.common.tasks import is_task_file
+
+    def file(name, cols):
+        pq.write_table(pa.table({c: ["x"] for c in cols}), tmp_path / name)
+        return tmp_path / name
+
+    assert is_task_file(file("ours.parquet", ["task_id", "prompt", "answer"]))
+    assert is_task_file(file("verl.parquet", ["prompt", "reward_model"]))
+    assert is_task_file(file("meant.parquet", ["task_id", "question"]))  # ours, missing columns: load_taskset says
+    assert not is_task_file(file("gsm8k.parquet", ["question", "answer"]))  # Trinity's: read by format
+    assert is_task_file(tmp_path / "not-yet.parquet") and not is_task_file(tmp_path / "d.jsonl")

@@ -289,7 +289,9 @@ def load_taskset(path: str | Path) -> list[Task]:
         raise ValueError(f"task file '{path}' lacks column(s) {', '.join(missing)} (it has "
                          f"{', '.join(table.column_names) or 'none'}); a task file needs columns "
                          f"{', '.join(TASK_COLUMNS)} (and optionally data_source), or verl's columns prompt (chat "
-                         "messages), reward_model (with ground_truth), data_source and extra_info")
+                         "messages), reward_model (with ground_truth), data_source and extra_info; or name its "
+                         "columns in explorer.taskset.format (prompt_key, response_key) to read it as Trinity-RFT "
+                         "reads a task set")
     if table.num_rows == 0:
         raise ValueError(f"task file '{path}' has no rows")
     rows = table.to_pylist()
@@ -504,10 +506,10 @@ def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", or
 
 
 def is_task_file(path: str | Path) -> bool:
-    """Whether ``path`` is a task file ``load_taskset`` reads as it is: a Parquet file with our columns or verl's (a
-    ``.parquet`` path not there yet, or that cannot be read, counts too: ``load_taskset`` says what is wrong with it).
-    Anything else (JSON Lines, CSV, a folder, a hub id, a Parquet file of other columns) is read as Trinity-RFT reads
-    a task set (``reads_rows``)."""
+    """Whether ``path`` is a task file ``load_taskset`` reads as it is: a Parquet file with our columns or verl's, or
+    meant as ours (a ``task_id`` column; a ``.parquet`` path not there yet, or that cannot be read: ``load_taskset``
+    says what is wrong with it). Anything else (JSON Lines, CSV, a folder, a hub id, a Parquet file of other columns)
+    is read as Trinity-RFT reads a task set (``reads_rows``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -518,7 +520,7 @@ def is_task_file(path: str | Path) -> bool:
         names = pq.read_schema(p).names
     except (OSError, pa.ArrowException):
         return True
-    return all(c in names for c in TASK_COLUMNS) or all(c in names for c in VERL_COLUMNS)
+    return all(c in names for c in TASK_COLUMNS) or all(c in names for c in VERL_COLUMNS) or "task_id" in names
 
 
 def reads_rows(taskset: Any) -> bool:
