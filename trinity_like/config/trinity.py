@@ -447,10 +447,26 @@ def _derive(out: Translation, view: View) -> None:
     _total_steps(out, view, mode, offline, algo_type)
     _warmup_ratio(out, view)
     _stages(out, view)
+    _always(out, view, mode, offline)
     if view.given("model.critic_model_path") and view.get("model.critic_model_path") not in (
             "", view.get("model.model_path")):
         raise Unmapped("model.critic_model_path other than model_path: the critic here is the policy's backbone "
                        "with a value head")
+
+
+def _always(out: Translation, view: View, mode: str, offline: bool) -> None:
+    """The differences every run of Trinity's meets (said once per config, by config-convert too)."""
+    if mode in ("bench", "serve"):
+        return
+    if view.get("continue_from_checkpoint", True):
+        out.differences.append("continue_from_checkpoint true (Trinity's default): a run continues from its last "
+                               "checkpoint with `trinity-like run --resume`; without it a run directory that holds a "
+                               "run is refused (Trinity resumes by itself)")
+    ts = "buffer.explorer_input.taskset"
+    selector = view.raw(f"{ts}.data_selector.selector_type") or view.raw(f"{ts}.task_selector.selector_type")
+    if not offline and view.raw(ts) is not None and selector in (None, "sequential"):
+        out.differences.append("task order: tasks are drawn in a seeded shuffled order, epoch by epoch; Trinity's "
+                               "sequential reader takes them in file order")
 
 
 def _project(n: dict[str, Any], view: View) -> None:
