@@ -134,7 +134,9 @@ def test_task_file_with_wrong_columns(capsys, config, tmp_path):
            "lacks column(s) prompt, answer", "it has task_id, question", "needs columns task_id, prompt, answer")
     not_parquet = tmp_path / "tasks.jsonl"
     not_parquet.write_text('{"task_id": "1"}\n')
-    _error(capsys, ["run", config, f"explorer.taskset.path={not_parquet}"], "cannot be read as Parquet")
+    # not Parquet: read as Trinity-RFT reads a task set (explorer.taskset.format), whose columns it names
+    _error(capsys, ["run", config, f"explorer.taskset.path={not_parquet}"], "has no column 'prompt'",
+           "its columns: task_id", "set explorer.taskset.format.prompt_key")
 
 
 def _segment_of_schema_version(buffer_dir: Path, version: bytes) -> str:
