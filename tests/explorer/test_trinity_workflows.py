@@ -3,6 +3,7 @@ users' own files (tests/explorer/trinity_user/, only their imports changed), on 
 in-process HFEngine (no Ray)."""
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -307,3 +308,29 @@ def test_reply_prefix_is_continued_not_closed(model):
     opened = render_chat([{"role": "user", "content": GSM8K.prompt}], tok)  # ... <|assistant|>\n
     assert sent[:len(opened)] == opened
     assert tok.decode(sent[len(opened):]) == "The answer is"  # no end of turn after the prefix
+
+
+def test_a_rows_own_workflow_reward_fn_and_raw_task(model):
+    from trinity_like.explorer.workflows import PerTaskWorkflow
+
+    hf, tok = model
+    ts = _gsm8k_taskset()
+    ts.format.prompt_key, ts.format.response_key = "question", "answer"
+    row = {"question": "How many legs has a cat?", "answer": "4"}
+    plain = Task("r0", "ignored", "4", raw_task=row)
+    boxed = dataclasses.replace(plain, task_id="r1", workflow="math_boxed_workflow")
+    scored = dataclasses.replace(plain, task_id="r2", reward_fn="format_reward")
+    engine = LocalEngine(hf)
+    flow = PerTaskWorkflow("math_workflow")
+    by_math, by_boxed, by_format = (asyncio.run(flow.run(t, engine, _ctx(tok, ts, repeat=1)))[0]
+                                    for t in (plain, boxed, scored))
+    # the prompt is the row's question (format.prompt_key), under each workflow's system prompt
+    assert engine.calls[0][0][0] == render_chat([{"role": "system", "content": MATH_SYSTEM_PROMPT},
+                                                 {"role": "user", "content": row["question"]}], tok)
+    assert "boxed" in tok.decode(engine.calls[1][0][0])
+    assert set(by_math.info["reward_parts"]) == {"accuracy", "format_score"}
+    assert by_boxed.info["reward_parts"]["format_score"] == 0.0  # math_boxed_reward without with_think
+    assert set(by_format.info["reward_parts"]) == {"format_score"}  # the row's reward_fn, not math_reward
+    # single_turn scores with the row's reward_fn too
+    (e,) = asyncio.run(load_workflow("single_turn").run(scored, engine, _ctx(tok, ts, repeat=1)))
+    assert set(e.info["reward_parts"]) == {"format_score"}

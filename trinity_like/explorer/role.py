@@ -47,7 +47,7 @@ from trinity_like.explorer.reward_model import start_reward_model
 from trinity_like.explorer.stream import GroupStream
 from trinity_like.explorer.tools import tool_metrics
 from trinity_like.explorer.workflow_base import explorer_context, workflow_metrics
-from trinity_like.explorer.workflows import WorkflowContext, load_workflow, workflow_name
+from trinity_like.explorer.workflows import WorkflowContext, workflow_for
 from trinity_like.runtime.metrics import open_metrics_writer
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
 from trinity_like.runtime.run_dir import explorer_needs_run_dir, prepare_eval_tasksets
@@ -135,7 +135,7 @@ class ExplorerRole:
         if self.reward_model is not None:
             await self.reward_model.ready()
         import_plugins(self.cfg.explorer.plugin_dirs)  # users' workflows and reward functions register on import
-        self.workflow = load_workflow(workflow_name(self.cfg))
+        self.workflow = workflow_for(self.cfg)  # the task set's, or each row's (format.workflow_key)
         self.reward_manager = load_reward_manager(self.cfg, self.tokenizer)
         self.base_ctx = explorer_context(self.cfg, self.tokenizer, self.reward_manager, self.reward_model)
         self.writer = self.sender = None

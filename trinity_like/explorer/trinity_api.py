@@ -70,6 +70,7 @@ from trinity_like.algorithms.trinity_rewards import (  # noqa: F401  (users impo
     TrinityRegistry,
     reward_parts,
 )
+from trinity_like.common.chat import normalize_messages, render_prompt_ids
 from trinity_like.common.errors import RunError
 from trinity_like.common.experience import Experience as OurExperience
 from trinity_like.common.tasks import Task as OurTask
@@ -262,9 +263,8 @@ def trinity_task(task: OurTask, ctx: WorkflowContext, workflow: type | None = No
     config; none: Trinity's defaults)."""
     ts = ctx.taskset
     fmt = FormatArgs.from_config(getattr(ts, "format", None))
-    reward_fn = None
-    if ts is not None and ts.reward_fn:
-        reward_fn = REWARD_FUNCTIONS.get(ts.reward_fn)
+    ref = getattr(task, "reward_fn", "") or getattr(ts, "reward_fn", "")  # the row's own, else the set's
+    reward_fn = REWARD_FUNCTIONS.get(ref) if ref else None
     return Task(workflow=workflow, repeat_times=ctx.repeat_times, format_args=fmt,
                 rollout_args=RolloutArgs.from_sampling(ctx.sampling, ctx.repeat_times),
                 workflow_args=copy.deepcopy(dict(getattr(ts, "workflow_args", None) or {})),
@@ -296,8 +296,13 @@ class ModelWrapper:
     loop."""
 
     def __init__(self, engine: Any, ctx: WorkflowContext, run_index: int = 0,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, chat_template: str | None = None,
+                 enable_thinking: bool | None = None) -> None:
         self.engine, self.ctx, self.run_index = engine, ctx, run_index
+        self.chat_template = chat_template or None
+        """A Jinja chat template used instead of the tokenizer's (``format.chat_template``, or the task's own)."""
+        self.enable_thinking = enable_thinking
+        """Handed to the chat template (``format.enable_thinking``, or the task's own); None = not passed."""
         self.tokenizer = ctx.tokenizer
         self.loop = loop
         self.enable_history = True
@@ -374,20 +379,19 @@ class ModelWrapper:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     # ------------------------------------------------------------ Trinity's calls
+    def render(self, messages: list[dict]) -> list[int]:
+        """The prompt ids of ``messages`` as Trinity renders a prompt for generation: the chat template (this
+        wrapper's, else the tokenizer's) with a generation prompt and ``enable_thinking``, or a last assistant
+        message continued (``common.chat.render_prompt_ids``)."""
+        return render_prompt_ids(normalize_messages([dict(m) for m in messages]), self.tokenizer,
+                                 self.chat_template, self.enable_thinking)
+
     def chat_prompt(self, messages: list[dict]) -> list[int]:
-        """The prompt ids of a conversation: the chat template's rendering with a generation prompt (a last
-        assistant message is continued), except that a conversation that continues this wrapper's last chat
+        """The prompt ids of a conversation (:meth:`render`), except that a conversation that continues this wrapper's last chat
         call (its messages, then an assistant message with the text of that call's response, then more) keeps
         the tokens that call generated, so that the turns of one conversation form one token sequence."""
         msgs = [dict(m) for m in messages]
-        continuing = msgs[-1].get("role") == "assistant"
-        full = render_chat(msgs, self.tokenizer, add_generation_prompt=not continuing)
-        if continuing:  # Trinity's reply_prefix: the model continues the assistant's text (no end of turn)
-            end = render_chat(msgs[:-1] + [{**msgs[-1], "content": ""}], self.tokenizer, add_generation_prompt=False)
-            head = render_chat(msgs[:-1], self.tokenizer, add_generation_prompt=True)
-            closing = end[len(head):] if end[:len(head)] == head else []
-            if closing and full[-len(closing):] == closing:
-                full = full[:-len(closing)]
+        full = self.render(msgs)
         last = self.turns[-1] if self.turns else None
         if last is None or len(msgs) <= len(last.messages) + 1 or msgs[:len(last.messages)] != last.messages:
             return full
@@ -428,7 +432,7 @@ class ModelWrapper:
         return self._wait(self.generate_async(prompts, **kwargs))
 
     async def get_message_token_len(self, messages: list[dict]) -> int:
-        return len(render_chat([dict(m) for m in messages], self.tokenizer))
+        return len(self.render(messages))
 
     async def convert_messages_to_experience_async(self, messages: list[dict], tools: list | None = None,
                                                    temperature: float | None = None) -> Experience:
@@ -919,8 +923,12 @@ class TrinityWorkflowAdapter(OurWorkflow):
 
     async def _run(self, task: OurTask, engine, ctx: WorkflowContext, run_index: int, repeat: int
                    ) -> tuple[ModelWrapper, list[Experience]]:
-        model = ModelWrapper(engine, ctx, run_index, asyncio.get_running_loop())
-        wf = self.cls(task=trinity_task(task, ctx, self.cls), model=model, auxiliary_models=None)
+        ttask = trinity_task(task, ctx, self.cls)
+        fmt = ttask.format_args
+        thinking = task.enable_thinking if task.enable_thinking is not None else fmt.enable_thinking
+        model = ModelWrapper(engine, ctx, run_index, asyncio.get_running_loop(),
+                             task.chat_template or fmt.chat_template, thinking)
+        wf = self.cls(task=ttask, model=model, auxiliary_models=None)
         if getattr(self.cls, "can_repeat", False):
             wf.set_repeat_times(repeat, 0)
         is_async = getattr(wf, "asynchronous", type(wf).__dict__.get("is_async", False))

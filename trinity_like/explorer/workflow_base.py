@@ -77,13 +77,13 @@ async def score_texts(ctx: WorkflowContext, texts: list[str], task: Task,
 
 async def score_parts(ctx: WorkflowContext, texts: list[str], task: Task,
                       lengths: list[int]) -> tuple[list[float], list[bool], list[dict[str, float] | None]]:
-    """:func:`score_texts` and each response's reward parts: with the task set's Trinity ``reward_fn``
-    (``explorer.taskset.reward_fn`` built with ``reward_fn_args``) called as Trinity calls it (``response``,
+    """:func:`score_texts` and each response's reward parts: with a Trinity ``reward_fn`` (the task's own or
+    ``explorer.taskset.reward_fn``, built with ``reward_fn_args``: :func:`trinity_reward_fn`) called as Trinity calls it (``response``,
     ``truth``: the task's ``raw_task[format.response_key]`` when it has a raw row, else its answer; ``prompt``),
     the reward is the sum of the parts it returns; a response it raises on is a failed sample scored
     ``reward.failure_value``. Without one: the reward manager's rewards, no parts."""
     n = len(texts)
-    reward_fn = trinity_reward_fn(ctx)
+    reward_fn = trinity_reward_fn(ctx, task)
     if reward_fn is not None:
         from trinity_like.algorithms.trinity_rewards import reward_parts
 
@@ -95,7 +95,8 @@ async def score_parts(ctx: WorkflowContext, texts: list[str], task: Task,
             try:
                 p = reward_parts(reward_fn, text, truth, prompt=task.prompt)
             except Exception as e:  # a reward function is user code: this sample fails, the others go on
-                ctx.reward_manager.last_error = f"{ctx.taskset.reward_fn}: {type(e).__name__}: {e}"
+                ref = getattr(task, "reward_fn", "") or ctx.taskset.reward_fn
+                ctx.reward_manager.last_error = f"{ref}: {type(e).__name__}: {e}"
                 rewards.append(float(getattr(ctx.reward_manager, "failure_value", 0.0)))
                 failed.append(True)
                 parts.append(None)
@@ -114,18 +115,21 @@ _REWARD_FNS: dict[tuple[str, str], Any] = {}
 """Built Trinity reward functions by (reference, arguments as JSON): one instance per process."""
 
 
-def trinity_reward_fn(ctx: WorkflowContext):
-    """The task set's Trinity reward function (built once per process), None when it names none."""
+def trinity_reward_fn(ctx: WorkflowContext, task: Task | None = None):
+    """The Trinity reward function of ``task`` (its own, ``Task.reward_fn`` from the column
+    ``format.reward_fn_key`` names, else the task set's ``reward_fn``), built with the set's ``reward_fn_args``
+    once per process; None when neither names one."""
     ts = ctx.taskset
-    if ts is None or not getattr(ts, "reward_fn", ""):
+    ref = getattr(task, "reward_fn", "") or getattr(ts, "reward_fn", "")
+    if ts is None or not ref:
         return None
     import json
 
-    key = (ts.reward_fn, json.dumps(ts.reward_fn_args, sort_keys=True, default=str))
+    key = (ref, json.dumps(ts.reward_fn_args, sort_keys=True, default=str))
     if key not in _REWARD_FNS:
         from trinity_like.algorithms.trinity_rewards import build_reward_fn
 
-        _REWARD_FNS[key] = build_reward_fn(ts.reward_fn, ts.reward_fn_args)
+        _REWARD_FNS[key] = build_reward_fn(ref, ts.reward_fn_args)
     return _REWARD_FNS[key]
 
 

@@ -221,6 +221,31 @@ def workflow_name(cfg) -> str:
     return cfg.explorer.taskset.workflow or cfg.explorer.workflow
 
 
+class PerTaskWorkflow(Workflow):
+    """Each task by its own workflow (``Task.workflow``: the column ``format.workflow_key`` names, Trinity's
+    per-row workflow), else by the task set's; each workflow loaded once."""
+
+    def __init__(self, default: str) -> None:
+        self.default = default
+        self._loaded: dict[str, Workflow] = {default: load_workflow(default)}
+
+    def workflow_of(self, task: Task) -> Workflow:
+        name = getattr(task, "workflow", "") or self.default
+        if name not in self._loaded:
+            self._loaded[name] = load_workflow(name)
+        return self._loaded[name]
+
+    async def run(self, task: Task, engine, ctx: WorkflowContext) -> list[Experience]:
+        return await self.workflow_of(task).run(task, engine, ctx)
+
+
+def workflow_for(cfg) -> Workflow:
+    """The explorer's workflow for ``cfg``: the task set's (:func:`workflow_name`), or, when the task set names a
+    column of per-row workflows (``format.workflow_key``), a :class:`PerTaskWorkflow` over it."""
+    name = workflow_name(cfg)
+    return PerTaskWorkflow(name) if cfg.explorer.taskset.format.workflow_key else load_workflow(name)
+
+
 def check_workflow_config(cfg) -> None:
     """When the config loads, before anything starts: import the plugin folders (``explorer.plugin_dirs``,
     ``TRINITY_PLUGIN_DIRS``), then check that the workflow names resolve (a Trinity name that cannot run here
