@@ -23,6 +23,12 @@ Built in:
 - ``guess_number``: a multi-turn text environment shipped with the project. The model guesses a number; after
   every guess the environment answers "higher", "lower" or "correct". Each episode is ONE experience whose
   ``action_mask`` is true exactly on the model's tokens (the environment's tokens are false, with log-prob 0).
+- ``tool_agent`` (module ``tool_workflow``).
+- Trinity-RFT's names (``math_workflow``, ``math_boxed_workflow``, ``simple_workflow``, ``frozen_lake_workflow``,
+  their async forms) and any Trinity workflow class, by name (``@WORKFLOWS.register_module`` in a plugin folder)
+  or import path: modules ``trinity_api`` and ``trinity_envs``, docs/trinity-workflows.md. A task set whose rows
+  name their own workflow (``format.workflow_key``) runs each task by it (:class:`PerTaskWorkflow`).
+  :func:`check_workflow_config` checks the names and shapes when the config loads.
 """
 
 from __future__ import annotations
