@@ -422,6 +422,7 @@ def test_every_unknown_key_and_every_refused_value_in_one_message_with_a_spellin
 def test_trainer_config_goes_through_verls_rules(data):
     tree = minimal(data)
     tree["trainer"] = {"trainer_config": {"actor_rollout_ref": {"actor": {"ppo_epochs": 2, "optim": {"lr": 0.5},
+                                                                          "clip_ratio_high": 0.9,
                                                                           "ppo_micro_batch_size_per_gpu": 2},
                                                                 "rollout": {"name": "sglang"}},
                                           "critic": {"optim": {"lr": 1e-5}, "cliprange_value": 0.3}}}
@@ -430,6 +431,7 @@ def test_trainer_config_goes_through_verls_rules(data):
     assert n["trainer.ppo_epochs"] == 2 and n["trainer.micro_batch_size"] == 2
     assert n["trainer.critic.lr"] == 1e-5 and n["trainer.critic.cliprange_value"] == 0.3
     assert n["trainer.optimizer.lr"] == 1e-6  # Trinity sets the actor's optimizer from algorithm.optimizer
+    assert n.get("algorithm.clip_ratio_high") != 0.9  # Trinity's loss reads policy_loss_fn_args, not these
     assert any(k == "trainer.trainer_config.actor_rollout_ref.actor.optim.lr" for k, _, _ in tr.no_effect)
     tree["trainer"]["trainer_config"]["actor_rollout_ref"]["model"] = {"lora_rank": 0, "external_lib": "mylib"}
     with pytest.raises(ConfigError, match=r"trainer\.trainer_config\.actor_rollout_ref\.model\.external_lib"):
