@@ -142,11 +142,17 @@ def test_follow_benches_each_checkpoint_as_it_lands_until_the_run_ends(ray_sessi
     assert [r["step"] for r in printed] == [1, 2, 4] == [r["step"] for r in _results(cfg)]
     assert len({(r["reward_mean"], r["mean@k"]) for r in printed}) >= 2
 
-    # nothing lands and the run has not ended: --timeout ends the wait
-    paths.summary.unlink()
-    start = time.monotonic()
-    assert main(["bench", *overrides, "--follow", "--timeout", "0.5"]) == 0
-    assert time.monotonic() - start < 30
+    # the run resumed (its earlier summary stays until it ends again; its trainer is alive) and nothing lands:
+    # --timeout ends the wait
+    from trinity_like.runtime.ray_cluster import register_role
+
+    trainer_record = register_role(paths.run_dir, "trainer", "127.0.0.1:1")
+    try:
+        start = time.monotonic()
+        assert main(["bench", *overrides, "--follow", "--timeout", "0.5"]) == 0
+        assert time.monotonic() - start < 30
+    finally:
+        trainer_record.close()
     assert "stopped following after 0.5s" in capsys.readouterr().out
     # and the flags that do not go together are refused in one line
     assert main(["bench", *overrides, "--all-checkpoints", "--checkpoint", str(paths.checkpoint_dir / "step_1")]) == 2

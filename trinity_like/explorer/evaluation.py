@@ -204,14 +204,15 @@ def bench_checkpoints(cfg: Config, follow: bool = False, timeout_s: float = 0.0,
     ``<run_dir>/bench_results.jsonl``; rewritten atomically, so a reader never sees half a row). Steps the
     results file holds rows of already are not evaluated again (a second call goes on where the first stopped,
     as Trinity's bench does from its explorer's step). With ``follow``, then wait for new checkpoints and
-    evaluate each as it lands (``checkpoints/latest`` moving on), until the run ends (its ``summary.json``) or
-    ``timeout_s`` passes (0 = no limit). A checkpoint the trainer prunes before its turn is skipped, said in a
+    evaluate each as it lands (``checkpoints/latest`` moving on), until the run ends (its ``summary.json`` written
+    and no trainer of it alive) or ``timeout_s`` passes (0 = no limit). A checkpoint the trainer prunes before its turn is skipped, said in a
     line. Returns the rows of this call."""
     import json
     import time
 
     from trinity_like.common.fs import atomic_write_text
     from trinity_like.runtime.checkpoints import complete_steps
+    from trinity_like.runtime.ray_cluster import live_roles
 
     if cfg.explorer.engine == "external":
         from trinity_like.common.errors import UserError
@@ -239,6 +240,12 @@ def bench_checkpoints(cfg: Config, follow: bool = False, timeout_s: float = 0.0,
     new_rows: list[dict] = []
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
 
+    def run_ended() -> bool:
+        """Its summary is written and no trainer of it is alive (a resumed run keeps the summary of its earlier
+        part until it ends again)."""
+        return paths.summary.is_file() and not any(r.get("role") in ("all", "trainer")
+                                                   for r in live_roles(paths.run_dir))
+
     async def bench_step(folder: Path) -> list[dict]:
         """One checkpoint: its weights loaded into the engines kept from the step before (one start for every
         checkpoint; a Hugging Face folder with several weight files gets engines of its own)."""
@@ -254,7 +261,7 @@ def bench_checkpoints(cfg: Config, follow: bool = False, timeout_s: float = 0.0,
     async def main() -> None:
         nonlocal kept
         while True:
-            ended = paths.summary.is_file()  # read before listing: a checkpoint saved before the end is seen below
+            ended = run_ended()  # read before listing: a checkpoint saved before the end is seen below
             for step in sorted(complete_steps(paths.checkpoint_dir)):
                 if step in done:
                     continue
