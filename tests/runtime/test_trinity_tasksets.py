@@ -94,6 +94,9 @@ def test_failures_are_one_line_and_nothing_is_written(tmp_path, tiny_model_path)
     assert msg.startswith("explorer.eval_tasksets[0] ") and "no column 'prompt'" in msg
     msg = refused("explorer.taskset.path=nobody/no-such-set", *GSM8K_FORMAT)
     assert "not in the local cache" in msg and "nothing is downloaded" in msg
+    msg = refused(f"explorer.taskset.path={DATA / 'gsm8k'}", *GSM8K_FORMAT,
+                  "explorer.taskset.format.chat_template='{% if messages %}{{ messages[0].content'")
+    assert "explorer.taskset.format: the prompt of task 'train-0' cannot be rendered" in msg
 
 
 def test_a_truth_the_scorer_cannot_read_is_refused_before_anything_is_written(tmp_path, tiny_model_path):

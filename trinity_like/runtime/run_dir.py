@@ -254,10 +254,29 @@ def tasks_of_rows(cfg: Config, ts, key: str) -> list[Task]:
     except DatasetError as e:
         raise RunError(str(e)) from None
     try:
-        return rows_to_tasks(data.rows, ts.format, ts.split, origin=f"{key} {data.origin}",
-                             answer_optional=_scores_itself(cfg, ts), fmt_key=f"{key}.format")
+        tasks = rows_to_tasks(data.rows, ts.format, ts.split, origin=f"{key} {data.origin}",
+                              answer_optional=_scores_itself(cfg, ts), fmt_key=f"{key}.format")
     except ValueError as e:
         raise RunError(str(e)) from None
+    fmt = ts.format
+    if fmt.chat_template or fmt.reply_prefix or fmt.enable_thinking is not None:
+        _check_rendering(cfg, tasks[0], key)
+    return tasks
+
+
+def _check_rendering(cfg: Config, task: Task, key: str) -> None:
+    """A task set's chat template, reply prefix and thinking switch must render its prompts (a template that does
+    not parse, or cannot continue a reply prefix, would fail every task): the first task's prompt is rendered with
+    the run's tokenizer here, RunError in one line otherwise."""
+    from trinity_like.common.chat import ChatFormatError
+    from trinity_like.common.tasks import prompt_ids
+    from trinity_like.common.tokenizer import hf_tokenizer
+
+    try:
+        prompt_ids(task, hf_tokenizer(cfg.model.path))
+    except ChatFormatError as e:
+        raise RunError(f"{key}.format: the prompt of task '{task.task_id}' cannot be rendered: {e}; fix "
+                       f"{key}.format.chat_template or reply_prefix") from None
 
 
 def _taskset_of_rows(cfg: Config, paths: RunPaths, compare: bool = True) -> list[Task]:
