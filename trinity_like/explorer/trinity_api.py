@@ -931,11 +931,11 @@ class TrinityWorkflowAdapter(OurWorkflow):
         wf = self.cls(task=ttask, model=model, auxiliary_models=None)
         if getattr(self.cls, "can_repeat", False):
             wf.set_repeat_times(repeat, 0)
-        is_async = getattr(wf, "asynchronous", type(wf).__dict__.get("is_async", False))
+        is_async = getattr(wf, "asynchronous", getattr(type(wf), "is_async", False))
         exps = await wf.run_async() if is_async else await asyncio.to_thread(wf.run)
         if not isinstance(exps, list) or not exps:
-            raise ValueError(f"workflow {self.name} returned {type(exps).__name__ if not isinstance(exps, list) else 'no experiences'}; "
-                             "run() returns a non-empty list of Experience")
+            got = "an empty list" if isinstance(exps, list) else type(exps).__name__
+            raise ValueError(f"workflow {self.name} returned {got}; run() returns a non-empty list of Experience")
         return model, exps
 
     async def run(self, task: OurTask, engine, ctx: WorkflowContext) -> list[OurExperience]:
