@@ -284,7 +284,6 @@ def test_each_trinity_default_where_ours_differs_is_applied(tmp_path, data, row)
         "explorer.max_timeout": ("explorer.task_timeout_s", 1800.0),
         "synchronizer.sync_timeout": ("synchronizer.sync_timeout_s", 3600.0),
         "buffer.trainer_input.experience_buffer.max_read_timeout": ("synchronizer.timeout_s", 1800.0),
-        "buffer.trainer_input.experience_buffer.capacity": ("buffer.capacity", 10000),
         "trainer.max_checkpoints_to_keep": ("trainer.keep_checkpoints", 0),
         "trainer.use_dynamic_bsz / max_token_len_per_gpu": ("trainer.max_token_len_per_micro_batch", 2 * 256),
         "model.enable_prompt_truncation": ("explorer.filter_overlong_prompts", True),

@@ -90,8 +90,6 @@ DEFAULTS_WHERE_OURS_DIFFER: tuple[DefaultRow, ...] = (
     DefaultRow("synchronizer.sync_timeout", "3600", "synchronizer.sync_timeout_s", "120", "3600"),
     DefaultRow("buffer.trainer_input.experience_buffer.max_read_timeout", "1800", "synchronizer.timeout_s", "600",
                "1800"),
-    DefaultRow("buffer.trainer_input.experience_buffer.capacity", "10000", "buffer.capacity", "0 (unbounded)",
-               "10000"),
     DefaultRow("trainer.max_checkpoints_to_keep", "null (keep all)", "trainer.keep_checkpoints", "3", "0 (keep all)"),
     DefaultRow("trainer.use_dynamic_bsz / max_token_len_per_gpu", "true / 2 x max_model_len",
                "trainer.max_token_len_per_micro_batch", "0 (by count)", "2 x max_model_len"),
@@ -374,7 +372,7 @@ def _defaults(view: View) -> dict[str, Any]:
     return {
         "trainer.optimizer.lr": 1e-6, "trainer.optimizer.weight_decay": 0.01, "trainer.optimizer.min_lr_ratio": 0.01,
         "explorer.repeat_times": 1, "explorer.eval_interval": 100, "explorer.task_timeout_s": 1800.0,
-        "synchronizer.sync_timeout_s": 3600.0, "synchronizer.timeout_s": 1800.0, "buffer.capacity": 10000,
+        "synchronizer.sync_timeout_s": 3600.0, "synchronizer.timeout_s": 1800.0,
         "trainer.keep_checkpoints": 0,
     }
 

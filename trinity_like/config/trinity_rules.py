@@ -384,8 +384,8 @@ RULES: tuple[Rule, ...] = (
     _derived("<buffer>.path", ("buffer.replay_sources",), "SFT or DPO data (storage file: a file, a folder, a hub "
              "id): buffer.replay_sources; a queue's or SQL database's path means nothing here (the buffer is "
              "<run_dir>/buffer)"),
-    Rule("<buffer>.capacity", ("buffer.capacity",), "most rows not yet trained before explorers wait",
-         _copy("buffer.capacity", int)),
+    _no("<buffer>.capacity", "Trinity's queue counts the batches put in it, not rows; here the staleness bound "
+        "(synchronizer.max_staleness) holds explorers back, and buffer.capacity bounds rows if wanted"),
     Rule("<buffer>.max_read_timeout", ("synchronizer.timeout_s",), "how long the trainer waits for experiences",
          _copy("synchronizer.timeout_s", float)),
     Rule("<buffer>.replay_buffer.enable", ("buffer.read_policy",), "true: read_policy replay (rows reused)",
