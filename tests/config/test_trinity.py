@@ -250,6 +250,7 @@ def test_sft_and_dpo_examples_are_offline_runs_replaying_their_file(tmp_path, mo
     assert n["trainer.total_steps"] == 2 * 8 // 2  # 2 epochs of 8 pairs, 2 a step (before trainer.total_steps 200)
     assert n["trainer.optimizer.lr_schedule"] == "cosine" and n["trainer.optimizer.beta2"] == 0.95
     assert (n["buffer.replay_format.prompt_type"], n["buffer.replay_format.chosen_key"]) == ("plaintext", "chosen")
+    assert n["trainer.micro_batch_size"] == 4  # ppo_micro_batch_size_per_gpu 2, doubled for pairs as Trinity does
 
 
 # ---------------------------------------------------------------- Trinity's defaults where ours differ

@@ -1062,6 +1062,8 @@ def _trainer_config(out: Translation, view: View, tc: Any) -> None:
             out.applied.append((name, value, ", ".join(f"{k}={v!r}" for k, v in values.items())))
     for k, v, why in vout.no_effect:
         out.no_effect.append((f"trainer.trainer_config.{k}", v, why))
+    if out.native.get("algorithm.policy_loss") == "dpo" and "trainer.micro_batch_size" in out.native:
+        out.native["trainer.micro_batch_size"] *= 2  # Trinity doubles DPO's micro-batch: a pair is two sequences
     if view.raw("trainer.max_checkpoints_to_keep") is not None:  # Trinity's own key wins over the verl one
         out.native["trainer.keep_checkpoints"] = int(view.raw("trainer.max_checkpoints_to_keep"))
 
