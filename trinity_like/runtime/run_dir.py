@@ -182,7 +182,6 @@ def _taskset_of_files(cfg: Config, paths: RunPaths, compare: bool = True) -> lis
     one line, RunError). With ``compare``, a ``tasks.parquet`` already in the run directory must be what they give
     (the same Parquet table ``write_taskset`` would write: the concatenation is deterministic): otherwise the
     run's task set changed, and the run stops rather than train on another one from here on."""
-
     from trinity_like.common.tasks import concat_tasksets
 
     files = cfg.explorer.taskset.files
@@ -190,17 +189,18 @@ def _taskset_of_files(cfg: Config, paths: RunPaths, compare: bool = True) -> lis
         tasks = concat_tasksets(files)
     except (OSError, ValueError) as e:
         raise RunError(f"explorer.taskset.files: {e}") from None
-    if compare:
-        _check_unchanged(paths.taskset, tasks, f"the {len(files)} files", "explorer.taskset.files no longer give",
-                         "restore those files")
+    _check_unchanged(paths.taskset, tasks, f"the {len(files)} files", "explorer.taskset.files no longer give",
+                     "restore those files", compare)
     return tasks
 
 
-def _check_unchanged(saved_path: Path, tasks: list[Task], givers: str, what: str, restore: str) -> None:
-    """A task file already written in the run directory (``saved_path``; none yet: nothing to check) must be the
-    table ``write_taskset`` writes of ``tasks``, what its source gives now; else RunError in one line saying where
-    they differ (``givers`` names the source, ``what`` the config key that no longer gives it, ``restore`` how to
-    give it again) and the ways out. ValueError from ``taskset_table`` becomes RunError too."""
+def _check_unchanged(saved_path: Path, tasks: list[Task], givers: str, what: str, restore: str,
+                     compare: bool = True) -> None:
+    """A task file already written in the run directory (``saved_path``; none yet, or not ``compare``: nothing to
+    check) must be the table ``write_taskset`` writes of ``tasks``, what its source gives now; else RunError in one
+    line saying where they differ (``givers`` names the source, ``what`` the config key that no longer gives it,
+    ``restore`` how to give it again) and the ways out. A task that cannot be written (``taskset_table``'s
+    ValueError) is a RunError too, compared or not."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -210,7 +210,7 @@ def _check_unchanged(saved_path: Path, tasks: list[Task], givers: str, what: str
         table = taskset_table(tasks)
     except ValueError as e:
         raise RunError(f"{what.split()[0]}: {e}") from None
-    if not saved_path.is_file():
+    if not compare or not saved_path.is_file():
         return
     try:
         saved = pq.read_table(saved_path)
@@ -283,9 +283,8 @@ def _taskset_of_rows(cfg: Config, paths: RunPaths, compare: bool = True) -> list
     """The run's task set read as Trinity-RFT reads it (``tasks_of_rows``), checked, with ``compare``, against the
     ``tasks.parquet`` a first prepare wrote of it (as ``_taskset_of_files`` does)."""
     tasks = tasks_of_rows(cfg, cfg.explorer.taskset, "explorer.taskset")
-    if compare:
-        _check_unchanged(paths.taskset, tasks, f"'{cfg.explorer.taskset.path}'", "explorer.taskset no longer gives",
-                         "restore that data or its format")
+    _check_unchanged(paths.taskset, tasks, f"'{cfg.explorer.taskset.path}'", "explorer.taskset no longer gives",
+                     "restore that data or its format", compare)
     return tasks
 
 
