@@ -330,8 +330,10 @@ class ExplorerConfig:
     """Weights and activations of the engines: `auto` = bfloat16 on a GPU, float32 on the CPU. float32 matches
     the trainer's float32 log-probs within 1e-6 (vLLM on the tiny model), bfloat16 within ~5e-3."""
     workflow: str = "single_turn"
-    """How a task becomes experiences: a registered workflow (`single_turn`, `guess_number`) or an import path
-    `package.module:ClassName` of a `Workflow` subclass."""
+    """How a task becomes experiences: a registered workflow (`single_turn`, `guess_number`, `tool_agent`, or
+    Trinity-RFT's `math_workflow`, `math_boxed_workflow`, `simple_workflow`, `frozen_lake_workflow`, ...:
+    docs/trinity-workflows.md) or an import path `package.module:ClassName` of a `Workflow` subclass (ours or
+    Trinity's shape)."""
     plugin_dirs: list[str] = field(default_factory=list)
     """Folders of user modules imported before workflows and reward functions are looked up (in the driver and in
     every explorer process), so that their `@WORKFLOWS.register_module(...)` and `@REWARD_FUNCTIONS.register_module(...)`

@@ -432,7 +432,7 @@ class ExplorerRole:
         return {
             "rollout/reward_mean": float(rewards.mean()) if exps else 0.0,
             "rollout/reward_std": float(rewards.std()) if exps else 0.0,
-            "rollout/accuracy": float((rewards == 1.0).mean()) if exps else 0.0,
+            "rollout/accuracy": float(np.mean([_correct(e) for e in exps])) if exps else 0.0,
             "rollout/response_length_mean": float(lengths.mean()) if exps else 0.0,
             "rollout/response_length_max": float(lengths.max()) if exps else 0.0,
             "rollout/truncated_frac": sum(e.truncated for e in exps) / n,
@@ -503,3 +503,13 @@ class ExplorerRole:
             await self.sender.close()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
+
+
+def _correct(exp: Experience) -> bool:
+    """An experience counts as correct for ``rollout/accuracy`` when its reward is 1.0, or, for a reward function
+    that returns parts (Trinity's ``{"accuracy": 1.0, "format_score": 0.1}``), when its ``accuracy`` part is."""
+    parts = exp.info.get("reward_parts")
+    if isinstance(parts, dict) and "accuracy" in parts:
+        return parts["accuracy"] == 1.0
+    return exp.reward == 1.0
+
