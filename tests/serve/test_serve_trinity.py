@@ -76,6 +76,7 @@ def test_trinitys_own_agent_and_client_record_reward_and_commit_unchanged(server
     assert metrics["rollout/total_experience_count"] - before["rollout/total_experience_count"] == n
     assert metrics["rollout/ready_experience_count"] - before["rollout/ready_experience_count"] == n
     assert (metrics["rollout/model_0/total_request_count"] - before["rollout/model_0/total_request_count"]) == n
+    assert metrics["rollout/model_0/total_request_count"] == metrics["rollout/total_experience_count"]  # 1 engine
     assert metrics["serve/rewarded_pending_experiences"] == n
     new = {eid: p for eid, p in _pending(server).items() if eid not in pending_before}
     assert len(new) == n and all(p["rewarded"] for p in new.values())
@@ -121,7 +122,7 @@ def test_feedback_refuses_a_second_reward_an_unknown_id_and_a_bad_body_in_trinit
     second = proxy.feedback(reward=1.0, msg_ids=[ids[0], ids[1]])
     assert list(second) == ["error"] and f"completion '{ids[0]}' has a reward already (0.5" in second["error"]
     # ids[1] was not rewarded by the refused request
-    assert proxy.feedback(reward=1.0, msg_ids=[ids[1]])["status"] == "success"
+    assert asyncio.run(proxy.feedback_async(1.0, [ids[1]]))["status"] == "success"
 
     bad = [
         (b"{not json", "not valid JSON"),
