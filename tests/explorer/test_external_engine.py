@@ -137,3 +137,16 @@ def test_run_and_serve_refuse_engine_external_before_anything_starts(tmp_path, t
             start(cfg)
         assert "\n" not in str(e.value)
     assert not (tmp_path / "t").exists()
+
+
+def test_an_external_model_takes_no_checkpoint(tmp_path, tiny_model_path):
+    from trinity_like.common.errors import UserError
+    from trinity_like.explorer.evaluation import bench, bench_checkpoints
+
+    cfg = _bench_cfg(tmp_path, tiny_model_path, "explorer.engine=external")
+    for call in (lambda: bench(cfg, str(tmp_path)), lambda: bench_checkpoints(cfg, follow=True),
+                 lambda: bench(_bench_cfg(tmp_path, tiny_model_path, "explorer.engine=external",
+                                          "explorer.bench_on_latest_checkpoint=true"))):
+        with pytest.raises(UserError, match="explorer.engine external evaluates the server's model: it takes no "
+                                            "checkpoint"):
+            call()

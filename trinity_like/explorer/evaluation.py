@@ -153,10 +153,7 @@ class _Bench:
         """Start the engines on ``checkpoint`` (a state-dict file, a trainer checkpoint folder or a Hugging Face
         model folder; None = ``model.path``, or the external model), evaluate, stop them."""
         if checkpoint is not None and self.external:
-            from trinity_like.common.errors import UserError
-
-            raise UserError("explorer.engine external evaluates the server's model: it takes no checkpoint "
-                            "(--checkpoint, --all-checkpoints, --follow, explorer.bench_on_latest_checkpoint)")
+            _refuse_checkpoints_of_external()
         cfg, weights = _resolve_checkpoint(self.cfg, checkpoint)
         try:
             await self.open(cfg)
@@ -171,10 +168,19 @@ def bench(cfg: Config, checkpoint: str | None = None) -> list[dict]:
     """Evaluate a model on the config's eval task sets (a greedy arithmetic set when none is given): ``checkpoint``,
     else the run's newest checkpoint with ``explorer.bench_on_latest_checkpoint``, else ``model.path`` (or, with
     ``explorer.engine: external``, the server's model)."""
+    if cfg.explorer.engine == "external" and (checkpoint is not None or cfg.explorer.bench_on_latest_checkpoint):
+        _refuse_checkpoints_of_external()
     if checkpoint is None and cfg.explorer.bench_on_latest_checkpoint:
         checkpoint = str(_latest_or_refuse(cfg))
     runner = _Bench(cfg)
     return asyncio.run(runner.rows_of(checkpoint))
+
+
+def _refuse_checkpoints_of_external() -> None:
+    from trinity_like.common.errors import UserError
+
+    raise UserError("explorer.engine external evaluates the server's model: it takes no checkpoint (--checkpoint, "
+                    "--all-checkpoints, --follow, explorer.bench_on_latest_checkpoint)")
 
 
 def _latest_or_refuse(cfg: Config) -> Path:
@@ -215,9 +221,7 @@ def bench_checkpoints(cfg: Config, follow: bool = False, timeout_s: float = 0.0,
     from trinity_like.runtime.ray_cluster import live_roles
 
     if cfg.explorer.engine == "external":
-        from trinity_like.common.errors import UserError
-
-        raise UserError("explorer.engine external evaluates the server's model: it has no checkpoints to bench")
+        _refuse_checkpoints_of_external()
     if timeout_s < 0:
         from trinity_like.common.errors import UserError
 
