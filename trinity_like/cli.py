@@ -28,7 +28,7 @@ def _split_config_and_overrides(items: list[str], config: str | None = None) -> 
             raise ConfigError(f"give the config file once: -c {config} and {' '.join(paths)}")
         return config, list(items)
     if len(paths) != 1:
-        raise ConfigError(f"run takes exactly one CONFIG file besides key=value overrides, got {len(paths)}: "
+        raise ConfigError(f"run takes exactly one CONFIG file (or -c FILE) besides key=value overrides, got {len(paths)}: "
                           f"{' '.join(paths) or '(none)'}")
     return paths[0], [x for x in items if "=" in x]
 
