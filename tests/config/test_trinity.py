@@ -537,3 +537,16 @@ def test_run_of_a_bench_config_is_our_bench(env, capsys, monkeypatch):
     captured = capsys.readouterr()
     assert "Trinity config: mode bench: `trinity-like bench` on this config" in captured.out
     assert "environment variable OPENAI_BASE_URL, which is not set" in captured.err
+
+
+def test_lora_is_one_adapter_trained_with_ddp(data):
+    tree = minimal(data, trainer__trainer_strategy="fsdp")
+    tree["model"]["lora_configs"] = [{"lora_rank": 16, "lora_alpha": 32, "target_modules": "all-linear"}]
+    tr = translate(tree)
+    n = tr.native
+    assert (n["trainer.lora.enabled"], n["trainer.lora.r"], n["trainer.lora.alpha"]) == (True, 16, 32)
+    assert "down_proj" in n["trainer.lora.target_modules"] and n["trainer.strategy"] == "ddp"
+    assert n["synchronizer.method"] == "checkpoint"  # Trinity's LoRA syncs by checkpoint
+    tree["model"]["lora_configs"].append({"lora_rank": 8})
+    with pytest.raises(ConfigError, match="more than one adapter"):
+        translate(tree)

@@ -446,6 +446,12 @@ def _derive(out: Translation, view: View) -> None:
     _warmup_ratio(out, view)
     _stages(out, view)
     _always(out, view, mode, offline)
+    if len(view.raw("model.lora_configs") or []) > 1:
+        raise Unmapped("model.lora_configs of more than one adapter (Trinity refuses it too)")
+    if n.get("trainer.lora.enabled") and n.get("trainer.strategy") == "fsdp2":
+        n["trainer.strategy"] = "ddp"
+        out.differences.append("LoRA trains with DDP here (the frozen base replicated, only the adapters reduced); "
+                               "FSDP with LoRA is not supported")
     if view.given("model.critic_model_path") and view.get("model.critic_model_path") not in (
             "", view.get("model.model_path")):
         raise Unmapped("model.critic_model_path other than model_path: the critic here is the policy's backbone "
