@@ -378,29 +378,12 @@ def _defaults(view: View) -> dict[str, Any]:
 
 
 def _algorithm(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Trinity's ``algorithm`` section (minus optimizer and repeat_times) -> (our keys, differences), by helper E's
-    table ``trinity_like.algorithms.trinity_algorithms.translate_algorithm``; until it lands, the few types below."""
-    try:
-        from trinity_like.algorithms.trinity_algorithms import translate_algorithm
-    except ImportError:
-        return _algorithm_stopgap(section)
+    """Trinity's ``algorithm`` section (minus optimizer and repeat_times) -> (our keys, differences), by Trinity's
+    algorithm table (``trinity_like.algorithms.trinity_algorithms``: each type's defaults, each function's
+    arguments; a type or function not here is a ConfigError naming the nearest one that is)."""
+    from trinity_like.algorithms.trinity_algorithms import translate_algorithm
+
     return translate_algorithm(section)
-
-
-def _algorithm_stopgap(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The algorithm types the examples use, until trinity_algorithms.py lands (then unused)."""
-    kind = section.get("algorithm_type", "ppo")
-    table = {"grpo": {"algorithm.adv_estimator": "grpo", "algorithm.use_kl_loss": True,
-                      "algorithm.kl_loss_coef": 0.001, "algorithm.kl_loss_type": "k2"},
-             "ppo": {"algorithm.adv_estimator": "gae", "algorithm.use_kl_loss": True,
-                     "algorithm.kl_loss_coef": 0.001, "algorithm.kl_loss_type": "k2"},
-             "sft": {"algorithm.policy_loss": "sft"},
-             "dpo": {"algorithm.policy_loss": "dpo"}}
-    if kind not in table:
-        raise ConfigError(f"Trinity config: algorithm_type {kind!r} needs trinity_like/algorithms/"
-                          "trinity_algorithms.py (not installed in this checkout)")
-    return dict(table[kind]), [f"algorithm {kind}: Trinity's function arguments (*_fn_args) are not applied by this "
-                               "stop-gap table"]
 
 
 def _derive(out: Translation, view: View) -> None:
