@@ -57,12 +57,13 @@ def _save_checkpoint(cfg, step: int, model: Path) -> Path:
     """A checkpoint of ``step`` as the trainer publishes it: complete under a temporary name, renamed, then
     ``latest`` moved to it."""
     from trinity_like.common.fs import atomic_publish_dir
-    from trinity_like.runtime.checkpoints import TRAINER_STATE, write_pointer
+    from trinity_like.runtime.checkpoints import TRAINER_STATE, write_checksums, write_pointer
 
     checkpoint_dir = RunPaths.of(cfg).checkpoint_dir
 
     def fill(tmp: Path) -> None:
         shutil.copytree(model, tmp / "model")
+        write_checksums(tmp)
         (tmp / TRAINER_STATE).write_text(json.dumps({"step": step}) + "\n")
 
     path = atomic_publish_dir(checkpoint_dir / f"step_{step}", fill)
@@ -98,6 +99,20 @@ def test_all_checkpoints_each_once_in_step_order(ray_session, tmp_path, tiny_mod
     rows3 = bench_checkpoints(cfg, say=lines.append)
     assert [(r["step"], r["taskset"]) for r in rows3] == [(3, "a"), (3, "b")]
     assert [r["step"] for r in _results(cfg)] == [1, 1, 2, 2, 3, 3]
+
+    # a damaged checkpoint stops the bench in one line saying what is wrong with it; the rows so far stay
+    from trinity_like.common.errors import RunError
+
+    weights = _save_checkpoint(cfg, 4, seeded_models[4]) / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(RunError, match=r"step_4 could not be loaded \(model/model.safetensors has 1000 bytes") as e:
+        bench_checkpoints(cfg, say=lines.append)
+    assert "\n" not in str(e.value)
+    assert [r["step"] for r in _results(cfg)] == [1, 1, 2, 2, 3, 3]
+    shutil.rmtree(weights.parent.parent)
+    from trinity_like.runtime.checkpoints import write_pointer
+
+    write_pointer(RunPaths.of(cfg).checkpoint_dir / "latest", 3)
 
     # explorer.bench_on_latest_checkpoint: `bench` takes checkpoints/latest (step 3 now)
     latest = bench(load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",

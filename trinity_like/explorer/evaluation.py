@@ -216,8 +216,10 @@ def bench_checkpoints(cfg: Config, follow: bool = False, timeout_s: float = 0.0,
     import json
     import time
 
+    from trinity_like.common.errors import RunError
     from trinity_like.common.fs import atomic_write_text
-    from trinity_like.runtime.checkpoints import complete_steps
+    from trinity_like.explorer.fleet import WeightsLoadFailed
+    from trinity_like.runtime.checkpoints import checkpoint_damage, complete_steps
     from trinity_like.runtime.ray_cluster import live_roles
 
     if cfg.explorer.engine == "external":
@@ -272,9 +274,14 @@ def bench_checkpoints(cfg: Config, follow: bool = False, timeout_s: float = 0.0,
                 folder = paths.checkpoint_dir / f"step_{step}"
                 try:
                     rows = await bench_step(folder)
-                except Exception:
+                except Exception as e:
                     if folder.is_dir():
-                        raise
+                        if not isinstance(e, WeightsLoadFailed):
+                            raise
+                        damage = checkpoint_damage(folder)
+                        raise RunError(f"checkpoint {folder} could not be loaded"
+                                       f"{f' ({damage})' if damage else ''}: {str(e).splitlines()[0][:300]}; "
+                                       f"move it away to bench the others") from None
                     say(f"step {step}: pruned by the trainer before it was benched; skipped")
                     done.add(step)
                     continue
