@@ -139,8 +139,9 @@ def workflow_metrics(infos) -> dict[str, float]:
     as ``rollout/workflow/<name>``, over the experiences that have it."""
     sums: dict[str, list[float]] = {}
     for info in infos:
-        for field_name, prefix in (("reward_parts", "rollout/reward/"), ("metrics", "rollout/workflow/")):
+        for field_name, key in (("reward_parts", lambda k: f"rollout/reward/{k}"),
+                                ("metrics", lambda k: f"rollout/workflow/{k}")):
             for k, v in (info.get(field_name) or {}).items():
                 if isinstance(v, int | float) and not isinstance(v, bool):
-                    sums.setdefault(prefix + k, []).append(float(v))
+                    sums.setdefault(key(k), []).append(float(v))
     return {k: sum(v) / len(v) for k, v in sums.items()}
