@@ -1,6 +1,9 @@
 """Evaluation on held-out task sets: greedy or k samples per task, each task run by the explorer's workflow (its
 tools, turns and reward model included), so a multi-turn or tool-using policy is measured as it is trained.
 
+Each eval set is read and scored by its own Trinity-shaped keys where it gives them (``format``, ``workflow``,
+``reward_fn`` and their args: ``eval_setup``), else by the training set's and the explorer's workflow.
+
 A sample counts as correct when its reward is at least 1.0 (full credit). Per task set:
 
     eval/<name>/accuracy/mean@k   mean over tasks of the fraction of its k samples that are correct
@@ -18,7 +21,7 @@ from trinity_like.common.tasks import Task, limit_prompts
 from trinity_like.config import Config, EvalTasksetConfig, SamplingConfig
 from trinity_like.explorer.engines.external import ExternalEngine, external_endpoint
 from trinity_like.explorer.workflow_base import Workflow, WorkflowContext, explorer_context
-from trinity_like.explorer.workflows import SingleTurnWorkflow, load_workflow
+from trinity_like.explorer.workflows import PerTaskWorkflow, SingleTurnWorkflow, load_workflow, workflow_for
 from trinity_like.weights.messages import WeightsInfo
 
 
@@ -56,6 +59,24 @@ async def evaluate(fleet, ctx: WorkflowContext, name: str, tasks: list[Task], ev
     }
 
 
+def eval_setup(cfg: Config, ev: EvalTasksetConfig, ctx: WorkflowContext,
+               workflow: Workflow) -> tuple[WorkflowContext, Workflow]:
+    """The context and workflow that run eval set ``ev``: its own ``format`` (which read its rows, and whose
+    ``response_key`` a Trinity reward function reads the truth by), its ``workflow`` (else ``workflow``, the
+    explorer's), its ``reward_fn`` and args (else the training set's), as a Trinity eval task set has its own."""
+    train = cfg.explorer.taskset
+    own_reward = bool(ev.reward_fn)
+    view = replace(train, format=ev.format, workflow=ev.workflow or train.workflow,
+                   reward_fn=ev.reward_fn or train.reward_fn,
+                   reward_fn_args=ev.reward_fn_args if own_reward else (ev.reward_fn_args or train.reward_fn_args),
+                   workflow_args=ev.workflow_args or train.workflow_args)
+    if ev.format.workflow_key:
+        workflow = PerTaskWorkflow(view.workflow or cfg.explorer.workflow)
+    elif ev.workflow:
+        workflow = load_workflow(ev.workflow)
+    return replace(ctx, taskset=view), workflow
+
+
 def _resolve_checkpoint(cfg: Config, checkpoint: str | None) -> tuple[Config, str | None]:
     """(config with model.path, safetensors file to load on top) for ``checkpoint``: a state-dict file, a
     trainer checkpoint folder (``checkpoints/step-N``), or a Hugging Face model folder."""
@@ -85,6 +106,7 @@ class _Bench:
         import dataclasses
 
         from trinity_like.algorithms.rewards import load_reward_manager
+        from trinity_like.common.plugins import import_plugins
         from trinity_like.common.tokenizer import hf_tokenizer
         from trinity_like.runtime.ray_cluster import init_ray
         from trinity_like.runtime.run_dir import prepare_eval_tasksets, prepare_run_dir
@@ -96,6 +118,8 @@ class _Bench:
             cfg = dataclasses.replace(cfg, explorer=dataclasses.replace(cfg.explorer,
                                                                         eval_tasksets=[EvalTasksetConfig()]))
         self.cfg = cfg
+        import_plugins(cfg.explorer.plugin_dirs)  # before any workflow or reward function is looked up
+        self.workflow = workflow_for(cfg)
         self.paths = prepare_run_dir(cfg, allow_existing=True)
         if not self.external or cfg.reward.model.path:  # engine actors, a reward model actor
             init_ray(cfg)
@@ -129,10 +153,11 @@ class _Bench:
         """One row per eval task set for the model the engines hold."""
         cfg, rows = self.cfg, []
         ctx = explorer_context(cfg, self.tokenizer, self.reward_manager, self.reward_model)
-        workflow = load_workflow(cfg.explorer.workflow)
+        workflow = self.workflow
         for ev in cfg.explorer.eval_tasksets:
             tasks = self.tasksets[ev.name]
-            m = await evaluate(self.fleet, ctx, ev.name, tasks, ev, seed=cfg.seed, workflow=workflow)
+            ev_ctx, ev_workflow = eval_setup(cfg, ev, ctx, workflow)
+            m = await evaluate(self.fleet, ev_ctx, ev.name, tasks, ev, seed=cfg.seed, workflow=ev_workflow)
             prefix = f"eval/{ev.name}/"
             rows.append({"taskset": ev.name, "tasks": len(tasks), "k": ev.k, "temperature": ev.temperature,
                          "mean@k": m[f"{prefix}accuracy/mean@{ev.k}"], "best@k": m[f"{prefix}accuracy/best@{ev.k}"],

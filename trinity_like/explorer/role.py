@@ -41,7 +41,7 @@ from trinity_like.common.offline import set_offline_env
 from trinity_like.common.plugins import import_plugins
 from trinity_like.common.tasks import Task, load_taskset
 from trinity_like.config import Config
-from trinity_like.explorer.evaluation import apply_prompt_limit, evaluate
+from trinity_like.explorer.evaluation import apply_prompt_limit, eval_setup, evaluate
 from trinity_like.explorer.fleet import EngineLost, WeightsLoadFailed
 from trinity_like.explorer.reward_model import start_reward_model
 from trinity_like.explorer.stream import GroupStream
@@ -273,8 +273,9 @@ class ExplorerRole:
         metrics: dict[str, float] = {}
         ctx = self._context(self.explore_step_num, 0)
         for ev in self.cfg.explorer.eval_tasksets:
-            metrics.update(await evaluate(self.fleet, ctx, ev.name, self.eval_tasks[ev.name], ev, seed=self.cfg.seed,
-                                          workflow=self.workflow))
+            ev_ctx, workflow = eval_setup(self.cfg, ev, ctx, self.workflow)  # the set's own Trinity keys, if any
+            metrics.update(await evaluate(self.fleet, ev_ctx, ev.name, self.eval_tasks[ev.name], ev,
+                                          seed=self.cfg.seed, workflow=workflow))
         return metrics
 
     async def _rollout(self, step: int, tasks: list[Task]) -> list[tuple[int, int, Task, list[Experience] | None]]:
