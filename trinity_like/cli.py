@@ -112,7 +112,20 @@ def _run_as(command: str, args: argparse.Namespace, cfg: Config) -> int:
     defaults = vars(build_parser().parse_args([command, "--config", "-"]))  # that command's defaults
     defaults.update({k: v for k, v in vars(args).items() if k in defaults and v is not None and k != "func"})
     ns = argparse.Namespace(**defaults)
+    if command == "bench" and not ns.checkpoint and _bench_every_checkpoint(cfg):
+        ns.all_checkpoints = True  # Trinity's bench evaluates each checkpoint of the run (bench_results.jsonl)
     return _cmd_bench(ns, loaded=cfg) if command == "bench" else _cmd_serve(ns, loaded=cfg)
+
+
+def _bench_every_checkpoint(cfg: Config) -> bool:
+    """Trinity's mode bench: each checkpoint of the run when it has any (and bench_on_latest_checkpoint is off),
+    else the model itself (Trinity's evaluation at step 0); an external model has no checkpoints."""
+    from trinity_like.runtime.checkpoints import latest_checkpoint
+    from trinity_like.runtime.paths import RunPaths
+
+    ex = cfg.explorer
+    return (ex.engine != "external" and not ex.bench_on_latest_checkpoint
+            and latest_checkpoint(RunPaths.of(cfg).checkpoint_dir) is not None)
 
 
 def _trinity_summary(translation: Translation, cfg: Config, role: str) -> str:

@@ -550,3 +550,26 @@ def test_lora_is_one_adapter_trained_with_ddp(data):
     tree["model"]["lora_configs"].append({"lora_rank": 8})
     with pytest.raises(ConfigError, match="more than one adapter"):
         translate(tree)
+
+
+def test_trinity_bench_mode_benches_every_checkpoint_of_the_run_or_the_latest(data, tmp_path):
+    """Trinity's mode bench evaluates each checkpoint of the run (our `bench --all-checkpoints`), the latest one with
+    explorer.bench_on_latest_checkpoint, and the model itself while the run has none."""
+    from trinity_like.cli import _bench_every_checkpoint
+    from trinity_like.runtime.checkpoints import TRAINER_STATE
+
+    tree = minimal(data, mode="bench", checkpoint_root_dir=str(tmp_path / "ckpt"))
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    cfg, tr = load_config_with_translation(path)
+    assert tr.command == "bench" and not cfg.explorer.bench_on_latest_checkpoint
+    assert not _bench_every_checkpoint(cfg)  # no checkpoint yet: the model itself
+    ckpt = RunPaths.of(cfg).checkpoint_dir
+    (ckpt / "step_2").mkdir(parents=True)
+    (ckpt / "step_2" / TRAINER_STATE).write_text("{}")
+    (ckpt / "latest").write_text("2")
+    assert _bench_every_checkpoint(cfg)
+    tree["explorer"] = {"bench_on_latest_checkpoint": True}
+    path.write_text(yaml.safe_dump(tree))
+    cfg, _ = load_config_with_translation(path)
+    assert cfg.explorer.bench_on_latest_checkpoint and not _bench_every_checkpoint(cfg)

@@ -496,7 +496,9 @@ RULES: tuple[Rule, ...] = (
     Rule("explorer.eval_interval", ("explorer.eval_interval",), "same", _copy("explorer.eval_interval", int)),
     Rule("explorer.eval_on_startup", NOTHING, "evaluation runs before the first step whenever eval_interval > 0",
          _eval_on_startup, kind="checked"),
-    _no("explorer.bench_on_latest_checkpoint", "`trinity-like bench --checkpoint` names the checkpoint"),
+    Rule("explorer.bench_on_latest_checkpoint", ("explorer.bench_on_latest_checkpoint",), "same (mode bench: the "
+         "run's latest checkpoint; without it, every checkpoint of the run, `bench --all-checkpoints`)",
+         _copy("explorer.bench_on_latest_checkpoint", bool)),
     Rule("explorer.proxy_port", ("serve.port",), "the port of `trinity-like serve`", _copy("serve.port", int)),
     Rule("explorer.listen_address", ("serve.host",), "the address of `trinity-like serve` (not loopback: needs "
          "serve.api_key)", _copy("serve.host", str)),
