@@ -385,7 +385,7 @@ PROMPT_TYPES = ("plaintext", "messages", "chatpair")
 
 
 def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", origin: str = "the task set",
-                  answer_optional: bool = False, fmt_key: str = "format") -> list[Task]:
+                  answer_optional: bool = False, fmt_key: str = "format", prompt_optional: bool = False) -> list[Task]:
     """Tasks of the rows of a Trinity-RFT task set (``trinity_like.common.datasets.read_rows``) read with ``fmt``, a
     ``TaskFormatConfig`` (read by attribute: ``common`` sits below ``config``). Each task keeps its whole row as
     ``raw_task`` (Trinity's workflows read ``raw_task[format.prompt_key]`` and ``raw_task[format.response_key]``),
@@ -408,7 +408,9 @@ def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", or
     and ``reward_fn_key`` fill ``Task.workflow``/``reward_fn`` from their columns; ``chat_template`` and
     ``enable_thinking`` are kept on every task for ``prompt_ids``. A ``data_source`` text column picks the scorer as
     in our task files. ``answer_optional``: a missing ``response_key`` column (or a null in it) gives the answer ""
-    (for workflows and reward functions that read ``raw_task`` themselves) instead of an error.
+    (for workflows and reward functions that read ``raw_task`` themselves) instead of an error. ``prompt_optional``:
+    likewise a missing ``prompt_key`` column (``plaintext``) gives a task without a prompt (text "", no messages), for
+    a workflow that builds its prompt from the row (Trinity's frozen_lake_workflow reads ``seed``, ``size``, ``p``).
 
     ValueError, one line naming ``origin``, the row and column and the fix (the format's keys named under
     ``fmt_key``), for a missing column (naming the columns the rows have), an empty prompt or a conversation that is
@@ -426,7 +428,8 @@ def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", or
                              f"{', '.join(columns) or 'none'}); set {fmt_key}.{key_name} to the column that holds it")
 
     p_key, r_key, m_key = fmt.prompt_key, fmt.response_key, fmt.messages_key
-    if prompt_type == "plaintext" or (prompt_type == "chatpair" and m_key not in columns):
+    no_prompt = prompt_optional and prompt_type == "plaintext" and p_key not in columns
+    if (prompt_type == "plaintext" and not no_prompt) or (prompt_type == "chatpair" and m_key not in columns):
         need("prompt_key", p_key)
     if prompt_type == "messages":
         need("messages_key", m_key)
@@ -467,6 +470,8 @@ def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", or
                 raise ValueError(f"{where}: column '{m_key}' holds only an assistant turn; a prompt needs a user turn")
             if sys_text and conv[0]["role"] != "system":
                 conv = [{"role": "system", "content": sys_text}, *conv]
+        elif no_prompt:
+            conv = []
         else:
             value = row.get(p_key)
             if isinstance(value, list):
@@ -490,13 +495,15 @@ def rows_to_tasks(rows: list[dict[str, Any]], fmt: Any, split: str = "train", or
             answer = ""
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             answer = str(answer)
-        if prefix:
+        if prefix and conv:
             conv = [*conv, {"role": "assistant", "content": prefix}]
         users = [m for m in conv if m["role"] == "user"]
         source = row.get("data_source")
+        shown = (users[-1] if users else conv[-1])["content"] if conv else ""
         out.append(Task(
-            task_id=f"{label}-{i}", prompt=str((users[-1] if users else conv[-1])["content"] or ""), answer=answer,
-            data_source=source if isinstance(source, str) else "", messages=tuple(conv), raw_task=dict(row),
+            task_id=f"{label}-{i}", prompt=str(shown or ""), answer=answer,
+            data_source=source if isinstance(source, str) else "", messages=tuple(conv) if conv else None,
+            raw_task=dict(row),
             workflow=str(row.get(fmt.workflow_key) or "") if fmt.workflow_key else "",
             reward_fn=str(row.get(fmt.reward_fn_key) or "") if fmt.reward_fn_key else "",
             chat_template=getattr(fmt, "chat_template", "") or "", enable_thinking=getattr(fmt, "enable_thinking", None)))

@@ -241,6 +241,17 @@ def _scores_itself(cfg: Config, ts) -> bool:
                 or (ts.workflow or cfg.explorer.workflow) not in REWARD_SCORED_WORKFLOWS)
 
 
+PROMPT_READING_WORKFLOWS = ("single_turn", "tool_agent", "guess_number", "simple_workflow", "async_simple_workflow",
+                            "math_workflow", "async_math_workflow", "math_boxed_workflow", "async_math_boxed_workflow")
+"""Workflows that send the task's prompt (its ``prompt_key`` column): a task set run by any other may lack it."""
+
+
+def _prompts_itself(cfg: Config, ts) -> bool:
+    """Whether task set ``ts``'s workflow builds its own prompt from the row (not one of
+    ``PROMPT_READING_WORKFLOWS``; per-row workflows may be either): its rows may lack a prompt column."""
+    return not ts.format.workflow_key and (ts.workflow or cfg.explorer.workflow) not in PROMPT_READING_WORKFLOWS
+
+
 def tasks_of_rows(cfg: Config, ts, key: str) -> list[Task]:
     """The tasks of a task set read as Trinity-RFT reads it (``reads_rows``): ``ts.path`` read as Hugging Face
     ``datasets`` reads it (``subset_name``, ``split``) and its rows made tasks by ``ts.format``
@@ -255,7 +266,8 @@ def tasks_of_rows(cfg: Config, ts, key: str) -> list[Task]:
         raise RunError(str(e)) from None
     try:
         tasks = rows_to_tasks(data.rows, ts.format, ts.split, origin=f"{key} {data.origin}",
-                              answer_optional=_scores_itself(cfg, ts), fmt_key=f"{key}.format")
+                              answer_optional=_scores_itself(cfg, ts), fmt_key=f"{key}.format",
+                              prompt_optional=_prompts_itself(cfg, ts))
     except ValueError as e:
         raise RunError(str(e)) from None
     fmt = ts.format
