@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from trinity_like.config import Config
+from trinity_like.config import Config, schema
 from trinity_like.config_docs import DOCS_PATH, REGENERATE, missing_docstrings, render, sections
 
 
@@ -21,10 +21,9 @@ def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
         factory = f.default_factory
         if isinstance(factory, type) and dataclasses.is_dataclass(factory):
             out += _leaf_keys(factory, f"{prefix}{f.name}.")
-        elif f.name == "eval_tasksets":
-            from trinity_like.config import EvalTasksetConfig
-
-            out += _leaf_keys(EvalTasksetConfig, f"{prefix}{f.name}[].")
+        elif isinstance(f.type, str) and f.type.startswith("list[") and dataclasses.is_dataclass(
+                item := getattr(schema, f.type[5:-1], None)):  # eval_tasksets, buffer.ingest: one table per item
+            out += _leaf_keys(item, f"{prefix}{f.name}[].")
         else:
             out.append(prefix + f.name)
     return out

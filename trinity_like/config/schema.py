@@ -741,6 +741,25 @@ class RewardConfig:
 
 
 @dataclass
+class IngestSourceConfig:
+    """SFT/DPO data written into the run's buffer once, when the run directory is prepared (Trinity-RFT's
+    `auxiliary_buffers`, the expert data of its `mix`): read as `replay_sources` read such data."""
+
+    path: str = ""
+    """A jsonl, json, parquet or csv file, a folder laid out as Hugging Face data sets are, or a hub id in the local
+    cache."""
+    source: str = "human"
+    """The experience source its rows get (`human`, `agent`, `import`): what `buffer.mix` and
+    `algorithm.sft_sources` name."""
+    split: str = "train"
+    """The split read from a folder."""
+    subset_name: str = ""
+    """The subset read from a folder."""
+    format: TaskFormatConfig = field(default_factory=TaskFormatConfig)
+    """How its rows are read (as `buffer.replay_format`; left at its defaults, the file's columns decide)."""
+
+
+@dataclass
 class BufferConfig:
     path: str = ""
     """Folder of the experience buffer. Empty: `<run_dir>/buffer`."""
@@ -778,6 +797,11 @@ class BufferConfig:
     """The split read from a `replay_sources` folder of SFT/DPO data (Trinity's experience_buffer `split`)."""
     replay_subset_name: str = ""
     """The subset read from a `replay_sources` folder of SFT/DPO data (Trinity's experience_buffer `subset_name`)."""
+    ingest: list[IngestSourceConfig] = field(default_factory=list)
+    """SFT/DPO data written into the run's buffer when the run directory is first prepared by its trainer (rows
+    already there, by content, are not written again: a resumed run adds nothing); e.g. expert demonstrations as
+    source `human` for `buffer.mix` and `algorithm.sft_sources` (Trinity-RFT's mix reads its `auxiliary_buffers`
+    so)."""
     transport: str = _choices("file", ("file", "redis"))
     """How explorers hand experiences over: `file` (write segments into the buffer folder) or `redis` (a
     Redis Stream, for explorers on hosts that share no filesystem with the trainer)."""

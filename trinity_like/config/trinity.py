@@ -850,10 +850,25 @@ def _mix(out: Translation, view: View, algo_type: str) -> None:
     if n.get("mode") == "sync":  # buffer.mix is an async setting; bound 0 is sync's result
         n["mode"] = "async"
         n["synchronizer.max_staleness"] = 0
-    path = (spec or {}).get("path")
-    out.differences.append(f"auxiliary_buffers.{name} ({path}): the expert data are the run's human rows: ingest "
-                           f"them once with `trinity-like buffer ingest {path} --buffer <run_dir>/buffer --source "
-                           "human` (Trinity reads the file itself)")
+    spec = dict(spec or {})
+    path = spec.get("path")
+    if not path:
+        raise Unmapped(f"buffer.trainer_input.auxiliary_buffers.{name}.path is required (the expert data)")
+    local = Path(view.path(str(path)))
+    fmt = {k: v for k, v in dict(spec.get("format") or {}).items()
+           if v is not None and k not in ("image_key", "video_key", "workflow_key", "reward_fn_key")}
+    fmt["prompt_type"] = str(fmt.get("prompt_type", "messages")).lower()  # Trinity's default: messages
+    chat_template = _chat_template(view)
+    if chat_template and "chat_template" not in fmt:
+        fmt["chat_template"] = chat_template
+    n["buffer.ingest"] = [{"path": str(local) if local.exists() else str(path), "source": "human",
+                           "split": str(spec.get("split") or "train"), "subset_name": str(spec.get("subset_name") or ""),
+                           "format": fmt}]
+    out.differences.append(f"auxiliary_buffers.{name}: the expert data are written into the run's buffer once, as "
+                           "source human, when the trainer prepares the run directory (buffer.ingest); the "
+                           "trainer's reads draw them by buffer.mix's shares, Trinity's expert_data_ratio; each "
+                           "expert row is trained once (Trinity reads the auxiliary buffer for its total_epochs), "
+                           "and once they are used up buffer.mix_fill fills their share with explorer rows")
 
 
 def _task_rows(path: str, split: str | None, subset: str | None) -> tuple[int | None, str]:

@@ -381,9 +381,10 @@ RULES: tuple[Rule, ...] = (
     _no("<buffer>.name", "the run's buffer is <run_dir>/buffer"),
     _derived("<buffer>.storage_type", ("buffer.replay_sources",), "queue / sql (the explorer's output): the run's "
              "buffer; file (train mode): the data trained on (mode offline, buffer.replay_sources)"),
-    _derived("<buffer>.path", ("buffer.replay_sources",), "SFT or DPO data (storage file: a file, a folder, a hub "
-             "id): buffer.replay_sources; a queue's or SQL database's path means nothing here (the buffer is "
-             "<run_dir>/buffer)"),
+    _derived("<buffer>.path", ("buffer.replay_sources", "buffer.ingest.path"), "SFT or DPO data (storage file: a "
+             "file, a folder, a hub id): buffer.replay_sources (mode train), or written into the run's buffer as "
+             "source human (an auxiliary buffer, mix's expert data: buffer.ingest); a queue's or SQL database's path "
+             "means nothing here (the buffer is <run_dir>/buffer)"),
     _no("<buffer>.capacity", "Trinity's queue counts the batches put in it, not rows; here the staleness bound "
         "(synchronizer.max_staleness) holds explorers back, and buffer.capacity bounds rows if wanted"),
     Rule("<buffer>.max_read_timeout", ("synchronizer.timeout_s",), "how long the trainer waits for experiences",

@@ -280,6 +280,12 @@ def _validate_sources(cfg: Config) -> None:
         unknown = [n for n in names if n not in SOURCES]
         if unknown:
             raise ConfigError(f"bad source {unknown[0]!r} in '{key}'; use experience sources: {', '.join(SOURCES)}")
+    for i, src in enumerate(cfg.buffer.ingest):
+        if src.source not in SOURCES or src.source == "explorer":
+            raise ConfigError(f"bad value for 'buffer.ingest[{i}].source': {src.source!r}; ingested data is one of "
+                              f"{', '.join(s for s in SOURCES if s != 'explorer')}")
+        if not src.path:
+            raise ConfigError(f"buffer.ingest[{i}].path is empty; name the SFT/DPO data to write into the buffer")
     for source, share in cfg.buffer.mix.items():
         if not (share > 0 and math.isfinite(share)):
             raise ConfigError(f"bad value for 'buffer.mix.{source}': {share!r}; shares must be > 0 (they are "

@@ -137,6 +137,7 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
                 if cfg.mode != "offline" and cfg.explorer.taskset.files else of_rows)
     if cfg.mode == "offline":
         _check_replay_data(cfg)
+    _check_ingest_data(cfg)
     read = {paths.taskset: of_rows} if of_rows is not None else {}
     if cfg.mode != "offline":  # eval sets read as Trinity reads them: refused here, in one line, before any write
         read.update({eval_taskset_path(cfg, ev): tasks_of_rows(cfg, ev, f"explorer.eval_tasksets[{i}]")
@@ -149,6 +150,8 @@ def prepare_run_dir(cfg: Config, allow_existing: bool = False, role: str = "all"
     if not allow_existing:
         _check_same_config(cfg, paths, role, resume)
         _ensure_run_id(paths)
+        if role in ("all", "trainer"):
+            ingest_at_start(cfg, paths)
     if cfg.mode != "offline" and not paths.taskset.is_file():
         ts = cfg.explorer.taskset
         write_taskset(paths.taskset, of_files if of_files is not None
@@ -175,6 +178,65 @@ def _check_replay_data(cfg: Config) -> None:
             row_shape(b.replay_format, data.columns)
         except RecordError as e:
             raise RunError(f"buffer.replay_sources: {data.origin}: {e}") from None
+
+
+def _check_ingest_data(cfg: Config) -> None:
+    """Each ``buffer.ingest`` source must be readable and have columns its format reads: refused here, in one line,
+    before anything is written."""
+    from trinity_like.buffer.ingest import RecordError, row_shape
+    from trinity_like.common.datasets import DatasetError, read_rows
+
+    for i, src in enumerate(cfg.buffer.ingest):
+        key = f"buffer.ingest[{i}]"
+        try:
+            data = read_rows(src.path, src.subset_name, src.split, key=f"{key}.path")
+        except DatasetError as e:
+            raise RunError(str(e)) from None
+        try:
+            shape, fmt = row_shape(src.format, data.columns)
+        except RecordError as e:
+            raise RunError(f"{key}: {data.origin}: {e}") from None
+        needed = {"messages": [("messages_key", fmt.messages_key)],
+                  "plaintext": [("prompt_key", fmt.prompt_key), ("response_key", fmt.response_key)],
+                  "pair": [("chosen_key", fmt.chosen_key), ("rejected_key", fmt.rejected_key)]}[shape]
+        missing = [(k, c) for k, c in needed if c not in data.columns]
+        if missing:
+            k, c = missing[0]
+            raise RunError(f"{key}: {data.origin} has no column '{c}' ({key}.format.{k}; its columns: "
+                           f"{', '.join(data.columns)}); set {key}.format.{k} to the column that holds it")
+
+
+def ingest_at_start(cfg: Config, paths: RunPaths, say=None) -> list[int]:
+    """Write each ``buffer.ingest`` source into the run's buffer as its ``source`` (tokenised with the model's chat
+    template as ``replay_sources`` of SFT/DPO data are: ``replay_table``), leaving out rows the buffer holds
+    already (their eids come from their content), and say so in one line each; the number written per source."""
+    import sys
+
+    import pyarrow as pa
+
+    from trinity_like.buffer.ingest import replay_table
+    from trinity_like.buffer.segments import stored_eids
+    from trinity_like.buffer.writer import BufferWriter
+    from trinity_like.common.errors import UserError
+
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    written = []
+    for i, src in enumerate(cfg.buffer.ingest):
+        try:
+            table = replay_table(src.path, cfg.model.path, src.format, src.split, src.subset_name)
+        except UserError as e:
+            raise RunError(f"buffer.ingest[{i}]: {str(e).removeprefix('buffer.replay_sources: ')}") from None
+        table = table.set_column(table.schema.get_field_index("source"), "source",
+                                 pa.array([src.source] * table.num_rows, pa.string()))
+        seen = stored_eids(paths.buffer_dir) if paths.buffer_dir.exists() else set()
+        keep = pa.array([eid not in seen for eid in table.column("eid").to_pylist()])
+        new = table.filter(keep)
+        if new.num_rows:
+            BufferWriter(paths.buffer_dir, writer_id=f"ingest-{src.source}").write_table(new)
+        say(f"buffer: {new.num_rows} rows of {src.path} written as source '{src.source}' (buffer.ingest[{i}]; "
+            f"{table.num_rows - new.num_rows} already there)")
+        written.append(new.num_rows)
+    return written
 
 
 def _taskset_of_files(cfg: Config, paths: RunPaths, compare: bool = True) -> list[Task]:
