@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from trinity_like.common.errors import ConfigError
 from trinity_like.config.schema import RENAMED_KEYS, Config
+from trinity_like.config.trees import has_key
 from trinity_like.config.validation import validate
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def split_verl_overrides(overrides: list[str] | tuple[str, ...], entry: str, sch
     verl_items, ours = [], []
     for item in overrides:
         key = item.partition("=")[0].strip()
-        if key.startswith(("+", "~")) or _has_key(verl_tree, key):
+        if key.startswith(("+", "~")) or has_key(verl_tree, key):
             verl_items.append(item)
         elif OmegaConf.select(schema, key, default=_MISSING) is not _MISSING or key in RENAMED_KEYS:
             ours.append(item)
@@ -134,15 +135,6 @@ def split_trinity_overrides(overrides: list[str] | tuple[str, ...], schema: Any)
             raise ConfigError(f"override '{item}': neither Trinity-RFT's config nor ours has the key {key!r}; check "
                               "the spelling (docs/trinity.md lists Trinity's keys, docs/config.md ours)")
     return trinity_items, ours
-
-
-def _has_key(tree: dict[str, Any], key: str) -> bool:
-    node: Any = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def _verl_tree(path: Path) -> dict[str, Any] | None:

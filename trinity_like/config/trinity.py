@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trinity_like.common.errors import ConfigError
+from trinity_like.config.trees import has_key, nest
 from trinity_like.config.trinity_rules import EXACT, RULES, SECTIONS, Rule, Unmapped, find_rule, normalise
 
 TRINITY_MODES = ("both", "explore", "train", "bench", "serve", "colocate")
@@ -128,14 +129,7 @@ class Translation:
 
     def nested(self) -> dict[str, Any]:
         """``native`` as nested sections (what a YAML config of ours holds)."""
-        out: dict[str, Any] = {}
-        for key, value in self.native.items():
-            node = out
-            *parents, leaf = key.split(".")
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = value
-        return out
+        return nest(self.native)
 
     def report(self) -> dict[str, Any]:
         """What the run directory keeps (``trinity_translation.yaml``)."""
@@ -158,16 +152,7 @@ def is_trinity_config(tree: Any) -> bool:
         return False
     if tree.get("mode") in TRINITY_MODES:
         return True
-    return any(_has(tree, key) for key in TRINITY_SIGNS)
-
-
-def _has(tree: dict[str, Any], key: str) -> bool:
-    node: Any = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return any(has_key(tree, key) for key in TRINITY_SIGNS)
 
 
 def load_trinity_file(path: str | Path) -> Any:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trinity_like.common.errors import ConfigError
+from trinity_like.config.trees import nest
 from trinity_like.config.verl_compose import (
     DEFAULT_ENTRY,
     compose_raw,
@@ -782,14 +783,7 @@ class Translation:
 
     def nested(self) -> dict[str, Any]:
         """``native`` as nested sections (what a YAML config of ours holds)."""
-        out: dict[str, Any] = {}
-        for key, value in self.native.items():
-            node = out
-            *parents, leaf = key.split(".")
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = value
-        return out
+        return nest(self.native)
 
     def report(self) -> dict[str, Any]:
         """What the run directory keeps (``verl_translation.yaml``)."""
