@@ -34,19 +34,17 @@ differs on answers only a symbolic check finds equal (``\\frac{1}{2}`` and ``0.5
 from __future__ import annotations
 
 import ast
-import importlib
-import importlib.util
 import inspect
 import json
 import operator
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from trinity_like.algorithms.rewards import math_score
 from trinity_like.algorithms.truths import UnreadableTruth
 from trinity_like.algorithms.verl_scores import math_reward_score
+from trinity_like.common.registry import import_module_ref
 
 
 class RewardFn:
@@ -142,16 +140,7 @@ def load_object(ref: str, kind: str) -> Any:
     else:
         module_ref, _, attr = ref.rpartition(".")
     try:
-        if module_ref.endswith(".py"):
-            path = Path(module_ref).expanduser().absolute()
-            if not path.is_file():
-                raise ImportError(f"file '{path}' does not exist")
-            spec = importlib.util.spec_from_file_location(f"trinity_like_user_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_ref)
-        return getattr(module, attr)
+        return getattr(import_module_ref(module_ref, "trinity_like_user", "file"), attr)
     except (ImportError, AttributeError, ValueError) as e:
         raise KeyError(f"cannot load {kind} {ref!r}: {type(e).__name__}: {e}") from None
 

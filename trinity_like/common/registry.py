@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
@@ -36,3 +37,22 @@ class Registry(Generic[F]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
+
+
+def import_module_ref(ref: str, prefix: str, what: str) -> ModuleType:
+    """The module ``ref`` names: an import path, or a ``.py`` file's path (loaded as ``<prefix>_<its stem>``) for the
+    user's own code (workflows, reward functions); ImportError naming ``what`` when the file does not exist."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    if not ref.endswith(".py"):
+        return importlib.import_module(ref)
+    path = Path(ref).expanduser().absolute()
+    if not path.is_file():
+        raise ImportError(f"{what} '{path}' does not exist")
+    spec = importlib.util.spec_from_file_location(f"{prefix}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+

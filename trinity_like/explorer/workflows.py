@@ -34,14 +34,13 @@ Built in:
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import random
 import re
 
 import numpy as np
 
 from trinity_like.common.experience import Experience
+from trinity_like.common.registry import import_module_ref
 from trinity_like.common.tasks import Task, prompt_ids
 from trinity_like.explorer.workflow_base import WORKFLOWS, Workflow, WorkflowContext, greedy_context
 from trinity_like.explorer.workflow_base import score_parts as _score_parts
@@ -173,17 +172,7 @@ class GuessNumberWorkflow(Workflow):
 
 def _import_module(ref: str):
     """A module by import path, or from a ``.py`` file path."""
-    if ref.endswith(".py"):
-        from pathlib import Path
-
-        path = Path(ref).expanduser().absolute()
-        if not path.is_file():
-            raise ImportError(f"workflow file '{path}' does not exist")
-        spec = importlib.util.spec_from_file_location(f"trinity_like_workflow_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    return importlib.import_module(ref)
+    return import_module_ref(ref, "trinity_like_workflow", "workflow file")
 
 
 def _resolve(name: str):
