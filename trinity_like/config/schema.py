@@ -10,7 +10,7 @@ from trinity_like.common.algorithm_params import OffPolicyParams, OverlongBuffer
 from trinity_like.common.errors import ConfigError  # noqa: F401 (re-exported: trinity_like.config.ConfigError)
 
 MODES = ("sync", "async", "offline")
-ENGINES = ("hf", "vllm", "external")
+ENGINES = ("hf", "vllm", "external", "emulated")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
@@ -254,11 +254,13 @@ class StreamConfig:
     per group would make many small files); 0 = write each group at once."""
     flush_groups: int = _at_least(0, 0)
     """Also write as soon as this many finished groups wait; 0 = by `flush_s` alone."""
-    on_new_version: str = _choices("finish", ("finish", "resubmit"))
+    on_new_version: str = _choices("finish", ("finish", "resubmit", "keep"))
     """What requests running when a version loads do: `finish` on the weights they started on (the load waits for
     them), or `resubmit`: cut, and continued on the new weights (prompt plus the tokens so far; AReaL's
     interruptible generation), so a load never waits for a long response and each token records the version
-    that made it (`token_versions`). vLLM's async engine cuts requests at once (abort and resubmit); the `hf`
+    that made it (`token_versions`); or `keep`: the load happens under the running requests, which go on on the new
+    weights where they are (vLLM's `pause_generation(mode="keep")`; PipelineRL's and prime-rl's way), their later
+    tokens stamped with the new version (log-probs stay those sampled, so the corrections stay exact). vLLM's async engine cuts requests at once (abort and resubmit); the `hf`
     engine and vLLM's synchronous one only between calls, so they need `chunk_tokens`."""
     keep_partial: bool = True
     """Journal what each group has generated so far beside the buffer (`buffer/partial/`, after every piece, or
@@ -269,6 +271,26 @@ class StreamConfig:
     """With `resubmit`: generate responses in pieces of at most this many tokens, so that a version loads between
     two pieces and makes the rest (the `hf` engine's way to be interrupted; with vLLM's async engine also a cap on
     how long a piece runs). 0 = whole responses (vLLM's async engine only)."""
+
+
+@dataclass
+class EmulatedEngineConfig:
+    """EMULATION (`explorer.engine: emulated`): engines that generate no model's tokens but take the time a GPU engine
+    would (`trinity_like.explorer.engines.emulated`), for measuring the scheduler and the control plane at a scale
+    this machine cannot hold. Never a real run's engine."""
+
+    curve: str = "7b_h100"
+    """The cost curve replayed (`trinity_like.explorer.engines.emulated.CURVES`): per-iteration floor, per-sequence
+    cost, prefill per token, load time, slots."""
+    engines_per_actor: int = _at_least(16, 1)
+    """Emulated engines hosted by one process (Ray actor); the fleet sees each as an engine of its own."""
+    prompt_tokens: int = _at_least(51, 1)
+    """Prompt length charged for prefill (the 7B layout's 512 scaled by 1/10)."""
+    mean_response_tokens: float = _at_least(200.0, 1.0)
+    """Mean response length drawn per request (geometric, capped at `max_response_tokens`; seeded by the
+    request's seed, so every rollout mode draws the same lengths)."""
+    max_response_tokens: int = _at_least(819, 1)
+    """Longest response (the 7B layout's 8,192 scaled by 1/10)."""
 
 
 @dataclass
@@ -388,6 +410,8 @@ class ExplorerConfig:
     --follow` each one as it lands."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Settings of the `vllm` engine."""
+    emulated: EmulatedEngineConfig = field(default_factory=EmulatedEngineConfig)
+    """Settings of the `emulated` engine (EMULATION: for benchmarks of the control plane only)."""
     node: NodeConfig = field(default_factory=NodeConfig)
     """The nodes of this explorer job's role actor and engines (per job: several explorer jobs may each pin
     their own nodes)."""
@@ -438,6 +462,21 @@ class LoraConfig:
     """Names of the linear layers that get adapters."""
     dropout: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     """Dropout on the adapter input."""
+
+
+@dataclass
+class EmulatedTrainerConfig:
+    """EMULATION (`trainer.type: emulated`): a trainer whose step sleeps the time a GPU trainer would take and
+    publishes a small state dict through the real publisher, for measuring the control plane. Never a real run's
+    trainer."""
+
+    s_per_token: float = _at_least(1.15e-4, 0.0)
+    """Seconds per (prompt + response) token on one worker (forward, backward, optimizer): 7B on an H100 at 40%
+    MFU by default (6 x 7.62e9 FLOP / (989 TFLOP/s x 0.4))."""
+    workers: int = _at_least(1, 1)
+    """Emulated data-parallel workers the step's tokens are split over."""
+    allreduce_s: float = _at_least(0.0, 0.0)
+    """Gradient all-reduce per step when `workers` > 1."""
 
 
 @dataclass
@@ -501,6 +540,8 @@ class TrainerConfig:
     """dtype of the weights handed to the explorers and of the Hugging Face model in checkpoints (the trainer
     state for resume keeps float32). `auto` = the engines' dtype: `explorer.dtype`, whose `auto` is bfloat16
     for engines on GPUs (`explorer.gpus_per_engine` > 0) and float32 on the CPU."""
+    emulated: EmulatedTrainerConfig = field(default_factory=EmulatedTrainerConfig)
+    """Settings of `type: emulated` (EMULATION: for benchmarks of the control plane only)."""
     logprob_chunk_tokens: int = _at_least(1024, 0)
     """Tokens per chunk of the output layer and log-softmax: the float32 logits of at most this many tokens
     exist at once (recomputed in the backward pass), instead of batch x length x vocabulary; 0 = one chunk."""
@@ -567,6 +608,11 @@ class SynchronizerConfig:
     that moves within `auto_staleness.[min, max]` with the off-policy signal and the roles' waits."""
     auto_staleness: AutoStalenessConfig = field(default_factory=AutoStalenessConfig)
     """The self-setting bound of `max_staleness: auto`."""
+    train_slack: int = _at_least(1, 0)
+    """Versions beyond `max_staleness` a token may be when trained (async mode, per-token versions): admission keeps
+    AReaL's rule at `max_staleness`, so a group admitted at the bound's edge that runs long lands late; its tokens
+    within `max_staleness + train_slack` are trained, older ones masked from the loss, and a row is dropped only
+    when none is left. 0 = a row past `max_staleness` is dropped whole (the rule before)."""
     timeout_s: float = _at_least(600.0, 0.0)
     """How long a role waits for the other (new weights, new data; a role started alone waits this long for
     the other to join) before giving up."""
