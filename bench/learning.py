@@ -202,9 +202,20 @@ def held_out_accuracy(work: Path, model: Path) -> float:
     return m[f"eval/{ev.name}/accuracy/mean@{ev.k}"]
 
 
+def real_mode_overrides(bound: str) -> list[str]:
+    """The overrides of a ``--real`` mode: ``sync``; an async bound (an integer or ``auto``: step rollout); or
+    ``stream<N>``: async at bound N with streaming rollout (``explorer.rollout=stream``)."""
+    if bound == "sync":
+        return ["mode=sync"]
+    if bound.startswith("stream"):
+        return ["mode=async", f"synchronizer.max_staleness={bound.removeprefix('stream')}", "explorer.rollout=stream"]
+    return ["mode=async", f"synchronizer.max_staleness={bound}"]
+
+
 def real_run(work: Path, warm: Path, bound: str, correction: str, seed: int, steps: int, lr: float,
              explorers: int = 1, workflow: str = "") -> dict:
-    """One real run, async with ``synchronizer.max_staleness`` = ``bound`` (an integer or ``auto``) or ``sync``:
+    """One real run, async with ``synchronizer.max_staleness`` = ``bound`` (an integer or ``auto``; ``stream<N>``:
+    bound N with streaming rollout) or ``sync``:
     the staleness it reaches by itself, its trained rows per second, and its final held-out accuracy. One explorer: one
     ``launcher.run`` (explorer and trainer roles on a local Ray, the buffer, checkpoint sync). More: independent
     jobs as users launch them (``trinity-like run --role trainer|explorer --address``, one process each) on a
@@ -217,7 +228,7 @@ def real_run(work: Path, warm: Path, bound: str, correction: str, seed: int, ste
 
     cfg = base_config(work, f"name=real-{bound}-{correction}-{seed}-{int(time.time())}", f"seed={seed}",
                       f"model.path={warm}", "model.build_tiny_at=null", "warmup.sft_steps=0",
-                      *(["mode=sync"] if bound == "sync" else ["mode=async", f"synchronizer.max_staleness={bound}"]),
+                      *real_mode_overrides(bound),
                       f"algorithm.off_policy.correction={correction}",
                       f"trainer.total_steps={steps}", f"trainer.optimizer.lr={lr}", "explorer.eval_tasksets=[]",
                       "trainer.save_interval=0", *([f"explorer.workflow={workflow}"] if workflow else []),
@@ -334,7 +345,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--plot", default="", help="write the accuracy-vs-staleness plot here (png)")
     ap.add_argument("--from-json", default="", help="re-make the table, plot and RESULT lines of an earlier --json")
     ap.add_argument("--real", default="", help="instead of the fixed-lag table: real async runs (launcher.run), one "
-                                               "per comma-separated max_staleness value (e.g. sync,1,2,4,auto), with "
+                                               "per comma-separated max_staleness value (e.g. sync,1,2,4,auto; stream2: bound 2 "
+                                               "with explorer.rollout=stream), with "
                                                "--correction, over --seeds: accuracy, staleness reached, rows/s")
     ap.add_argument("--correction", default="decoupled")
     ap.add_argument("--set", action="append", default=[], help="a config override for every fixed-lag run (e.g. "
@@ -386,6 +398,7 @@ def main(argv: list[str] | None = None) -> None:
             rs = [r for r in runs if r["lag"] == bound]
             print(f"RESULT learning_real max_staleness={bound} correction={args.correction} "
                   f"acc_mean={statistics.fmean(r['accuracy'] for r in rs):.3f} "
+                  f"acc_std={statistics.stdev(r['accuracy'] for r in rs) if len(rs) > 1 else 0.0:.3f} "
                   f"rows_per_s={statistics.fmean(r['rows_per_s'] for r in rs):.1f} "
                   f"staleness_mean={statistics.fmean(r['staleness_mean'] for r in rs):.2f} "
                   f"rows_per_s_median={statistics.median(r['rows_per_s'] for r in rs):.1f} "
