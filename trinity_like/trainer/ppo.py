@@ -66,6 +66,7 @@ from trinity_like.trainer.device import (
     resolve_weights_dtype,
     to_host,
 )
+from trinity_like.trainer.emulated import EmulatedTrainer  # noqa: F401  (registers trainer.type emulated: EMULATION)
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
 from trinity_like.weights.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
 
