@@ -84,3 +84,26 @@ def test_bad_requests_are_refused():
     with pytest.raises(KeyError):
         s.abort("nobody")
     assert s.next_event_s() == math.inf and s.advance_to(5.0) == [] and s.now == 5.0
+
+
+def test_a_keep_load_pauses_decoding_and_keeps_the_cache():
+    s = BatchServer(CURVE)
+    s.submit("a", 10, 4)
+    s.advance_to(4.0)  # 2.5 (prefill of 10) + 1.5: 2 tokens
+    s.load(keep=True)  # 3 s, nothing decodes, no prefill after it
+    assert s.now == pytest.approx(7.0)
+    done = s.advance_to(math.inf)
+    assert done[0].finished_at == pytest.approx(7.0 + 1.5 + 1.5)  # where a resubmit pays 1.2 more: 11.2
+    assert s.busy_s == pytest.approx(10.0)
+
+
+def test_a_load_arriving_mid_iteration_starts_then_and_the_iteration_runs_again():
+    s = BatchServer(CURVE)
+    s.submit("a", 10, 4)
+    s.advance_to(4.7)  # iterations end at 2.5 and 4.0; the one of [4.0, 5.5) is under way
+    assert s.now == pytest.approx(4.0)
+    s.load(keep=True, at=4.7)
+    assert s.now == pytest.approx(7.7)
+    done = s.advance_to(math.inf)
+    assert done[0].generated == 4 and done[0].finished_at == pytest.approx(7.7 + 3.0)
+    assert s.busy_s == pytest.approx(2.5 + 1.5 + 3.0 + 3.0)  # the 0.7 s of the dropped iteration: not busy

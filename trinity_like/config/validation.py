@@ -340,7 +340,8 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
                           "makes the rest, which on_new_version=finish forbids (a request ends on its weights): set "
                           "on_new_version=resubmit, or chunk_tokens=0")
     async_vllm = ex.engine == "vllm" and ex.vllm.async_engine
-    if st.on_new_version == "resubmit" and not st.chunk_tokens and not async_vllm:
+    cuts_at_once = async_vllm or ex.engine == "emulated"  # EMULATION cuts as vLLM's async engine does
+    if st.on_new_version == "resubmit" and not st.chunk_tokens and not cuts_at_once:
         raise ConfigError(f"explorer.stream.on_new_version=resubmit with engine {ex.engine}"
                           f"{'' if ex.engine == 'hf' else ' (synchronous)'}: this engine can be interrupted only "
                           "between calls; set explorer.stream.chunk_tokens (e.g. 32) to cut responses into pieces"

@@ -216,6 +216,13 @@ async def _ray_await(ref) -> Any:
     return await ref
 
 
+def _process_of(actor: Any) -> Any:
+    """The Ray actor behind a slot's engine: itself, or the host actor of an emulated engine (``HostedEngine``)."""
+    from trinity_like.explorer.engines.emulated import HostedEngine
+
+    return actor.host if isinstance(actor, HostedEngine) else actor
+
+
 def make_engine(cfg: Config, engine_id: str):
     """The engine ``explorer.engine`` names, on ``model.path``."""
     if cfg.explorer.engine == "hf":
@@ -233,6 +240,10 @@ def make_engine(cfg: Config, engine_id: str):
                           kv_cache_memory_gb=v.kv_cache_memory_gb,
                           enforce_eager=v.enforce_eager, seed=cfg.seed, seeded=v.seeded,
                           tensor_parallel_size=max(1, int(cfg.explorer.gpus_per_engine)))
+    if cfg.explorer.engine == "emulated":  # EMULATION (async only): the fleet hosts many per process instead
+        from trinity_like.explorer.engines.emulated import EmulatedEngine
+
+        return EmulatedEngine(cfg, engine_id)
     raise ValueError(f"unknown engine {cfg.explorer.engine!r}")
 
 
@@ -245,6 +256,8 @@ def engine_actor_options(cfg: Config) -> tuple[dict[str, Any], Any]:
     from trinity_like.common.placement import actor_options, bundle, bundle_label_selector
 
     gpus, node = cfg.explorer.gpus_per_engine, cfg.explorer.node
+    if cfg.explorer.engine == "emulated":  # EMULATION: no device, many engines per actor (hosted_engines)
+        return {"num_gpus": 0, **actor_options(node)}, None
     if gpus <= 1:
         return {"num_gpus": gpus, **actor_options(node)}, None
     from ray.util.placement_group import placement_group
@@ -362,21 +375,29 @@ class EngineFleet:
 
     def __init__(self, cfg: Config, namespace: str | None = None, engine_actor: type | None = None) -> None:
         """``engine_actor``: the actor class hosting each engine; default ``AsyncEngineActor`` for vLLM's async
-        engine, else ``EngineActor`` (tests pass a subclass that fakes a device fault)."""
+        engine, else ``EngineActor`` (tests pass a subclass that fakes a device fault). EMULATION
+        (``explorer.engine: emulated``): ``explorer.emulated.engines_per_actor`` engines per actor
+        (``emulated.hosted_engines``), each a slot of its own."""
         import ray
 
         self.cfg = cfg
-        async_engine = cfg.explorer.engine == "vllm" and cfg.explorer.vllm.async_engine
-        actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(
-            engine_actor or (AsyncEngineActor if async_engine else EngineActor))
+        emulated = cfg.explorer.engine == "emulated"
+        async_engine = (cfg.explorer.engine == "vllm" and cfg.explorer.vllm.async_engine) or emulated
         self.placement_groups: list[Any] = []
         """One per tensor-parallel engine (``explorer.gpus_per_engine`` > 1), removed with the fleet."""
         self.slots = []
-        for i in range(cfg.explorer.num_engines):
-            options, group = engine_actor_options(cfg)
-            if group is not None:
-                self.placement_groups.append(group)
-            self.slots.append(_Slot(actor_cls.options(**options).remote(cfg, i), i))
+        if emulated:
+            from trinity_like.explorer.engines.emulated import hosted_engines
+
+            self.slots = [_Slot(engine, i) for i, engine in enumerate(hosted_engines(cfg))]
+        else:
+            actor_cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(
+                engine_actor or (AsyncEngineActor if async_engine else EngineActor))
+            for i in range(cfg.explorer.num_engines):
+                options, group = engine_actor_options(cfg)
+                if group is not None:
+                    self.placement_groups.append(group)
+                self.slots.append(_Slot(actor_cls.options(**options).remote(cfg, i), i))
         self.max_retries = cfg.explorer.max_retries
         self.sync_timeout_s = cfg.synchronizer.sync_timeout_s
         self.call_timeout_s = cfg.explorer.call_timeout_s or 0.9 * cfg.explorer.task_timeout_s
@@ -526,7 +547,7 @@ class EngineFleet:
         into it. A restart that does not answer within ``explorer.task_timeout_s`` loses the engine."""
         import ray
 
-        ray.kill(slot.actor, no_restart=False)
+        ray.kill(_process_of(slot.actor), no_restart=False)
         self.restarts += 1
         deadline = time.monotonic() + self.restart_timeout_s
         while True:
@@ -617,7 +638,8 @@ class EngineFleet:
             except _ENGINE_GONE as e:
                 last = e
                 tried.add(slot.index)
-                slot.version = -1  # it restarts from the initial weights
+                for s in self._same_process(slot):
+                    s.version = -1  # it restarts from the initial weights (with the engines it hosts beside it)
                 self.restarts += 1
                 logger.warning("engine %d died during %s; retrying on another engine", slot.index, method)
             except EngineCoreDied as e:  # the process lives, its inference engine does not: restart it
@@ -666,11 +688,16 @@ class EngineFleet:
     async def health(self) -> list[dict[str, Any]]:
         return await asyncio.gather(*(s.actor.health.remote() for s in self.slots))
 
+    def _same_process(self, slot: _Slot) -> list[_Slot]:
+        """``slot`` and the engines its process hosts beside it (an emulated host's; a real engine is alone)."""
+        process = _process_of(slot.actor)
+        return [s for s in self.slots if _process_of(s.actor) is process] if process is not slot.actor else [slot]
+
     def kill(self) -> None:
         import ray
 
-        for s in self.slots:
-            ray.kill(s.actor, no_restart=True)
+        for actor in {id(_process_of(s.actor)): _process_of(s.actor) for s in self.slots}.values():
+            ray.kill(actor, no_restart=True)
         for group in self.placement_groups:
             ray.util.remove_placement_group(group)
         self.placement_groups = []
