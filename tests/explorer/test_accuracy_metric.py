@@ -4,7 +4,7 @@ math_reward: accuracy 1.0 + format 0.1 = 1.1 for a right, well-formed answer), i
 from __future__ import annotations
 
 from trinity_like.common.experience import Experience
-from trinity_like.explorer.role import _correct
+from trinity_like.explorer.rollout import correct
 
 
 def _exp(reward, parts=None) -> Experience:
@@ -13,7 +13,7 @@ def _exp(reward, parts=None) -> Experience:
 
 
 def test_accuracy_reads_the_accuracy_part_when_the_reward_has_parts():
-    assert _correct(_exp(1.0)) and not _correct(_exp(0.5)) and not _correct(_exp(None))
-    assert _correct(_exp(1.1, {"accuracy": 1.0, "format_score": 0.1}))  # a plain == 1.0 test said 0 here
-    assert not _correct(_exp(1.0, {"accuracy": 0.0, "format_score": 1.0}))  # a reward of 1.0 that is not accuracy
-    assert _correct(_exp(0.9, {"accuracy": 1.0, "format_score": -0.1}))
+    assert correct(_exp(1.0)) and not correct(_exp(0.5)) and not correct(_exp(None))
+    assert correct(_exp(1.1, {"accuracy": 1.0, "format_score": 0.1}))  # a plain == 1.0 test said 0 here
+    assert not correct(_exp(1.0, {"accuracy": 0.0, "format_score": 1.0}))  # a reward of 1.0 that is not accuracy
+    assert correct(_exp(0.9, {"accuracy": 1.0, "format_score": -0.1}))

@@ -125,8 +125,10 @@ def test_with_its_restarts_used_up_the_fleet_stops_at_once_in_one_line(tmp_path,
 def test_the_explorer_does_not_retry_a_task_past_a_lost_engine(tmp_path, tiny_model_path):
     """The task loop records ordinary failures and goes on; a lost engine ends the step (and the run) instead."""
     from trinity_like.common.tasks import Task
-    from trinity_like.explorer.role import ExplorerRole
+    from trinity_like.explorer.rollout import RolloutParts
     from trinity_like.explorer.workflows import Workflow, WorkflowContext
+    from trinity_like.runtime.paths import RunPaths
+    from trinity_like.runtime.run_home import RunFiles
 
     class OnLostEngine(Workflow):
         calls = 0
@@ -137,14 +139,14 @@ def test_the_explorer_does_not_retry_a_task_past_a_lost_engine(tmp_path, tiny_mo
 
     cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=core",
                              "explorer.max_retries=2"])
-    role = ExplorerRole(cfg)
-    role.paths.run_dir.mkdir(parents=True)
-    role.workflow, role.fleet = OnLostEngine(), None
+    paths = RunPaths.of(cfg)
+    paths.run_dir.mkdir(parents=True)
+    parts = RolloutParts(cfg, files=RunFiles(paths), workflow=OnLostEngine(), fleet=None)
     ctx = WorkflowContext(sampling=cfg.explorer.sampling, repeat_times=1, seeds=[0], tokenizer=None,
                           reward_manager=None)
     with pytest.raises(EngineLost):
-        asyncio.run(role._run_task(Task("t", "1+1=", "2"), ctx))
-    assert OnLostEngine.calls == 1 and not (role.paths.run_dir / "failed_tasks.jsonl").exists()
+        asyncio.run(parts.run_task(Task("t", "1+1=", "2"), ctx))
+    assert OnLostEngine.calls == 1 and not (paths.run_dir / "failed_tasks.jsonl").exists()
 
 
 def test_engine_core_died_crosses_ray_whole():

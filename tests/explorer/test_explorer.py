@@ -15,7 +15,10 @@ from trinity_like.common.tokenizer import hf_tokenizer
 from trinity_like.config import SamplingConfig, load_config
 from trinity_like.explorer.fleet import EngineFleet
 from trinity_like.explorer.role import ExplorerRole
+from trinity_like.explorer.rollout import RolloutParts
 from trinity_like.explorer.workflows import GuessNumberWorkflow, Workflow, WorkflowContext, load_workflow
+from trinity_like.runtime.paths import RunPaths
+from trinity_like.runtime.run_home import RunFiles
 
 pytestmark = pytest.mark.slow
 
@@ -125,14 +128,15 @@ class BoomWorkflow(Workflow):
 
 def test_failing_task_is_retried_then_recorded_and_the_step_goes_on(tmp_path, tiny_model_path):
     cfg = _cfg(tmp_path, tiny_model_path, "explorer.max_retries=2", "explorer.task_timeout_s=5")
-    role = ExplorerRole(cfg)
-    role.paths.run_dir.mkdir(parents=True)
-    role.workflow, role.fleet = BoomWorkflow(), None  # the workflow fails before it would use an engine
+    paths = RunPaths.of(cfg)
+    paths.run_dir.mkdir(parents=True)
+    # the workflow fails before it would use an engine
+    parts = RolloutParts(cfg, files=RunFiles(paths), workflow=BoomWorkflow(), fleet=None)
     ctx = WorkflowContext(sampling=cfg.explorer.sampling, repeat_times=1, seeds=[0], tokenizer=None,
                           reward_manager=None)
-    assert asyncio.run(role._run_task(Task("bad", "1+1=", "2"), ctx)) is None
+    assert asyncio.run(parts.run_task(Task("bad", "1+1=", "2"), ctx)) is None
     assert BoomWorkflow.calls == 3  # the first try and two retries
-    record = json.loads((role.paths.run_dir / "failed_tasks.jsonl").read_text())
+    record = json.loads((paths.run_dir / "failed_tasks.jsonl").read_text())
     assert record == {"task_id": "bad", "explore_step": 0, "error": "RuntimeError: boom", "attempts": 3}
 
 

@@ -19,7 +19,7 @@ from trinity_like.config import Config, SamplingConfig
 from trinity_like.config.schema import TasksetConfig
 from trinity_like.explorer.engines.base import render_chat
 from trinity_like.explorer.engines.hf_engine import HFEngine
-from trinity_like.explorer.role import ExplorerRole
+from trinity_like.explorer.rollout import RolloutParts
 from trinity_like.explorer.trinity_api import MATH_SYSTEM_PROMPT
 from trinity_like.explorer.trinity_envs import FrozenLake, parse_action, random_map
 from trinity_like.explorer.workflow_base import WORKFLOWS, WorkflowContext, workflow_metrics
@@ -250,16 +250,16 @@ def test_frozen_lake_workflow_is_one_multi_turn_experience(model):
 
 def test_a_step_whose_every_task_fails_with_one_error_stops_the_run():
     cfg = Config()
-    role = SimpleNamespace(cfg=cfg, _task_errors={3: ["TypeError: f() takes 1 argument"] * cfg.explorer.batch_size},
-                           _ok_steps=set())
+    parts = SimpleNamespace(cfg=cfg, task_errors={3: ["TypeError: f() takes 1 argument"] * cfg.explorer.batch_size},
+                            ok_steps=set())
     finished = [(3, i, None, None) for i in range(cfg.explorer.batch_size)]
     with pytest.raises(RunError, match="failed on all 4 tasks .* TypeError: f\\(\\) takes 1 argument"):
-        ExplorerRole._check_task_errors(role, finished)
-    role._task_errors[3][0] = "ValueError: other"  # two errors: the step goes on
-    ExplorerRole._check_task_errors(role, finished)
-    role._task_errors[3] = ["TypeError: x"] * 4
-    role._ok_steps.add(3)  # a task of the step succeeded: the workflow works
-    ExplorerRole._check_task_errors(role, finished)
+        RolloutParts.check_task_errors(parts, finished)
+    parts.task_errors[3][0] = "ValueError: other"  # two errors: the step goes on
+    RolloutParts.check_task_errors(parts, finished)
+    parts.task_errors[3] = ["TypeError: x"] * 4
+    parts.ok_steps.add(3)  # a task of the step succeeded: the workflow works
+    RolloutParts.check_task_errors(parts, finished)
 
 
 SYNC_CLIENT_WORKFLOW = '''

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trinity_like.buffer import explore_group_rows
 from trinity_like.buffer.partial import PartialStore
@@ -35,9 +35,7 @@ from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task
 from trinity_like.explorer.continuing import ContinuingEngine, GroupJournal
 from trinity_like.explorer.fleet import WeightsLoadFailed
-
-if TYPE_CHECKING:
-    from trinity_like.explorer.role import ExplorerRole
+from trinity_like.explorer.rollout import Finished, RolloutParts
 
 logger = logging.getLogger(__name__)
 
@@ -98,16 +96,17 @@ class _Loads:
     """Loads of those whose bytes came over CUDA IPC (``WeightsInfo.transport``)."""
 
 
-class GroupStream:
-    """Runs ``ExplorerRole.run``'s claim-and-explore loop group by group (see the module docstring)."""
+class StreamRollout:
+    """Runs the explorer's claim-and-explore loop group by group (see the module docstring)."""
 
-    def __init__(self, role: ExplorerRole) -> None:
-        self.role = role
-        self.cfg = role.cfg.explorer.stream
+    def __init__(self, parts: RolloutParts) -> None:
+        self.parts = parts
+        self.progress = parts.progress
+        self.cfg = parts.cfg.explorer.stream
         self.steps: dict[int, _Step] = {}
         self.running: dict[asyncio.Future, tuple[int, int]] = {}
         """Group task -> (step, position)."""
-        self.done: list[tuple[int, int, Task, list[Experience] | None]] = []
+        self.done: list[Finished] = []
         """Groups ended and not yet written: (step, position, task, group or None when it failed)."""
         self.first_done: float | None = None
         self.loads = _Loads()
@@ -115,7 +114,8 @@ class GroupStream:
         self._blocked_since: float | None = None
         self._last_progress = time.perf_counter()
         self.resubmit = self.cfg.on_new_version == "resubmit"
-        self.store = PartialStore(role.paths.buffer_dir) if self.cfg.keep_partial and role.writer is not None else None
+        self.store = (PartialStore(parts.paths.buffer_dir) if self.cfg.keep_partial and parts.writer is not None
+                      else None)
         """Where each group's engine calls are journaled as they go (``keep_partial``, file transport)."""
         self.counts = {"pieces": 0}
         self.journals: dict[tuple[int, int], GroupJournal] = {}
@@ -124,19 +124,20 @@ class GroupStream:
 
     @property
     def in_flight(self) -> int:
+        """Groups generating now (the heartbeat's ``groups_in_flight``)."""
         return len(self.running)
 
-    async def run(self, num_steps: int | None) -> None:
-        role, sync = self.role, self.role.synchronizer
+    async def run(self, num_steps: int | None = None) -> None:
+        parts, sync, fleet = self.parts, self.parts.synchronizer, self.parts.fleet
         watch: asyncio.Future | None = None
         loader: asyncio.Future | None = None
         exhausted = False
         next_claim = 0.0
         while True:
-            stopping = role._stop or (await sync.ended.remote()).get("trainer") == "finished"
+            stopping = self.progress.stop or (await sync.ended.remote()).get("trainer") == "finished"
             if not stopping and not exhausted and time.monotonic() >= next_claim and all(
                     s.all_started for s in self.steps.values()):
-                step = await sync.claim_explore_step.remote(role.role_id, role.schedule, num_steps)
+                step = await sync.claim_explore_step.remote(parts.role_id, parts.schedule, num_steps)
                 if step is not None:
                     await self._open(step)
                 elif num_steps is None and await sync.alive.remote("trainer"):
@@ -150,7 +151,7 @@ class GroupStream:
             if not self.running and not self.done and (stopping or (exhausted and not self.steps)):
                 break
             if loader is None and watch is None and not stopping:
-                watch = asyncio.ensure_future(_ray(sync.wait_for_version.remote(role.fleet.version + 1,
+                watch = asyncio.ensure_future(_ray(sync.wait_for_version.remote(fleet.version + 1,
                                                                                 VERSION_POLL_S, False)))
             waiting = set(self.running) | {f for f in (watch, loader) if f is not None}
             finished: set[asyncio.Future] = set()
@@ -163,7 +164,7 @@ class GroupStream:
                 if fut is watch:
                     watch = None
                     info = None if fut.exception() else fut.result()
-                    if info is not None and info.version > role.fleet.version:
+                    if info is not None and info.version > fleet.version:
                         loader = asyncio.ensure_future(self._load(info))
                 elif fut is loader:
                     loader = None
@@ -194,15 +195,14 @@ class GroupStream:
 
     # ------------------------------------------------------------ claiming and admission
     async def _open(self, step: int) -> None:
-        role = self.role
+        parts = self.parts
         timeline = {"timeline/start_unix_s": time.time()}
-        interval = role.cfg.explorer.eval_interval
         timeline["timeline/eval_start_unix_s"] = time.time()
-        eval_metrics = await role.evaluate() if interval and step % interval == 0 else {}
-        tasks = role._tasks_for_step(step)
+        eval_metrics = await parts.maybe_evaluate(step)
+        tasks = parts.tasks_for_step(step)
         written: dict[int, int] = {}
-        if await role.synchronizer.explore_step_redone.remote(step) and role.writer is not None:
-            written = await asyncio.to_thread(explore_group_rows, role.paths.buffer_dir, step)
+        if await parts.synchronizer.explore_step_redone.remote(step) and parts.writer is not None:
+            written = await asyncio.to_thread(explore_group_rows, parts.paths.buffer_dir, step)
             if written:
                 logger.warning("explorer step %d was handed over with %d of its %d groups written; running the other "
                                "%d", step, len(written), len(tasks), len(tasks) - len(written))
@@ -217,19 +217,19 @@ class GroupStream:
     async def _admit(self) -> None:
         """Start every group the staleness bound admits now, in the run's order (a later group never needs an
         older version than an earlier one, so the first refused one ends the pass)."""
-        role, sync = self.role, self.role.synchronizer
+        parts, sync, schedule = self.parts, self.parts.synchronizer, self.parts.schedule
         cap = self.cfg.max_groups_in_flight
-        bound = await sync.staleness_bound.remote() if role.auto_staleness else None
+        bound = await sync.staleness_bound.remote() if parts.auto_staleness else None
         for state in sorted(self.steps.values(), key=lambda s: s.step):
             if state.all_started:
                 continue
-            rows_before = await sync.rows_before.remote(state.step, role.schedule.rows_per_step)
+            rows_before = await sync.rows_before.remote(state.step, schedule.rows_per_step)
             while not state.all_started:
                 if cap and len(self.running) >= cap:
                     return
                 position = state.positions[state.started]
-                need = role.schedule.version_needed(role.schedule.rows_before_group(rows_before, position), bound)
-                if role.fleet.newest_version < need:  # one engine holding it is enough: the group runs there
+                need = schedule.version_needed(schedule.rows_before_group(rows_before, position), bound)
+                if parts.fleet.newest_version < need:  # one engine holding it is enough: the group runs there
                     self._blocked(state, need)
                     return
                 self._unblocked(state)
@@ -240,8 +240,8 @@ class GroupStream:
         now = time.perf_counter()
         if self._blocked_since is None:
             self._blocked_since = now
-            self.role._sync_state = "require_sync"
-        timeout = self.role.cfg.synchronizer.timeout_s
+            self.progress.state = "require_sync"
+        timeout = self.parts.cfg.synchronizer.timeout_s
         if not self.running and now - max(self._blocked_since, self._last_progress) > timeout:
             raise TimeoutError(f"no policy version >= {need} was published within {timeout:.0f}s: is the trainer "
                                "running?")
@@ -250,15 +250,15 @@ class GroupStream:
         if self._blocked_since is not None:
             state.wait_s += time.perf_counter() - self._blocked_since
             self._blocked_since = None
-            self.role._sync_state = "running"
+            self.progress.state = "running"
 
     def _start(self, state: _Step, need: int) -> None:
-        role, position = self.role, state.positions[state.started]
+        parts, position = self.parts, state.positions[state.started]
         if state.first_start is None:
             state.first_start = time.perf_counter()
             state.timeline["timeline/rollout_start_unix_s"] = time.time()
         task = state.tasks[position]
-        fut = asyncio.ensure_future(role._run_task(task, role._context(state.step, position),
+        fut = asyncio.ensure_future(parts.run_task(task, parts.context(state.step, position),
                                                    self._engine(state, position, need)))
         self.running[fut] = (state.step, position)
         state.started += 1
@@ -267,7 +267,7 @@ class GroupStream:
         """What the group's workflow calls: the fleet's engines that hold ``need`` (``finish``, no journal), else
         that view interruptible (``resubmit``; in pieces of ``chunk_tokens``) and journaling every piece
         (``keep_partial``), taking up what a journal left by a killed explorer holds of this group."""
-        fleet = self.role.fleet.at_least(need)
+        fleet = self.parts.fleet.at_least(need)
         journal = None
         if self.store is not None:
             journal = GroupJournal(self.store, state.step, position, need)
@@ -281,21 +281,21 @@ class GroupStream:
     async def _load(self, info) -> None:
         """Load a published version while groups run; a version that fails to load (a damaged file) is logged
         and asked for again after a pause, the previous one serving meanwhile."""
-        role = self.role
+        parts = self.parts
         start = time.perf_counter()
         try:
-            size = await role.fleet.update_weights(info)
+            size = await parts.fleet.update_weights(info)
         except WeightsLoadFailed as e:
-            role.sync_failures += 1
+            self.progress.sync_failures += 1
             logger.warning("version %d did not load (%s); the explorer keeps version %d and tries again", info.version,
-                           e, role.fleet.version)
+                           e, parts.fleet.version)
             await asyncio.sleep(RETRY_LOAD_S)
             return
         self.loads.bytes += float(size)
         self.loads.seconds += time.perf_counter() - start
         self.loads.count += 1
         self.loads.cuda_ipc += info.transport == "CUDA IPC"
-        await role.synchronizer.heartbeat.remote(role.role_id, version=role.fleet.version)
+        await parts.synchronizer.heartbeat.remote(parts.role_id, version=parts.fleet.version)
 
     # ------------------------------------------------------------ writing
     def _should_flush(self, stopping: bool) -> bool:
@@ -314,20 +314,20 @@ class GroupStream:
 
     async def _flush(self) -> None:
         """Write the ended groups as one segment; finish each step whose last group that was."""
-        role = self.role
+        parts = self.parts
         done, self.done, self.first_done = self.done, [], None
-        role._check_rewards(min(s for s, *_ in done), done)
+        parts.check_rewards(min(s for s, *_ in done), done)
         rows: list[Experience] = []
         for step in sorted({s for s, *_ in done}):
             state = self.steps[step]
             mine = [d for d in done if d[0] == step]
-            exps, failed, filtered = role._stamp(mine)
+            exps, failed, filtered = parts.stamp(mine)
             state.rows.extend(exps)
             state.failed += failed
             state.filtered += filtered
             state.ended += len(mine)
             rows.extend(exps)
-        wait_s = await role._write_rows(rows)
+        wait_s = await parts.write_rows(rows)
         self.groups_written += len(done)
         for step, position, *_ in done:  # in the buffer now: the buffer decides, the journal goes
             journal = self.journals.pop((step, position), None)
@@ -342,23 +342,23 @@ class GroupStream:
 
     async def _finish(self, state: _Step) -> None:
         """The step's rows are all in the buffer: tell the Synchronizer, write its metrics record."""
-        role = self.role
+        parts, fleet, progress = self.parts, self.parts.fleet, self.progress
         del self.steps[state.step]
-        await role.synchronizer.finish_explore_step.remote(state.step, state.earlier_rows + len(state.rows))
+        await parts.synchronizer.finish_explore_step.remote(state.step, state.earlier_rows + len(state.rows))
         if self.store is not None:
             self.store.drop_step(state.step)
-        role.steps_done += 1
-        role.explore_step_num = max(role.explore_step_num, state.step + 1)
-        role._count_empty(state.earlier_rows + len(state.rows))
+        progress.steps_done += 1
+        progress.next_step = max(progress.next_step, state.step + 1)
+        parts.count_empty(state.earlier_rows + len(state.rows))
         start = state.first_start or state.opened
         elapsed = time.perf_counter() - start - state.buffer_wait_s
-        metrics = role._metrics(state.rows, elapsed)
+        metrics = parts.step_metrics(state.rows, elapsed)
         if state.rows:  # the rows' own (oldest) version: loads go on while a step's groups run
             metrics["rollout/model_version"] = float(min(e.model_version for e in state.rows))
         metrics.update({
             "rollout/failed_tasks": float(state.failed), "rollout/filtered_groups": float(state.filtered),
-            "rollout/engine_restarts": float(role.fleet.restarts), "time/wait_buffer_s": state.buffer_wait_s,
-            "rollout/engine_busy_frac": role.engine_busy_frac(),
+            "rollout/engine_restarts": float(fleet.restarts), "time/wait_buffer_s": state.buffer_wait_s,
+            "rollout/engine_busy_frac": parts.engine_busy_frac(),
             "rollout/admission_wait_s": state.wait_s, "sync/wait_s": state.wait_s,
             "rollout/groups_in_flight": float(len(self.running)), "rollout/groups_written": float(self.groups_written),
             "rollout/groups_unstarted": float(len(state.positions) - state.started),
@@ -367,12 +367,12 @@ class GroupStream:
             "rollout/engine_calls": float(self._take_calls()),
             "rollout/partial_resumed_tokens": float(state.resumed_tokens),
             "rollout/partial_discarded": float(state.discarded),
-            "sync/version": float(role.fleet.version), "sync/failures": float(role.sync_failures),
-            "sync/fingerprint_mismatches": float(role.fleet.fingerprint_mismatches),
+            "sync/version": float(fleet.version), "sync/failures": float(progress.sync_failures),
+            "sync/fingerprint_mismatches": float(fleet.fingerprint_mismatches),
             **self._take_loads(), **state.eval_metrics, **state.timeline})
-        if role.auto_staleness:
-            metrics["sync/staleness_bound"] = float(await role.synchronizer.report_explore.remote(state.wait_s))
-        role.metrics.write(state.step + 1, metrics)
+        if parts.auto_staleness:
+            metrics["sync/staleness_bound"] = float(await parts.synchronizer.report_explore.remote(state.wait_s))
+        parts.metrics.write(state.step + 1, metrics)
 
     def _take_calls(self) -> int:
         """Engine calls of pieces (``chunk_tokens``) since the last step record; 0 without pieces."""

@@ -99,3 +99,21 @@ class Schedule:
     def sync_due(self, steps_done: int) -> bool:
         """Whether the explorer loads the newest weights before its next step, having done ``steps_done``."""
         return steps_done == 0 or (steps_done >= self.offset and (steps_done - self.offset) % self.interval == 0)
+
+
+def rollout_mode(cfg: Config) -> str:
+    """How the explorer generates: ``"stream"`` (groups one by one, each written as it ends, weights loaded while
+    groups run: ``explorer.stream.StreamRollout``) only where ``explorer.rollout: stream`` has a bound to stream
+    within (``mode: async`` and ``max_staleness > 0``; with ``auto``, its maximum); else ``"step"``
+    (``explorer.step_rollout.StepRollout``). At bound 0 the admissible window is one trainer batch, nothing
+    overlaps, and the step path keeps async(0) == sync. The one place this is decided."""
+    streams = (cfg.explorer.rollout == "stream" and cfg.mode == "async" and cfg.synchronizer.max_staleness > 0)
+    return "stream" if streams else "step"
+
+
+def rollout_mode_note(cfg: Config) -> str | None:
+    """The line the explorer logs where ``explorer.rollout: stream`` runs as step (``rollout_mode``), else None."""
+    if cfg.explorer.rollout == "stream" and rollout_mode(cfg) == "step":
+        return (f"explorer.rollout=stream at staleness bound 0 (or mode {cfg.mode}) runs as rollout=step: there is "
+                "nothing to overlap")
+    return None
