@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from trinity_like.common.errors import UserError
 from trinity_like.config import ConfigError
+from trinity_like.config.validation import refuse_emulated
 
 if TYPE_CHECKING:
     from trinity_like.config import Config
@@ -225,6 +226,7 @@ def _cmd_bench(args: argparse.Namespace, loaded: Config | None = None) -> int:
     from trinity_like.explorer.evaluation import bench
 
     cfg = loaded if loaded is not None else _load(args)[0]
+    refuse_emulated(cfg, "`bench`")
     if args.all_checkpoints or args.follow:  # each checkpoint of the run: explorer/evaluation.py bench_checkpoints
         from trinity_like.explorer.evaluation import bench_checkpoints_command
 
@@ -244,6 +246,7 @@ def _cmd_serve(args: argparse.Namespace, loaded: Config | None = None) -> int:
     from trinity_like.serve.server import serve
 
     cfg = loaded if loaded is not None else _load(args)[0]
+    refuse_emulated(cfg, "`serve`")
     return serve(cfg, host=args.host, port=args.port, api_key=args.api_key, address=args.address)
 
 

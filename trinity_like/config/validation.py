@@ -341,6 +341,9 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
                           "on_new_version=resubmit, or chunk_tokens=0")
     async_vllm = ex.engine == "vllm" and ex.vllm.async_engine
     cuts_at_once = async_vllm or ex.engine == "emulated"  # EMULATION cuts as vLLM's async engine does
+    _validate_emulated(cfg)
+    if st.on_new_version == "keep":
+        _validate_keep(cfg)
     if st.on_new_version == "resubmit" and not st.chunk_tokens and not cuts_at_once:
         raise ConfigError(f"explorer.stream.on_new_version=resubmit with engine {ex.engine}"
                           f"{'' if ex.engine == 'hf' else ' (synchronous)'}: this engine can be interrupted only "
@@ -358,6 +361,72 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
     names = [ev.name for ev in cfg.explorer.eval_tasksets]
     if len(names) != len(set(names)):
         raise ConfigError(f"explorer.eval_tasksets names must be unique, got {names}")
+
+
+def _validate_emulated(cfg: Config) -> None:
+    """EMULATION (``explorer.engine: emulated``): a known curve, a weight method the engines read themselves, no
+    evaluation (it would score emulated tokens)."""
+    ex = cfg.explorer
+    if ex.engine != "emulated":
+        return
+    from trinity_like.common.emulated_curves import CURVES
+
+    if ex.emulated.curve not in CURVES:
+        raise ConfigError(f"explorer.emulated.curve {ex.emulated.curve!r} is not a known cost curve; known: "
+                          f"{', '.join(sorted(CURVES))}")
+    if cfg.synchronizer.method == "broadcast":
+        raise ConfigError("explorer.engine emulated reads each version itself (synchronizer.method checkpoint, memory "
+                          "or ipc); broadcast would put every emulated engine in a collective group: set "
+                          "synchronizer.method=memory")
+    if ex.eval_tasksets:
+        refuse_emulated(cfg, "explorer.eval_tasksets (evaluation)")
+
+
+def refuse_emulated(cfg: Config, use: str) -> None:
+    """Raise ``ConfigError`` when ``explorer.engine`` is ``emulated`` and ``use`` (``serve``, ``bench``, evaluation)
+    would hand out or score its tokens, which no model made."""
+    if cfg.explorer.engine == "emulated":
+        raise ConfigError(f"explorer.engine emulated is an EMULATION for benchmarks of the control plane: its tokens "
+                          f"are seeded ids no model made, so {use} would give meaningless outputs; use explorer.engine "
+                          "hf or vllm")
+
+
+def vllm_pause_keeps() -> bool | None:
+    """Whether the vLLM installed here has ``AsyncLLM.pause_generation`` with a ``mode`` (``keep``: the running
+    requests stay, with their KV cache, while weights load): read from its source without importing vLLM. None
+    when no vLLM is installed here (the engines may run elsewhere: the engine checks at start)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(list(spec.submodule_search_locations)[0]) / "v1" / "engine" / "async_llm.py"
+    try:
+        tree = ast.parse(source.read_text())
+    except (OSError, SyntaxError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) and node.name == "pause_generation":
+            return any(a.arg == "mode" for a in (*node.args.args, *node.args.kwonlyargs))
+    return False
+
+
+def _validate_keep(cfg: Config) -> None:
+    """``on_new_version: keep`` needs an engine that loads under running requests and lets them go on: the emulated
+    one, or vLLM's async engine where vLLM has ``pause_generation(mode="keep")``."""
+    ex = cfg.explorer
+    if ex.engine == "emulated" or (ex.engine == "vllm" and ex.vllm.async_engine and vllm_pause_keeps() is not False):
+        return
+    if ex.engine == "vllm" and ex.vllm.async_engine:
+        raise ConfigError("explorer.stream.on_new_version=keep needs vLLM's AsyncLLM.pause_generation(mode='keep'), "
+                          "which the vLLM installed here lacks; upgrade vLLM, or set on_new_version=resubmit")
+    why = ("the hf engine loads weights only between calls" if ex.engine == "hf"
+           else f"engine {ex.engine}{' (synchronous)' if ex.engine == 'vllm' else ''} cannot load under running "
+                "requests")
+    raise ConfigError(f"explorer.stream.on_new_version=keep: {why}; set on_new_version=resubmit with "
+                      "explorer.stream.chunk_tokens (e.g. 32), or on_new_version=finish"
+                      + (", or explorer.vllm.async_engine=true" if ex.engine == "vllm" else ""))
 
 
 def _validate_taskset_files(cfg: Config) -> None:
