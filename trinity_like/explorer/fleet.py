@@ -34,6 +34,7 @@ from trinity_like.explorer.engines.base import (
     WeightsMismatch,
     engine_core_death,
 )
+from trinity_like.runtime.schedule import rollout_mode
 from trinity_like.weights.messages import WeightsInfo
 from trinity_like.weights.receive import receiver_for
 
@@ -414,9 +415,7 @@ class EngineFleet:
         """Longest a restarted engine may take to answer again (its process starts, its engine loads the model)."""
         self.lost: EngineLost | None = None
         """Set once an engine is lost for good (``_revive``): every call and load raises it from then on."""
-        sc = cfg.synchronizer
-        self.pooled = (cfg.explorer.rollout == "stream" and not async_engine and cfg.mode == "async"
-                       and sc.max_staleness > 0)
+        self.pooled = rollout_mode(cfg) == "stream" and not async_engine
         """Merge the generate calls waiting for an engine into one (``_Pool``): streaming rollout calls per group,
         and an engine that serves one call at a time would otherwise decode each group's batch alone."""
         self._pools: dict[str, _Pool] = {}
