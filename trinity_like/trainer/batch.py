@@ -14,6 +14,7 @@ from tensordict import TensorDict
 
 from trinity_like.common.experience import Experience
 from trinity_like.common.modeling import log_softmax_at
+from trinity_like.common.train_bound import row_trainable, token_trained
 
 
 def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources: Collection[str] = ()) -> TensorDict:
@@ -84,6 +85,26 @@ def experiences_to_batch(exps: list[Experience], pad_token_id: int, sft_sources:
         },
         batch_size=[batch],
     )
+
+
+def mask_stale_tokens(batch: TensorDict, bound: int, train_slack: int) -> int:
+    """Take the response tokens older than the training bound out of the loss (``synchronizer.train_slack``,
+    ``common.train_bound``): ``response_mask`` (B, R) becomes 0 where ``token_versions`` is below
+    ``bound - train_slack`` (``bound`` = the trainer's version - ``max_staleness``), in each row the rule trains
+    (``row_trainable``). Every loss, its normaliser (``token-mean``: the mask's sum; ``seq-*``: each row's own
+    count) and the advantage estimators read this mask, so a masked token weighs exactly as a token outside it (a
+    prompt or padding). Returns how many valid tokens were masked.
+
+    A row the rule drops whole (no token left) never comes from the buffer reader; one handed to the engine
+    directly (a tool, a test) is trained as given, as before the slack existed."""
+    mask = batch["response_mask"]  # (B, R)
+    versions = batch["token_versions"]  # (B, R); padding columns hold model_version, the oldest
+    kept = row_trainable(batch["model_version"], versions.max(-1).values, bound, train_slack)  # (B,)
+    stale = (mask > 0) & ~token_trained(versions, bound, train_slack) & kept.unsqueeze(-1)  # (B, R)
+    masked = int(stale.sum())
+    if masked:
+        batch["response_mask"] = mask.masked_fill(stale, 0.0)
+    return masked
 
 
 def staleness(versions: torch.Tensor, step: int) -> torch.Tensor:

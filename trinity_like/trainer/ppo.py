@@ -48,6 +48,7 @@ from trinity_like.trainer.batch import (
     ResponseScorer,
     compute_log_probs,
     experiences_to_batch,
+    mask_stale_tokens,
     pad_responses,
     row_widths,
     staleness,
@@ -234,6 +235,11 @@ class PPOTrainer(TrainEngineWrapper):
         if self.needs.paired_rows:
             batch_exps = preference_pairs(batch_exps)
         batch = experiences_to_batch(batch_exps, self.pad_token_id, sft_sources=algo.sft_sources).to(self.device)
+        # async: tokens older than the training bound (synchronizer.train_slack past max_staleness) leave the loss;
+        # with slack 0 the reader hands out no row with such a token (it drops them whole), as before
+        sc = self.cfg.synchronizer
+        masked_stale = (mask_stale_tokens(batch, self._step - sc.max_staleness, sc.train_slack)
+                        if self.cfg.mode == "async" and sc.train_slack > 0 else 0)
         mask = batch["response_mask"]  # (B, R)
         # trained by the weights of version step: each row's staleness is that of its oldest token (B,) (what the
         # staleness bound and the train/staleness_* metrics count), each token's its own (B, R), over the valid ones
@@ -287,6 +293,7 @@ class PPOTrainer(TrainEngineWrapper):
             **compute_throughout_metrics(batch, {"step": elapsed}, n_gpus=self.dp_world),
             # a group of one (an agent row, a demonstration without siblings) has zero GRPO advantage: say how many
             "train/singleton_groups": float((torch.bincount(batch["group_index"]) == 1).sum()),
+            "train/masked_stale_tokens": float(masked_stale),
             "actor/advantages_mean": data["critic/advantages/mean"],
             "train/reward_mean": float(batch["rewards"].mean()),
             "train/staleness_mean": float(row_staleness.mean()),

@@ -133,7 +133,8 @@ class TrainerRole:
         self.consumer = None if self.cfg.mode == "offline" else BufferConsumer(
             self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy, priority=b.priority or None,
             where=b.where or None, max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps,
-            resume_step=resume_step, mix=b.mix, mix_fill=b.mix_fill, vocab_size=vocab_size)
+            resume_step=resume_step, mix=b.mix, mix_fill=b.mix_fill, vocab_size=vocab_size,
+            train_slack=sc.train_slack if self.cfg.mode == "async" else 0)
         self.metrics = open_metrics_writer(self.cfg, self.paths, role="trainer")
         self._last_end_check = 0.0
         self.ingester = None
@@ -204,7 +205,10 @@ class TrainerRole:
             self.engine.sync_weight()
 
     def _min_version(self) -> int | None:
-        """Oldest model_version this step may train on. In sync mode the lock-step schedule decides."""
+        """The staleness bound of this step's rows, ``train_step - max_staleness``: with ``train_slack`` 0 the
+        oldest model_version it trains on; with slack k a row is read when its newest token is at least this
+        minus k, and the engine masks its older tokens (``common.train_bound``). In sync mode the lock-step
+        schedule decides."""
         if self.cfg.mode == "sync":
             return None
         return self.engine.train_step_num - self.cfg.synchronizer.max_staleness
@@ -254,9 +258,20 @@ class TrainerRole:
                 metrics["sync/staleness_bound"] = float(bound)
         metrics.update(timeline)
         if self.consumer is not None:
-            metrics.update(self.consumer.stats())
+            metrics.update(self._buffer_metrics())
         self.metrics.write(step, metrics)
         return metrics
+
+    def _buffer_metrics(self) -> dict[str, float]:
+        """The reader's stats, and from them the mean response length of the rows dropped as stale and of the
+        rows trained so far (running means: dropping long late groups biases training toward short ones)."""
+        stats = self.consumer.stats()
+        dropped, trained = stats["buffer/skipped_stale"], stats["buffer/delivered"]
+        if dropped:
+            stats["train/dropped_row_length_mean"] = stats["buffer/skipped_stale_tokens"] / dropped
+        if trained:
+            stats["train/trained_row_length_mean"] = stats["buffer/delivered_tokens"] / trained
+        return stats
 
     def _train(self, exps: list) -> dict[str, float]:
         """One engine step. A step that runs out of memory ends the run with a RunError naming the setting to
