@@ -678,6 +678,61 @@ def test_under_resubmit_a_weight_update_cuts_a_long_request_and_it_goes_on_with_
     assert load_s < 0.5 * whole_s, f"the load took {load_s:.2f}s of a {whole_s:.2f}s request: it waited for it"
 
 
+def test_under_keep_a_weight_update_pauses_a_long_request_and_it_goes_on_where_it_was(
+        engine, prompts, tiny_model_path, tmp_path, ray_session):
+    """Streaming rollout with ``on_new_version: keep``: an update does not wait for a long request nor cut it
+    (vLLM's ``pause_generation(mode="keep")``): the request goes on where it was on the new weights, its tokens
+    stamped with the version that made each."""
+    import asyncio
+    import time
+
+    import ray
+
+    from trinity_like.config import load_config
+    from trinity_like.explorer.fleet import EngineFleet
+
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=vx",
+                             "name=keep", "explorer.engine=vllm", "explorer.num_engines=1", GPU_SHARE,
+                             "explorer.vllm.seeded=true",
+                             "explorer.vllm.async_engine=true", "mode=async", "explorer.rollout=stream",
+                             "explorer.stream.on_new_version=keep"])
+    greedy = SamplingConfig(temperature=0, max_new_tokens=400)
+    uncut = engine.generate(prompts, greedy, _seeds(len(prompts), 1))
+    i = max(range(len(prompts)), key=lambda k: len(uncut[k].response_ids))
+    prompt, full = prompts[i], uncut[i].response_ids.tolist()
+    assert len(full) >= 200, "the tiny model's greedy responses are all short: no long request to keep"
+    eos_weights = _eos(export_state_dict(load_causal_lm(tiny_model_path)))
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        try:
+            await fleet.ready()
+            await fleet.generate([prompt], greedy, [1])  # a fresh engine's first request with log-probs is slow
+            start = time.perf_counter()
+            whole = (await fleet.generate([prompt], greedy, [1]))[0]  # the request's time, warm, unpaused
+            whole_s = time.perf_counter() - start
+            long = asyncio.ensure_future(fleet.generate([prompt], greedy, [1]))
+            await asyncio.sleep(0.3 * whole_s)
+            start = time.perf_counter()
+            await fleet.update_weights(WeightsInfo(version=1, refs=[ray.put(eos_weights)]))
+            load_s = time.perf_counter() - start
+            (sample,) = await long
+            health = (await fleet.health())[0]
+            return whole, whole_s, load_s, sample, health
+        finally:
+            fleet.kill()
+
+    whole, whole_s, load_s, sample, health = asyncio.run(main())
+    assert whole.response_ids.tolist() == full and whole.token_versions is None  # streamed, unpaused: the same
+    ids, versions = sample.response_ids.tolist(), sample.token_versions.tolist()
+    k = versions.index(1)
+    assert 0 < k < len(full) and ids[:k] == full[:k]  # version 0's tokens up to the pause
+    assert ids[k:] == [0] and versions == [0] * k + [1]  # then version 1 (its zeroed norm: EOS at once)
+    assert sample.model_version == 0 and sample.finish_reason == "stop"
+    assert health["cuts"] == 0 and health["keep"] is True
+    assert load_s < 0.5 * whole_s, f"the load took {load_s:.2f}s of a {whole_s:.2f}s request: it waited for it"
+
+
 @pytest.mark.timeout(300)  # two starts of vLLM's async engine in an actor (~35 s each on two cores)
 def test_an_async_engine_whose_core_process_is_killed_is_restarted_with_the_current_version(
         prompts, tiny_model_path, tmp_path, ray_session):

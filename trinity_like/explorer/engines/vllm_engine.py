@@ -194,6 +194,21 @@ def _worker_classes(on_cpu: bool) -> tuple[type, type]:
                         f"({e}); install vllm>={MIN_VLLM} (pip install 'trinity-like[vllm]')") from None
 
 
+def _check_pause_keeps() -> None:
+    """``on_new_version: keep`` needs ``AsyncLLM.pause_generation`` with a ``mode`` (vLLM >= 0.32 has it)."""
+    import inspect
+
+    import vllm
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from trinity_like.common.errors import UserError
+
+    pause = getattr(AsyncLLM, "pause_generation", None)
+    if pause is None or "mode" not in inspect.signature(pause).parameters:
+        raise UserError(f"explorer.stream.on_new_version=keep needs vLLM's AsyncLLM.pause_generation(mode='keep'), "
+                        f"which vLLM {vllm.__version__} lacks; upgrade vLLM, or set on_new_version=resubmit")
+
+
 def _token_logprobs(logprobs, token_ids) -> np.ndarray:
     """The sampled tokens' log-probs (float32) from a completion's ``logprobs`` (asked with ``logprobs=0``: the
     sampled token's only). With ``flat_logprobs`` (vLLM's ``FlatLogprobs``) they are one flat list already, one
@@ -617,15 +632,26 @@ class AsyncVLLMEngine(VLLMEngine):
     vLLM have finished, loads the version (the same worker extension, with the same fingerprint checks), resets
     the prefix cache and opens the gate. No request runs on a mix of versions, and each sample carries the
     version it was generated with. vLLM's engine core runs in a process of its own (``AsyncLLM`` always
-    does; ~35 s to start on two cores with the CPU build)."""
+    does; ~35 s to start on two cores with the CPU build).
+
+    Streaming rollout with ``on_new_version: keep`` closes no gate: a load pauses vLLM's scheduler with the running
+    requests frozen where they are (``pause_generation(mode="keep", clear_cache=False)``: their KV cache kept),
+    loads, and resumes; the requests go on on the new weights over the KV of the old ones (PipelineRL's and
+    prime-rl's way), each token stamped with the version that made it (``token_versions``; the requests stream
+    their tokens, so the count at the load is known). The prefix cache is not reset then (the frozen requests hold
+    blocks): a new request may reuse a cached prefix of the old weights, the staleness ``keep`` accepts."""
 
     def __init__(self, model_path: str | Path, engine_id: str = "vllm-0", cfg=None, **kwargs: Any) -> None:
         """As ``VLLMEngine``; with ``cfg`` asking for streaming rollout with ``on_new_version: resubmit``, a weight
         update cuts the interruptible requests running (``agenerate(..., interruptible=True)``) instead of waiting
         for them, and they go on with the new weights."""
+        stream = cfg is not None and cfg.explorer.rollout == "stream"
+        self.keep_on_load = stream and cfg.explorer.stream.on_new_version == "keep"
+        """A load pauses under the running requests, which go on where they were (``_paused``)."""
+        if self.keep_on_load:
+            _check_pause_keeps()
         super().__init__(model_path, engine_id, cfg, **kwargs)
-        self.cut_on_load = (cfg is not None and cfg.explorer.rollout == "stream"
-                            and cfg.explorer.stream.on_new_version == "resubmit")
+        self.cut_on_load = stream and cfg.explorer.stream.on_new_version == "resubmit"
 
     def _start_llm(self, engine_args: dict[str, Any]):
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -640,6 +666,11 @@ class AsyncVLLMEngine(VLLMEngine):
         self._updating: asyncio.Event | None = None
         """Set while a weight update holds the gate; set (and dropped) when it opens."""
         self._drained: asyncio.Event | None = None
+        self._kept: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
+        """Under ``keep``, the requests running now: (their tokens so far, (first token, version) of each stretch
+        one version made); a load adds a stretch to each."""
+        self._keep_lock = asyncio.Lock()
+        """One ``keep`` load at a time."""
         # the batch defaults of vLLM's offline LLM class (max_num_seqs, max_num_batched_tokens), as VLLMEngine's:
         # an explorer's load is offline batches (the engine context's default is 128 sequences; the LLM class's
         # 1,024 on an H100)
@@ -684,10 +715,11 @@ class AsyncVLLMEngine(VLLMEngine):
         prompt, weights and seed give the same sample, whatever else is running. ``interruptible``: a weight
         update (with ``cut_on_load``) may cut the requests, which then go on with the new weights from their
         prompt plus the tokens so far (each token's version in ``token_versions``)."""
-        if interruptible and self.cut_on_load:
+        if (interruptible and self.cut_on_load) or self.keep_on_load:
             offsets = offsets or [0] * len(prompts)
+            one = self._streamed if self.keep_on_load else self._continued
             return list(await asyncio.gather(*(
-                self._continued(p, sampling, s, k) for p, s, k in zip(prompts, seeds, offsets, strict=True))))
+                one(p, sampling, s, k) for p, s, k in zip(prompts, seeds, offsets, strict=True))))
         requests, params, stops = self._requests(prompts, sampling, seeds, offsets)
         await self._enter()
         try:
@@ -739,6 +771,66 @@ class AsyncVLLMEngine(VLLMEngine):
                       token_versions=None if len(set(versions)) <= 1 else np.asarray(versions, np.int32),
                       time_s=time.perf_counter() - start, engine_id=self.engine_id)
 
+    async def _streamed(self, prompt: list[int], sampling: SamplingConfig, seed: int, offset: int) -> Sample:
+        """One request under ``keep``: its tokens streamed (``DELTA``) and counted as they come, so that a load
+        under it knows how many the old version made (``_stamp``)."""
+        import uuid
+
+        from vllm.sampling_params import RequestOutputKind
+
+        requests, params, stops = self._requests([prompt], sampling, [seed], [offset])
+        params[0].output_kind = RequestOutputKind.DELTA
+        ids: list[int] = []
+        logprobs: list[float] = []
+        request_id = uuid.uuid4().hex
+        start = time.perf_counter()
+        await self._enter()
+        try:
+            self._check_serving()
+            stretches = [(0, self.model_version)]
+            self._kept[request_id] = (ids, stretches)
+            finish, out = None, None
+            async for out in self.llm.generate(requests[0], params[0], request_id=request_id):
+                completion = out.outputs[0]
+                got = [int(t) for t in completion.token_ids]
+                if got:
+                    logprobs += _token_logprobs(completion.logprobs, got).tolist()
+                    ids += got
+                finish = completion.finish_reason or finish
+        finally:
+            self._kept.pop(request_id, None)
+            self._leave()
+        if finish not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended request {request_id} with {finish!r}")
+        self._served += 1
+        versions = np.empty(len(ids), np.int32)
+        for first, version in stretches:
+            versions[first:] = version
+        mixed = len(set(versions.tolist())) > 1
+        reason = "stop" if ids and ids[-1] in set(stops) else "length"
+        return Sample(response_ids=np.asarray(ids, np.int32), logprobs=np.asarray(logprobs, np.float32),
+                      finish_reason=reason, model_version=int(versions.min()) if len(ids) else stretches[-1][1],
+                      token_versions=versions if mixed else None, time_s=time.perf_counter() - start,
+                      engine_id=self.engine_id)
+
+    @contextlib.asynccontextmanager
+    async def _paused(self):
+        """Under ``keep``: vLLM's scheduler paused with the running requests frozen and their KV cache kept, then
+        resumed (also when the load fails: the previous version serves on)."""
+        async with self._keep_lock:
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                yield
+            finally:
+                await self.llm.resume_generation()
+
+    async def _stamp(self, version: int) -> None:
+        """Before the requests resume: each one's later tokens are ``version``'s. vLLM sent every token made
+        before the pause before ``pause_generation`` returned; a turn of the loop lets the requests take them."""
+        await asyncio.sleep(0)
+        for ids, stretches in self._kept.values():
+            stretches.append((len(ids), version))
+
     async def _final(self, request, params, live: bool = False):
         """The request's final output (``FINAL_ONLY``: one output, at its end or when it is aborted, with the
         tokens and log-probs so far). ``live``: it may be cut by a weight update (``_live``)."""
@@ -768,12 +860,25 @@ class AsyncVLLMEngine(VLLMEngine):
     # ------------------------------------------------------------ weights
     async def aupdate_weights(self, update: WeightsInfo) -> None:
         kwargs, chunks = await asyncio.to_thread(self._load_kwargs, update)  # checks and serialises off the loop
+        if self.keep_on_load:
+            async with self._paused():
+                results = await _adrive(self._load_calls(update, kwargs, chunks), self.llm.collective_rpc)
+                self._take_version(update, results)
+                await self._stamp(update.version)
+            return
         async with self._exclusive():
             results = await _adrive(self._load_calls(update, kwargs, chunks), self.llm.collective_rpc)
             await self._areset_prefix_cache(update.version)
             self._take_version(update, results)
 
     async def areceive_collective(self, round_: BroadcastRound, timeout_s: float) -> int:
+        if self.keep_on_load:
+            async with self._paused():
+                results = await _adrive(self._receive_calls(round_, timeout_s), self.llm.collective_rpc)
+                self._take_version(WeightsInfo(version=round_.version, fingerprint=round_.fingerprint), results)
+                await self._stamp(round_.version)
+            self.last_load_bytes = int(results[0]["bytes"])
+            return self.last_load_bytes
         async with self._exclusive():
             results = await _adrive(self._receive_calls(round_, timeout_s), self.llm.collective_rpc)
             await self._areset_prefix_cache(round_.version)
@@ -792,7 +897,7 @@ class AsyncVLLMEngine(VLLMEngine):
 
     def health(self) -> dict[str, Any]:
         return {**super().health(), "busy": bool(self._in_flight or self._updating), "in_flight": self._in_flight,
-                "async": True, "cuts": self.cuts}
+                "async": True, "cuts": self.cuts, "keep": self.keep_on_load}
 
     def _sync_only(self, *args, **kwargs):
         raise TypeError("AsyncVLLMEngine is called through its async methods (agenerate, achat, aupdate_weights, "
