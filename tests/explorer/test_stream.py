@@ -365,3 +365,46 @@ def test_a_group_needing_a_new_version_starts_on_an_engine_that_loaded_it_before
     # engine holding the newest version any of the merged calls needs)
     expected = ({2}, {"hf-0"}) if pooled else ({1}, {"hf-1"})
     assert ({s.model_version for s in any_version}, {s.engine_id for s in any_version}) == expected
+
+
+def test_a_group_that_can_no_longer_be_trained_is_cancelled_when_a_version_is_published(tmp_path, tiny_model_path,
+                                                                                         ray_session):
+    # batch 2 x repeat 1, train batch 2, S = 1, train_slack 1: step 0's groups need version 0. Group 1 generates on
+    # version 0, then its workflow works on for a minute. Version 3 published: every row left is trained at version
+    # >= 3, where a token older than 3 - 1 - 1 = 1 is masked, so group 1 (all version 0) is cancelled and step 0
+    # ends with group 0's row alone.
+    slow = tmp_path / "slow.py"
+    slow.write_text(
+        "import asyncio\n"
+        "from trinity_like.explorer.workflows import SingleTurnWorkflow\n"
+        "class Slow(SingleTurnWorkflow):\n"
+        "    async def run(self, task, engine, ctx):\n"
+        "        group = await super().run(task, engine, ctx)\n"
+        "        base = (42 * 1_000_003 + ctx.explore_step) * 10_007  # the explorer's seed of position 0\n"
+        "        await asyncio.sleep(0.0 if ctx.seeds[0] == base else 60.0)\n"
+        "        return group\n")
+    cfg = _cfg(tmp_path, tiny_model_path, "name=stream-late", "synchronizer.max_staleness=1",
+               "synchronizer.train_slack=1", "explorer.stream.on_new_version=finish", f"explorer.workflow={slow}:Slow",
+               "explorer.batch_size=2", "explorer.repeat_times=1", "trainer.batch_size=2")
+    prepare_run_dir(cfg)
+    sync = get_synchronizer(namespace_of(cfg))
+    explorer = ray.remote(num_cpus=0)(ExplorerRole).remote(cfg)
+    try:
+        ray.get(explorer.setup.remote())
+        run = explorer.run.remote(1)
+        assert len(_wait_rows(cfg, 1)) == 1  # group 0, on version 0
+        start = time.monotonic()
+        ray.get(sync.publish.remote(WeightsInfo(version=3, path=None, refs=[ray.put(_weights(tiny_model_path))])))
+        assert ray.get(run, timeout=60) == 1
+        assert time.monotonic() - start < 30  # group 1 did not run its minute out
+    finally:
+        ray.get(explorer.shutdown.remote())
+        ray.kill(explorer)
+        ray.kill(sync)
+    assert [r["group_id"].rsplit("-", 1)[1] for r in _rows(cfg)] == ["0"]
+    (record,) = [json.loads(x) for x in RunPaths.of(cfg).metrics.read_text().splitlines()
+                 if json.loads(x)["role"] == "explorer"]
+    assert record["rollout/cancelled_groups"] == 1.0 and record["rollout/experiences"] == 1.0
+    assert record["rollout/failed_tasks"] == 0.0  # cancelled, not failed
+    assert record["rollout/group_latency_versions"] == 0.0  # group 0 was written at version 0, its own
+    assert not (RunPaths.of(cfg).run_dir / "failed_tasks.jsonl").exists()

@@ -1,7 +1,7 @@
 """The schedule's pure functions against tables worked by hand."""
 
 from trinity_like.config import load_config
-from trinity_like.runtime.schedule import Schedule
+from trinity_like.runtime.schedule import Schedule, rollout_mode, rollout_mode_note
 
 
 def _schedule(mode: str, **kw) -> Schedule:
@@ -70,3 +70,17 @@ def test_sync_due_table():
     assert due(2, 0) == [0, 2, 4, 6, 8]
     assert due(3, 1) == [0, 1, 4, 7]
     assert due(2, 5) == [0, 5, 7, 9]
+
+
+def test_rollout_mode_streams_only_in_async_with_a_bound():
+    def mode(*overrides):
+        cfg = load_config(None, ["trainer.total_steps=1", *overrides])
+        return rollout_mode(cfg), rollout_mode_note(cfg)
+
+    assert mode("mode=async", "explorer.rollout=stream", "synchronizer.max_staleness=1") == ("stream", None)
+    # bound 0: nothing to overlap; sync: lock-step. Both run as step, and say so
+    kind, note = mode("mode=async", "explorer.rollout=stream", "synchronizer.max_staleness=0")
+    assert kind == "step" and "runs as rollout=step" in note and "mode async" in note
+    kind, note = mode("mode=sync", "explorer.rollout=stream")
+    assert kind == "step" and "mode sync" in note
+    assert mode("mode=async", "explorer.rollout=step", "synchronizer.max_staleness=2") == ("step", None)

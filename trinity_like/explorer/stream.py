@@ -16,6 +16,16 @@ Weights: each engine ends the requests it holds on the weights they started on (
 time, so a load waits behind the calls queued before it; vLLM's gate drains its requests first), and every sample
 carries the version that made it, so ``model_version`` and the trainer's corrections stay exact.
 
+Late groups: when a version ``V`` is published, under ``on_new_version: finish`` a running group whose latest
+engine call could run at most on a version older than ``V - max_staleness - synchronizer.train_slack`` can have no
+token trained any more (the trainer masks older tokens, ``common.train_bound``), so it is cancelled (``late_groups``)
+and ends with no rows, as a failed group does (``rollout/cancelled_groups``); under ``resubmit`` and ``keep`` the
+tokens after a load carry the new version and no group is cancelled. The version a call runs on is noted when it
+is made (``CallVersions``): the newest an engine holds, or the one loading; a call that waits in the fleet for an
+engine across a whole load runs on a newer one than noted. Cancelling ends the explorer's wait; the engine's
+request itself runs on (the fleet does not abort it). ``rollout/group_latency_versions``: the mean, over a step's
+written groups, of the fleet's version when the group was written less the version it started on.
+
 A stop request (or the trainer finishing) admits no more groups: the running ones end and are written, and a step
 left part-written is finished with the rows it wrote, as a step whose groups were filtered is (later steps make up
 the rows; its unstarted tasks are skipped this pass).
@@ -67,6 +77,10 @@ class _Step:
     rows: list[Experience] = field(default_factory=list)
     failed: int = 0
     filtered: int = 0
+    cancelled: int = 0
+    """Groups cancelled at a load: no token of theirs could be trained any more (``late_groups``)."""
+    latency_versions: list[int] = field(default_factory=list)
+    """Per written group: the fleet's version when it was written minus the version it started on."""
     wait_s: float = 0.0
     """Time an admissible engine slot waited for a version this step's next group needs."""
     resumed_tokens: int = 0
@@ -121,6 +135,13 @@ class StreamRollout:
         self.journals: dict[tuple[int, int], GroupJournal] = {}
         """(step, position) -> the journal of a group running or ended and not yet written."""
         self._calls_seen = 0
+        self.call_versions: dict[tuple[int, int], int] = {}
+        """(step, position) -> the newest version the latest engine call of a running group can run on (under
+        ``on_new_version: finish`` only, where a call's tokens all have the version it starts on)."""
+        self.loading: int | None = None
+        """The version being loaded now, if any: a call made meanwhile may run on it."""
+        self.cancelled: set[tuple[int, int]] = set()
+        """Groups cancelled and not yet counted by a flush."""
 
     @property
     def in_flight(self) -> int:
@@ -165,12 +186,14 @@ class StreamRollout:
                     watch = None
                     info = None if fut.exception() else fut.result()
                     if info is not None and info.version > fleet.version:
+                        self._cancel_late(info.version)
                         loader = asyncio.ensure_future(self._load(info))
                 elif fut is loader:
                     loader = None
                     fut.result()  # a load that failed for good raised there
-                else:
+                elif fut in self.running:  # not cancelled meanwhile
                     step, position = self.running.pop(fut)
+                    self.call_versions.pop((step, position), None)
                     self.done.append((step, position, self.steps[step].tasks[position], fut.result()))
                     self.first_done = self.first_done or time.perf_counter()
                     self._last_progress = time.perf_counter()
@@ -274,8 +297,40 @@ class StreamRollout:
             state.discarded += journal.discarded
             self.journals[(state.step, position)] = journal
         if journal is None and not self.resubmit:
-            return fleet
-        return ContinuingEngine(fleet, self.cfg.chunk_tokens, self.resubmit, journal, self.counts)
+            engine = fleet
+        else:
+            engine = ContinuingEngine(fleet, self.cfg.chunk_tokens, self.resubmit, journal, self.counts)
+        if self.cfg.on_new_version != "finish":
+            return engine
+        key = (state.step, position)
+        return CallVersions(engine, lambda: self._note_call(key))
+
+    def _note_call(self, key: tuple[int, int]) -> None:
+        """A group's workflow makes an engine call: the newest version it can run on is the newest an engine
+        holds, or the one loading now."""
+        newest = max(self.parts.fleet.newest_version, self.loading if self.loading is not None else -1)
+        self.call_versions[key] = max(self.call_versions.get(key, -1), newest)
+
+    def _cancel_late(self, published: int) -> None:
+        """Version ``published`` is out (about to load): cancel the running groups none of whose tokens could be
+        trained any more (``late_groups``); each ends with no rows, as a failed group does, so its step still
+        finishes. Decided before the load: under ``finish`` the load waits for the calls in flight, the long
+        responses these groups are waiting for."""
+        sc = self.parts.cfg.synchronizer
+        running = {key: fut for fut, key in self.running.items() if not fut.done()}
+        versions = {key: v for key, v in self.call_versions.items() if key in running}
+        for key in late_groups(versions, published, sc.max_staleness, sc.train_slack, self.cfg.on_new_version):
+            fut = running[key]
+            fut.cancel()
+            del self.running[fut]
+            self.call_versions.pop(key, None)
+            self.cancelled.add(key)
+            step, position = key
+            self.done.append((step, position, self.steps[step].tasks[position], None))
+            self.first_done = self.first_done or time.perf_counter()
+            logger.info("explorer step %d, group %d cancelled: its tokens (version %d) are older than version %d "
+                        "less max_staleness %d and train_slack %d, so none could be trained", step, position,
+                        versions[key], published, sc.max_staleness, sc.train_slack)
 
     # ------------------------------------------------------------ weights
     async def _load(self, info) -> None:
@@ -283,6 +338,7 @@ class StreamRollout:
         and asked for again after a pause, the previous one serving meanwhile."""
         parts = self.parts
         start = time.perf_counter()
+        self.loading = info.version
         try:
             size = await parts.fleet.update_weights(info)
         except WeightsLoadFailed as e:
@@ -291,6 +347,8 @@ class StreamRollout:
                            e, parts.fleet.version)
             await asyncio.sleep(RETRY_LOAD_S)
             return
+        finally:
+            self.loading = None
         self.loads.bytes += float(size)
         self.loads.seconds += time.perf_counter() - start
         self.loads.count += 1
@@ -316,19 +374,23 @@ class StreamRollout:
         """Write the ended groups as one segment; finish each step whose last group that was."""
         parts = self.parts
         done, self.done, self.first_done = self.done, [], None
+        cancelled = {(d[0], d[1]) for d in done} & self.cancelled
+        self.cancelled -= cancelled
         parts.check_rewards(min(s for s, *_ in done), done)
         rows: list[Experience] = []
         for step in sorted({s for s, *_ in done}):
             state = self.steps[step]
             mine = [d for d in done if d[0] == step]
-            exps, failed, filtered = parts.stamp(mine)
+            state.cancelled += sum(s == step for s, _ in cancelled)
+            exps, failed, filtered = parts.stamp([d for d in mine if (d[0], d[1]) not in cancelled])
             state.rows.extend(exps)
             state.failed += failed
             state.filtered += filtered
             state.ended += len(mine)
+            state.latency_versions.extend(group_latency_versions(exps, parts.fleet.version))
             rows.extend(exps)
         wait_s = await parts.write_rows(rows)
-        self.groups_written += len(done)
+        self.groups_written += len(done) - len(cancelled)
         for step, position, *_ in done:  # in the buffer now: the buffer decides, the journal goes
             journal = self.journals.pop((step, position), None)
             if journal is not None:
@@ -367,6 +429,9 @@ class StreamRollout:
             "rollout/engine_calls": float(self._take_calls()),
             "rollout/partial_resumed_tokens": float(state.resumed_tokens),
             "rollout/partial_discarded": float(state.discarded),
+            "rollout/cancelled_groups": float(state.cancelled),
+            "rollout/group_latency_versions": (sum(state.latency_versions) / len(state.latency_versions)
+                                               if state.latency_versions else 0.0),
             "sync/version": float(fleet.version), "sync/failures": float(progress.sync_failures),
             "sync/fingerprint_mismatches": float(fleet.fingerprint_mismatches),
             **self._take_loads(), **state.eval_metrics, **state.timeline})
@@ -387,3 +452,53 @@ class StreamRollout:
 
 async def _ray(ref) -> Any:
     return await ref
+
+
+class CallVersions:
+    """An engine view that calls ``note()`` before each ``generate`` / ``chat`` (``StreamRollout`` notes the newest
+    version each call of a group can run on); everything else is the view's own."""
+
+    def __init__(self, engine: Any, note) -> None:
+        self.engine, self.note = engine, note
+
+    def __getattr__(self, name: str) -> Any:  # version, new_attempt, generate_spread, ...
+        return getattr(self.engine, name)
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.note()
+        return await self.engine.generate(*args, **kwargs)
+
+    async def chat(self, *args: Any, **kwargs: Any) -> Any:
+        self.note()
+        return await self.engine.chat(*args, **kwargs)
+
+
+def late_groups(call_versions: dict[Any, int], published: int, max_staleness: int, train_slack: int,
+                on_new_version: str) -> list[Any]:
+    """The running groups to cancel when version ``published`` is published: those none of whose tokens could be
+    trained.
+
+    Every row still to be trained is trained at a trainer version ``>= published``, so with a bound of at least
+    ``published - max_staleness`` (``common.train_bound``): a token older than ``published - max_staleness -
+    train_slack`` (with ``train_slack`` 0: older than ``published - max_staleness``, rows being kept or dropped
+    whole) is never
+    trained. Under ``on_new_version: finish`` a call's tokens all carry the version it started on, and a group's
+    newest tokens are its latest call's, so a group whose latest call could run on at most version ``v``
+    (``call_versions``) is cancelled iff ``v`` is older than that. Under ``resubmit`` and ``keep`` the tokens after
+    a load carry the new version: no group is cancelled.
+
+    Example: published 7, max_staleness 2, train_slack 1: groups whose latest call ran on version 3 are cancelled
+    (3 < 7 - 2 - 1 = 4), on 4 or newer kept; with train_slack 0, on 4 cancelled too (4 < 5)."""
+    if on_new_version != "finish":
+        return []
+    oldest_trained = published - max_staleness - max(train_slack, 0)
+    return [key for key, v in call_versions.items() if 0 <= v < oldest_trained]
+
+
+def group_latency_versions(rows: list[Experience], version: int) -> list[int]:
+    """Per group of ``rows`` (by ``group_id``): ``version`` (the fleet's, when written) minus the version the group
+    started on (its rows' oldest ``model_version``)."""
+    started: dict[str, int] = {}
+    for e in rows:
+        started[e.group_id] = min(started.get(e.group_id, e.model_version), e.model_version)
+    return [version - v for v in started.values()]
