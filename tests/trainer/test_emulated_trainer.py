@@ -16,7 +16,7 @@ from trinity_like.trainer.emulated import EmulatedTrainer, emulated_step_seconds
 
 def _config(tmp_path, model, *overrides):
     return load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={model}", "trainer.type=emulated",
-                              *overrides])
+                              "explorer.engine=emulated", *overrides])
 
 
 def _rows(n: int, prompt: int, response: int, version: int = 0) -> list[Experience]:
@@ -66,6 +66,26 @@ def test_staleness_metrics_as_the_real_trainer_counts_them():
     assert m["train/staleness_frac/0"] == 0.5 and m["train/staleness_frac/2"] == 0.5
     # tokens: 2, 2 | 0, 0 | 0, 0 | 2, 1
     assert m["train/token_staleness_mean"] == pytest.approx(7 / 8) and m["train/token_staleness_max"] == 2
+
+
+def test_tokens_past_the_training_bound_are_masked_as_the_real_trainer_masks_them():
+    # step 7, max_staleness 2: bound 5; slack 1: tokens older than 4 are masked in rows that keep a token
+    rows = [Experience(prompt_ids=np.ones(2), response_ids=np.ones(3), model_version=3,
+                       token_versions=np.array([3, 4, 4])),  # 3 masked, 4s trained (staleness 3)
+            Experience(prompt_ids=np.ones(2), response_ids=np.ones(2), model_version=6)]  # trained (staleness 1)
+    m = staleness_metrics(rows, step=7, bound=5, train_slack=1)
+    assert m["train/masked_stale_tokens"] == 1
+    assert m["train/token_staleness_mean"] == pytest.approx((3 + 3 + 1 + 1) / 4)
+    assert staleness_metrics(rows, step=7, bound=5, train_slack=0)["train/masked_stale_tokens"] == 0
+
+
+def test_another_engine_is_refused_in_one_line(tmp_path, tiny_model_path):
+    from trinity_like.common.errors import UserError
+
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                             "trainer.type=emulated", "explorer.engine=hf"])
+    with pytest.raises(UserError, match="runs only with explorer.engine emulated"):
+        EmulatedTrainer(cfg)
 
 
 def test_each_version_is_published_with_its_own_fingerprint_and_reads_back(tmp_path, tiny_model_path):

@@ -17,7 +17,11 @@ The published weights are a few small float32 tensors (``EMULATED_SHAPES``, 17 K
 by (``seed``, step), so each version has its own values and fingerprint, and a resumed run publishes the same
 bytes for the same step. The step's metrics carry the real trainer's names for what the role and the benchmarks
 read (``train/batch_size``, ``time/train_step_s``, ``train/staleness_*``, ``train/token_staleness_mean``,
-``train/reward_mean``) and the emulation's own under ``emulated/`` (``emulated/tokens``, ``emulated/sleep_s``).
+``train/masked_stale_tokens`` (``synchronizer.train_slack``'s rule, ``common.train_bound``), ``train/reward_mean``)
+and the emulation's own under ``emulated/`` (``emulated/tokens``, ``emulated/sleep_s``).
+
+Its weights are no model's: only the EMULATED engine (``explorer.engine: emulated``) takes them, so another engine
+is refused at start in one line (a real engine would fail to load every version and the run would wait forever).
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trinity_like.common.errors import UserError
 from trinity_like.common.experience import Experience
 from trinity_like.common.fs import atomic_publish_dir
+from trinity_like.common.train_bound import row_trainable, token_trained
 from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import TRAINER_STATE, latest_checkpoint, write_checksums, write_pointer
 from trinity_like.runtime.paths import RunPaths
@@ -60,17 +66,30 @@ def batch_tokens(exps: list[Experience]) -> int:
     return sum(len(e.prompt_ids) + len(e.response_ids) for e in exps)
 
 
-def staleness_metrics(exps: list[Experience], step: int) -> dict[str, float]:
+def staleness_metrics(exps: list[Experience], step: int, bound: int | None = None,
+                      train_slack: int = 0) -> dict[str, float]:
     """The real trainer's staleness metrics (trinity_like.trainer.ppo), from the rows as they are: each row's
     staleness ``step - model_version`` (0 for version -1 and for versions past ``step``, as
-    ``trinity_like.trainer.batch.staleness``), its distribution, and the mean and max over response tokens of each
-    token's (``token_versions``; a row without them is all of ``model_version``)."""
+    ``trinity_like.trainer.batch.staleness``), its distribution, and the mean and max over the trained response
+    tokens of each token's (``token_versions``; a row without them is all of ``model_version``). With ``bound``
+    (async: ``step - max_staleness``) and ``train_slack`` > 0, the tokens older than ``bound - train_slack`` in a
+    row the rule trains are masked as the real trainer masks them (``common.train_bound``; counted in
+    ``train/masked_stale_tokens``) and left out of the token figures."""
     def stale(v: np.ndarray) -> np.ndarray:
         return np.where(v < 0, 0, np.clip(step - v, 0, None))
 
-    rows = stale(np.array([e.model_version for e in exps], dtype=np.int64))
-    tokens = [stale(np.asarray(e.token_versions, dtype=np.int64)) if e.token_versions is not None
-              else np.full(len(e.response_ids), rows[i], dtype=np.int64) for i, e in enumerate(exps)]
+    versions = np.array([e.model_version for e in exps], dtype=np.int64)
+    rows = stale(versions)
+    tokens, masked = [], 0
+    for e in exps:
+        v = (np.asarray(e.token_versions, dtype=np.int64) if e.token_versions is not None
+             else np.full(len(e.response_ids), e.model_version, dtype=np.int64))
+        if bound is not None and train_slack > 0 and v.size and bool(
+                row_trainable(e.model_version, int(v.max()), bound, train_slack)):
+            keep = token_trained(v, bound, train_slack)
+            masked += int((~keep).sum())
+            v = v[keep]
+        tokens.append(stale(v))
     tokens_all = np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int64)
     counts = np.bincount(rows) if rows.size else np.zeros(0, dtype=np.int64)
     return {
@@ -79,6 +98,7 @@ def staleness_metrics(exps: list[Experience], step: int) -> dict[str, float]:
         **{f"train/staleness_frac/{k}": float(n) / rows.size for k, n in enumerate(counts.tolist()) if n},
         "train/token_staleness_mean": float(tokens_all.mean()) if tokens_all.size else 0.0,
         "train/token_staleness_max": float(tokens_all.max()) if tokens_all.size else 0.0,
+        "train/masked_stale_tokens": float(masked),
     }
 
 
@@ -88,6 +108,10 @@ class EmulatedTrainer(TrainEngineWrapper):
     through the real publisher; see the module docstring."""
 
     def __init__(self, cfg: Config, synchronizer=None) -> None:
+        if cfg.explorer.engine != "emulated" and cfg.mode != "offline":
+            raise UserError(f"trainer.type emulated publishes EMULATED weights that no model loads; it runs only with "
+                            f"explorer.engine emulated (now {cfg.explorer.engine!r}): set explorer.engine=emulated, "
+                            "or trainer.type=ppo")
         self.cfg = cfg
         self.paths = RunPaths.of(cfg)
         self.synchronizer = synchronizer
@@ -138,7 +162,10 @@ class EmulatedTrainer(TrainEngineWrapper):
         em = self.cfg.trainer.emulated
         tokens = batch_tokens(batch_exps)
         target_s = emulated_step_seconds(tokens, em.s_per_token, em.workers, em.allreduce_s)
-        metrics = staleness_metrics(batch_exps, self._step)  # trained by the weights of version step
+        sc = self.cfg.synchronizer
+        bound = self._step - sc.max_staleness if self.cfg.mode == "async" else None
+        # trained by the weights of version step
+        metrics = staleness_metrics(batch_exps, self._step, bound, sc.train_slack)
         rewards = [e.reward for e in batch_exps if e.reward is not None]
         response_tokens = sum(len(e.response_ids) for e in batch_exps)
         self._weights = self._weights_of(self._step + 1)
@@ -221,8 +248,6 @@ class EmulatedTrainer(TrainEngineWrapper):
 
     def load_checkpoint(self, path: Path) -> None:
         from safetensors.torch import load_file
-
-        from trinity_like.common.errors import UserError
 
         meta = json.loads((Path(path) / TRAINER_STATE).read_text())
         if not meta.get("emulated"):
