@@ -42,10 +42,11 @@ def test_step_time_formula_by_hand():
 def test_a_step_sleeps_tokens_over_workers_times_s_per_token(tmp_path, tiny_model_path, workers, allreduce,
                                                              expected):
     cfg = _config(tmp_path, tiny_model_path, "trainer.emulated.s_per_token=1e-3",
-                  f"trainer.emulated.workers={workers}", f"trainer.emulated.allreduce_s={allreduce}")
+                  f"trainer.emulated.workers={workers}", f"trainer.emulated.allreduce_s={allreduce}",
+                  "explorer.emulated.prompt_tokens=10")
     trainer = EmulatedTrainer(cfg)
     trainer.prepare()
-    batch = _rows(8, 10, 50)  # 8 x 60 = 480 tokens
+    batch = _rows(8, 3, 50)  # 8 x (10 emulated prompt tokens, not the 3 carried, + 50) = 480 tokens
     start = time.perf_counter()
     m = trainer.train_step(batch)
     took = time.perf_counter() - start

@@ -3,11 +3,14 @@ publishes a small state dict through the real weight publisher, for measuring th
 at a scale this machine cannot hold (issue 51; bench/scale.py). It learns nothing and never stands in for a real
 trainer in a test of the trainer.
 
-A step of a batch of T tokens (each row's prompt and response tokens, as the rows carry them) sleeps
+A step of a batch of T tokens sleeps
 
     T / trainer.emulated.workers x trainer.emulated.s_per_token  (+ trainer.emulated.allreduce_s when workers > 1)
 
-measured from the step's start (the few milliseconds of bookkeeping are inside it, not added to it). Everything
+measured from the step's start (the few milliseconds of bookkeeping are inside it, not added to it). T counts each
+row's response tokens as the row carries them and its prompt as ``explorer.emulated.prompt_tokens``: the prompt
+length the emulated engine charged for prefill (the rows carry the task's real prompt ids, a few tokens), so that
+the trainer's prompt-to-response ratio is the emulated layout's. Everything
 around the step is real: the trainer role reads the batch from the buffer (ledger, staleness bound, drops), the
 version is published by ``synchronizer.method``'s publisher (``trinity_like.weights.publish``: ``checkpoint`` writes
 a version folder with its manifest and fingerprints, ``memory`` puts the tensors in Ray's object store), the
@@ -61,9 +64,10 @@ def emulated_step_seconds(tokens: int, s_per_token: float, workers: int, allredu
     return tokens / workers * s_per_token + (allreduce_s if workers > 1 else 0.0)
 
 
-def batch_tokens(exps: list[Experience]) -> int:
-    """Prompt + response tokens of a batch, as its rows carry them."""
-    return sum(len(e.prompt_ids) + len(e.response_ids) for e in exps)
+def batch_tokens(exps: list[Experience], prompt_tokens: int) -> int:
+    """Prompt + response tokens of a batch: each row's response as it carries it, its prompt as ``prompt_tokens``
+    (the length the emulated engine charged)."""
+    return sum(prompt_tokens + len(e.response_ids) for e in exps)
 
 
 def staleness_metrics(exps: list[Experience], step: int, bound: int | None = None,
@@ -160,7 +164,7 @@ class EmulatedTrainer(TrainEngineWrapper):
     def train_step(self, batch_exps: list[Experience]) -> dict[str, float]:
         start = time.perf_counter()
         em = self.cfg.trainer.emulated
-        tokens = batch_tokens(batch_exps)
+        tokens = batch_tokens(batch_exps, self.cfg.explorer.emulated.prompt_tokens)
         target_s = emulated_step_seconds(tokens, em.s_per_token, em.workers, em.allreduce_s)
         sc = self.cfg.synchronizer
         bound = self._step - sc.max_staleness if self.cfg.mode == "async" else None
