@@ -107,3 +107,25 @@ def test_a_load_arriving_mid_iteration_starts_then_and_the_iteration_runs_again(
     done = s.advance_to(math.inf)
     assert done[0].generated == 4 and done[0].finished_at == pytest.approx(7.7 + 3.0)
     assert s.busy_s == pytest.approx(2.5 + 1.5 + 3.0 + 3.0)  # the 0.7 s of the dropped iteration: not busy
+
+
+def test_the_next_event_is_when_advancing_finishes_the_next_request():
+    """``next_event_s`` (computed without a probe when nobody joins first) against running a copy to that finish,
+    over random arrivals, lengths, loads and aborts."""
+    import copy
+    import random
+
+    rng = random.Random(0)
+    s = BatchServer(CostCurve("small", 1.0, 0.5, 0.1, 3.0, max_seqs=3))
+    for i in range(200):
+        action = rng.random()
+        if action < 0.5:
+            s.submit(f"r{i}", rng.randint(0, 20), rng.randint(1, 30), at=s.now + rng.choice([0.0, rng.random() * 5]))
+        elif action < 0.6:
+            s.load(keep=rng.random() < 0.5)
+        elif action < 0.7 and s.active:
+            s.abort(rng.choice(s.active).rid)
+        probe = copy.deepcopy(s)
+        done = probe.advance_to(math.inf, stop_at_finish=True)
+        assert s.next_event_s() == (pytest.approx(done[0].finished_at) if done else math.inf)
+        s.advance_to(s.now + rng.random() * 10)
