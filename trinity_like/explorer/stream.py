@@ -43,6 +43,7 @@ from trinity_like.buffer import explore_group_rows
 from trinity_like.buffer.partial import PartialStore
 from trinity_like.common.experience import Experience
 from trinity_like.common.tasks import Task
+from trinity_like.common.train_bound import row_trainable
 from trinity_like.explorer.continuing import ContinuingEngine, GroupJournal
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.rollout import Finished, RolloutParts
@@ -491,8 +492,8 @@ def late_groups(call_versions: dict[Any, int], published: int, max_staleness: in
     (3 < 7 - 2 - 1 = 4), on 4 or newer kept; with train_slack 0, on 4 cancelled too (4 < 5)."""
     if on_new_version != "finish":
         return []
-    oldest_trained = published - max_staleness - max(train_slack, 0)
-    return [key for key, v in call_versions.items() if 0 <= v < oldest_trained]
+    bound = published - max_staleness  # the trainer's, at the oldest
+    return [key for key, v in call_versions.items() if not row_trainable(v, v, bound, train_slack)]
 
 
 def group_latency_versions(rows: list[Experience], version: int) -> list[int]:
