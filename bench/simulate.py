@@ -125,6 +125,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -132,6 +133,8 @@ from pathlib import Path
 
 import numpy as np
 from benchlib import add_smoke
+
+from trinity_like.explorer.engines.emulated import CURVES, CostCurve
 
 RESULT_FIELDS = {"simulate": ("calib_pred_speedup", "calib_measured_speedup", "calib_error", "best_split",
                               "best_split_sync", "proj_speedup", "proj_sync_sps", "proj_async1_sps", "saturates"),
@@ -156,6 +159,11 @@ class Lengths:
     """``max_new_tokens``: longer responses are truncated here."""
     prompt_len: int
     """Prompt tokens per row."""
+    prompt_sigma: float = 0.0
+    """Prompt-correlated lengths: each prompt draws a scale ``exp(sigma z - sigma^2 / 2)`` (z standard normal: mean
+    1) once, and its samples draw ``min(Geometric(min(1, p / scale)), max_len)``, so a hard prompt's samples run
+    long together (the mean before truncation is kept; ``mean()`` and the other moments are those of sigma 0).
+    0: every length independent (the draws are then exactly those of ``sample``)."""
 
     @classmethod
     def from_mean(cls, mean: float, max_len: int, prompt_len: int) -> Lengths:
@@ -193,6 +201,15 @@ class Lengths:
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.minimum(rng.geometric(self.p, n), self.max_len)
 
+    def sample_grouped(self, rng: np.random.Generator, n: int, group: int) -> np.ndarray:
+        """``n`` lengths in groups of ``group`` consecutive samples of one prompt (``prompt_sigma``)."""
+        if self.prompt_sigma <= 0:
+            return self.sample(rng, n)
+        prompts = -(-n // group)
+        scale = np.exp(self.prompt_sigma * rng.standard_normal(prompts) - self.prompt_sigma ** 2 / 2)
+        p = np.minimum(1.0, self.p / np.repeat(scale, group)[:n])
+        return np.minimum(rng.geometric(p), self.max_len)
+
 
 @dataclass(frozen=True)
 class EngineCost:
@@ -209,11 +226,38 @@ class EngineCost:
     batching, a finished sequence leaves the batch (vLLM)."""
     max_seqs: int
     """Sequences decoding at once (vLLM ``max_num_seqs``); the rest wait for a free slot."""
+    prefill_s_per_token: float = 0.0
+    """With ``iterations``: prefill of one token of a request joining the batch."""
+    iterations: bool = False
+    """True: iteration-accurate continuous batching, the EMULATED engine's model (``IterationServer``, equal to
+    ``trinity_like.explorer.engines.emulated.BatchServer``): every request pays prefill of its prompt (and of the
+    tokens it brings when resubmitted), ``prompt_len x prefill_s_per_token``, in the iteration it joins (no prefix
+    sharing between a prompt's samples; ``prefill_s_per_prompt`` is not read); ``padded`` must be False. Streaming
+    runs ``simulate_fleet``."""
 
-    def step_s(self, lengths: np.ndarray, prompts: int) -> float:
-        """Seconds for one engine to generate responses of ``lengths`` (shape (n,)) from ``prompts`` prompts."""
+    def __post_init__(self) -> None:
+        if self.iterations and self.padded:
+            raise ValueError("EngineCost: iterations=True models continuous batching; padded must be False")
+
+    def curve(self, load_s: float) -> CostCurve:
+        """This engine as the emulation's cost curve (a load of ``load_s``)."""
+        return CostCurve("simulated", iter_floor_s=self.iter_floor_s, iter_per_seq_s=self.iter_per_seq_s,
+                         prefill_s_per_token=self.prefill_s_per_token, load_s=load_s, max_seqs=self.max_seqs)
+
+    def step_s(self, lengths: np.ndarray, prompts: int, prompt_len: int = 0) -> float:
+        """Seconds for one engine to generate responses of ``lengths`` (shape (n,)) from ``prompts`` prompts of
+        ``prompt_len`` tokens (read with ``iterations`` only), every request arriving at once."""
         if len(lengths) == 0:
             return 0.0
+        if self.iterations:
+            if len(lengths) <= self.max_seqs:  # all join the first iteration: sum over iterations of (floor + active)
+                return (int(lengths.max()) * self.iter_floor_s + int(lengths.sum()) * self.iter_per_seq_s
+                        + len(lengths) * prompt_len * self.prefill_s_per_token)
+            server = IterationServer(self.curve(0.0))
+            for i, n in enumerate(lengths):
+                server.submit(i, prompt_len, int(n))
+            server.advance_to(math.inf)
+            return server.now
         prefill = prompts * self.prefill_s_per_prompt
         if self.padded:
             active = min(len(lengths), self.max_seqs)
@@ -480,6 +524,10 @@ class SimResult:
     rows had filled the batches they were planned for)."""
     capacity_held: bool = True
     """Streaming: every group started on a version the capacity rule admits (``v >= r // rows - S``)."""
+    extra: dict[str, float] = field(default_factory=dict)
+    """``simulate_fleet``: ``masked_tokens``, ``token_staleness_mean``, ``dropped_len_mean`` / ``trained_len_mean``
+    (response tokens of dropped and trained rows), ``group_latency_versions`` (versions published while a group
+    ran), ``trainer_idle`` (share of the loop the trainer did not train)."""
 
 
 @lru_cache(maxsize=4096)
@@ -489,11 +537,14 @@ def explore_steps(layout: Layout, steps: int, seed: int) -> tuple[tuple[float, f
     out = []
     for k in range(steps):
         lengths = step_lengths(layout, seed, k)  # (rows,), grouped by prompt
-        groups = np.array_split(np.arange(layout.prompts_per_step), layout.num_engines)
+        if layout.engine.iterations:  # the fleet's router: group i to the least-loaded engine, i.e. engine i % n
+            groups = [np.arange(layout.prompts_per_step)[e::layout.num_engines] for e in range(layout.num_engines)]
+        else:
+            groups = np.array_split(np.arange(layout.prompts_per_step), layout.num_engines)
         per_engine = []
         for g in groups:
-            rows = lengths[g[0] * layout.samples_per_prompt:(g[-1] + 1) * layout.samples_per_prompt] if len(g) else lengths[:0]
-            per_engine.append(layout.engine.step_s(rows, len(g)))
+            rows = (lengths.reshape(-1, layout.samples_per_prompt)[g].ravel() if len(g) else lengths[:0])
+            per_engine.append(layout.engine.step_s(rows, len(g), layout.lengths.prompt_len))
         train = layout.trainer.step_s(lengths, layout.lengths.prompt_len, layout.num_workers)
         out.append((max(per_engine), statistics.fmean(per_engine), train))
     return tuple(out)
@@ -625,15 +676,24 @@ class StreamOptions:
     such a window decodes to its end; a ``resubmit`` load starts at its end); 0: ``max_len // 512`` or 1.
     Bounds the events per run on long responses; the error is ~ granularity / (2 x mean length)."""
 
+    train_slack: int = 1
+    """``synchronizer.train_slack`` (iteration-accurate fleet only, ``simulate_fleet``): at trainer step ``c`` a token
+    older than ``c - max_staleness - train_slack`` is masked from the loss and a row is dropped only when all its
+    tokens are; 0: a row whose oldest token is older than ``c - max_staleness`` is dropped whole. The older
+    pooled / granular model (``simulate_stream`` on other engines) drops whole rows past the bound (slack 0)."""
+
     def __post_init__(self) -> None:
-        if self.on_new_version not in ("finish", "resubmit"):
-            raise ValueError(f"on_new_version {self.on_new_version!r}: use 'finish' or 'resubmit'")
+        if self.on_new_version not in ("finish", "resubmit", "keep"):
+            raise ValueError(f"on_new_version {self.on_new_version!r}: use 'finish', 'resubmit' or 'keep'")
+        if self.train_slack < 0:
+            raise ValueError(f"train_slack {self.train_slack}: use 0 or more")
 
 
 def step_lengths(layout: Layout, seed: int, step: int) -> np.ndarray:
     """Response lengths of explorer step ``step``, shape (rows,), grouped by prompt: drawn from ``(seed, step)``
     alone, so the step and stream models and every layout compared see the same draws."""
-    return layout.lengths.sample(np.random.default_rng([seed, step]), layout.rows_per_step)
+    return layout.lengths.sample_grouped(np.random.default_rng([seed, step]), layout.rows_per_step,
+                                         layout.samples_per_prompt)
 
 
 @dataclass
@@ -687,6 +747,10 @@ def simulate_stream(layout: Layout, steps: int, max_staleness: int, seed: int = 
     ``rows`` rows of version >= ``c - S`` are in the buffer, oldest version first, then write order (the reader's
     order); older rows are dropped as the reader drops them (``stale_dropped``). The trainer's step cost is that
     of the rows it got."""
+    if layout.engine.iterations:
+        return simulate_fleet(layout, steps, max_staleness, seed, options)
+    if options.on_new_version == "keep":
+        raise ValueError("on_new_version 'keep' is modelled on iteration-accurate engines only (simulate_fleet)")
     if max_staleness < 1:
         raise ValueError("streaming at bound 0 runs the step path (simulate(..., max_staleness=0))")
     eng_cost, opts = layout.engine, options
@@ -910,6 +974,493 @@ def simulate_stream(layout: Layout, steps: int, max_staleness: int, seed: int = 
     admission_ok = all(v >= r // rows - bound for r, v in admitted)
     return SimResult(loop_s, steps * rows / loop_s, shares, waits, statistics.fmean(staleness), stretch,
                      staleness_max=max(staleness), stale_dropped=dropped["rows"], capacity_held=admission_ok)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Iteration-accurate fleet: the EMULATED engine's model (issue 51, bench/scale.py runs the same on the real
+# control plane)
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Req:
+    rid: int
+    prompt_len: int
+    target: int
+    base: int
+    """Tokens it brought when it was submitted (a resubmitted request's so far)."""
+    arrived_at: float
+    owner: object = None
+    start_iter: int = -1
+    """The server's iteration count when it joined a batch; -1 while it waits."""
+    end_iter: int = 0
+    finished_at: float | None = None
+
+
+class IterationServer:
+    """One engine, iteration by iteration: the cost model of ``trinity_like.explorer.engines.emulated.BatchServer``
+    (the EMULATED engine bench/scale.py runs), rules and floating-point steps alike (slots, ``floor + active x
+    per_seq`` per iteration, prefill of prompt + tokens brought in the iteration a request joins, late arrivals at
+    the next iteration boundary, a run stopped at the boundary where one joins a free slot, ``load`` with or
+    without ``keep``), so their timings agree to rounding (tests/bench/test_simulate.py). BatchServer advances
+    every active request per run (work per event grows with the batch); this one keeps each request's end
+    iteration in a heap, so a fleet of 64 engines x 256 slots simulates in seconds."""
+
+    def __init__(self, curve: CostCurve) -> None:
+        self.curve = curve
+        self.now = 0.0
+        self.busy_s = 0.0
+        self.iters = 0
+        self.active: dict[int, _Req] = {}
+        self.ends: list[tuple[int, int]] = []
+        """Heap of (end iteration, rid) of the active requests (entries of aborted ones are skipped)."""
+        self.waiting: deque[_Req] = deque()
+        self.owing: set[int] = set()
+        """Active requests whose cache a load emptied: they prefill prompt + tokens so far in the next iteration."""
+
+    def generated(self, req: _Req) -> int:
+        return req.base + (self.iters - req.start_iter if req.start_iter >= 0 else 0)
+
+    def requests(self) -> list[_Req]:
+        return [*self.active.values(), *self.waiting]
+
+    @property
+    def empty(self) -> bool:
+        return not self.active and not self.waiting
+
+    def submit(self, rid: int, prompt_len: int, target: int, generated: int = 0, at: float | None = None,
+               owner: object = None) -> _Req:
+        if target < 1 or generated >= target:
+            raise ValueError(f"request {rid}: target {target} must exceed the {generated} tokens it brings")
+        req = _Req(rid, prompt_len, target, generated, self.now if at is None else at, owner)
+        self.waiting.append(req)
+        return req
+
+    def abort(self, req: _Req) -> int:
+        """Take ``req`` out; the tokens it had generated."""
+        if req.rid in self.active:
+            del self.active[req.rid]
+            self.owing.discard(req.rid)
+            return self.generated(req)
+        self.waiting.remove(req)
+        return req.base
+
+    def load(self, keep: bool = False, at: float | None = None) -> None:
+        self.now = max(self.now, self.now if at is None else at) + self.curve.load_s
+        self.busy_s += self.curve.load_s
+        if not keep:
+            self.owing = set(self.active)
+
+    def _top(self) -> int:
+        """Iterations until the first active request ends (their heap cleaned of aborted entries)."""
+        while self.ends and (self.ends[0][1] not in self.active or self.active[self.ends[0][1]].end_iter != self.ends[0][0]):
+            heapq.heappop(self.ends)
+        return self.ends[0][0] - self.iters if self.ends else 1 << 62
+
+    def _plan(self) -> tuple[list[_Req], int, float, float, int] | None:
+        """The next run as BatchServer forms it: (joiners, batch size, iteration s, first iteration s, iterations
+        until a finish); None when nothing has arrived."""
+        joiners, free = [], self.curve.max_seqs - len(self.active)
+        for req in self.waiting:
+            if len(joiners) >= free:
+                break
+            if req.arrived_at <= self.now:
+                joiners.append(req)
+        size = len(self.active) + len(joiners)
+        if not size:
+            return None
+        prefill = (sum(r.prompt_len + self.generated(r) for r in (self.active[i] for i in self.owing))
+                   + sum(r.prompt_len + r.base for r in joiners))
+        step = self.curve.iteration_s(size)
+        first = step + prefill * self.curve.prefill_s_per_token
+        k = min([self._top(), *(r.target - r.base for r in joiners)])
+        return joiners, size, step, first, k
+
+    def _later(self, joiners: list[_Req]) -> float | None:
+        taken = {id(r) for r in joiners}
+        later = [r.arrived_at for r in self.waiting if id(r) not in taken]
+        return min(later) if later else None
+
+    def next_event_s(self) -> float:
+        """When the next run of identical iterations ends (a request finishes or one joins), with no new
+        submissions; an idle server's next arrival; inf when it holds nothing."""
+        if self.empty:
+            return math.inf
+        plan = self._plan()
+        if plan is None:
+            return min(r.arrived_at for r in self.waiting)
+        joiners, size, step, first, k = plan
+        later = self._later(joiners)
+        if later is not None and size < self.curve.max_seqs:
+            k = min(k, max(1, 1 + math.ceil((later - self.now - first) / step)))
+        return self.now + first + (k - 1) * step
+
+    def advance_to(self, t: float) -> list[_Req]:
+        """As ``BatchServer.advance_to``: whole iterations that end by ``t``; the requests finished."""
+        done: list[_Req] = []
+        while self.active or self.waiting:
+            plan = self._plan()
+            if plan is None:
+                arrival = min(r.arrived_at for r in self.waiting)
+                if arrival > t:
+                    break
+                self.now = arrival
+                continue
+            joiners, size, step, first, k = plan
+            if self.now + first > t:
+                return done
+            if math.isfinite(t):  # at least one: t - now - first may round below 0 when now + first == t
+                k = min(k, max(1, 1 + int((t - self.now - first) // step)))
+            later = self._later(joiners)
+            if later is not None and size < self.curve.max_seqs:
+                k = min(k, max(1, 1 + math.ceil((later - self.now - first) / step)))
+            taken = {id(r) for r in joiners}
+            self.waiting = deque(r for r in self.waiting if id(r) not in taken)
+            for r in joiners:
+                r.start_iter, r.end_iter = self.iters, self.iters + r.target - r.base
+                self.active[r.rid] = r
+                heapq.heappush(self.ends, (r.end_iter, r.rid))
+            self.owing = set()
+            self.iters += k
+            elapsed = first + (k - 1) * step
+            self.now += elapsed
+            self.busy_s += elapsed
+            while self._top() <= 0:
+                _, rid = heapq.heappop(self.ends)
+                req = self.active.pop(rid)
+                req.finished_at = self.now
+                done.append(req)
+        if math.isfinite(t):
+            self.now = max(self.now, t)
+        return done
+
+
+@dataclass(eq=False)
+class _FSample:
+    group: _FGroup
+    target: int
+    segments: list[tuple[int, int]] = field(default_factory=list)
+    """(first token, version) of each stretch made by one version (a load under resubmit / keep adds one)."""
+    req: _Req | None = None
+
+
+@dataclass(eq=False)
+class _FGroup:
+    step: int
+    position: int
+    engine: _FEngine
+    started_at: float
+    published_at_start: int
+    left: int = 0
+
+
+@dataclass(eq=False)
+class _FEngine:
+    index: int
+    server: IterationServer
+    version: int = 0
+    """The version the fleet knows it holds (routing, admission): set when its load returns."""
+    stamp: int = 0
+    """The version its new tokens carry (``keep`` stamps the new one from the load's start)."""
+    in_flight: int = 0
+    """Groups on it (the fleet's least-loaded choice counts calls)."""
+    gate: bool = False
+    """A ``finish`` / ``resubmit`` load holds the gate: arrivals wait until it is done."""
+    held: list[_FSample] = field(default_factory=list)
+    loading: int | None = None
+    """The version it is loading (from the fleet's round to its load's end)."""
+    unloaded: bool = False
+    """``finish``: drained, its load under way."""
+    epoch: int = 0
+
+
+def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0,
+                   options: StreamOptions = StreamOptions()) -> SimResult:
+    """Streaming rollout on iteration-accurate engines (``layout.engine.iterations``), as the system runs it with
+    the EMULATED engine (trinity_like/explorer/engines/emulated.py, stream.py, fleet.py), until the trainer has
+    trained ``steps`` steps of ``rows_per_step`` rows.
+
+    - Admission, per engine: group ``p`` of step ``s`` needs version ``s - S`` (AReaL's capacity rule,
+      ``Schedule.version_needed``) and starts as soon as ONE engine holds it, on the least-loaded engine (groups
+      in flight, then index) holding it (``EngineFleet.at_least``), not after the whole fleet loaded.
+    - Loads: when a version is published and no fleet load runs, every engine loads the newest one (one fleet
+      load at a time, ``EngineFleet.update_weights``; an engine's new version counts for routing when its own
+      load is done). ``finish``: the engine's gate closes (arrivals wait), its requests drain, then it loads
+      (``load_s``, cache emptied). ``resubmit``: the gate closes, its requests are cut with their tokens so far,
+      it loads, and they go on on the same engine, each paying prefill of prompt + tokens so far; tokens after
+      the load carry the new version. ``keep``: decoding pauses ``load_s`` under the requests, which go on with
+      no prefill; tokens from the load's start carry the new version.
+    - A finished group waits at most ``flush_s`` to be written (at once when it ends a step or nothing runs);
+      one writer at ``write_s_per_row``.
+    - The trainer's step ``c`` takes ``rows`` rows trainable at ``c`` (``train_slack``: a row is dropped only when
+      all its tokens are older than ``c - S - slack``; older tokens are masked, ``masked_tokens``), oldest
+      version first then write order, after its reader's poll; its cost is that of all the rows' tokens."""
+    if max_staleness < 1:
+        raise ValueError("streaming at bound 0 runs the step path (simulate(..., max_staleness=0))")
+    if not layout.engine.iterations:
+        raise ValueError("simulate_fleet models iteration-accurate engines (EngineCost.iterations=True)")
+    opts, mode = options, options.on_new_version
+    rows, repeat, bound, prompts = layout.rows_per_step, layout.samples_per_prompt, max_staleness, layout.prompts_per_step
+    prompt_len = layout.lengths.prompt_len
+    curve = layout.engine.curve(layout.sync.load_s + layout.sync.gather_window_s)
+    engines = [_FEngine(i, IterationServer(curve)) for i in range(layout.num_engines)]
+    queue: list[tuple[float, int, Callable[[], None]]] = []
+    order = itertools.count()
+    rids = itertools.count()
+    clock = {"now": 0.0}
+    synchronizer, writer = Server(), Server()
+    st = {"published": 0, "fleet_loading": None, "fleet_left": 0, "next_group": 0, "done": False,
+          "flush_epoch": 0, "train_step": 0, "wait_from": 0.0, "train_due": False, "admit_due": False}
+    lengths_of: dict[int, np.ndarray] = {}
+    ended_per_step: dict[int, int] = {}
+    pending: list[_FGroup] = []
+    samples_of: dict[int, list[_FSample]] = {}
+    buffer: list[tuple[int, int, int, np.ndarray, int]] = []  # (oldest version, write order, length, versions, newest)
+    written = itertools.count()
+    stats = {"dropped": 0, "dropped_tokens": 0, "masked": 0, "trained_tokens": 0, "trainer_s": 0.0, "publish_s": 0.0,
+             "buffer_s": 0.0, "data_wait_s": 0.0}
+    staleness: list[int] = []
+    token_staleness: list[float] = []
+    dropped_lengths: list[int] = []
+    trained_lengths: list[int] = []
+    latency: list[int] = []
+    admitted: list[tuple[int, int]] = []
+    end = {"trainer": 0.0}
+
+    def at(when: float, event: Callable[[], None]) -> None:
+        heapq.heappush(queue, (when, next(order), event))
+
+    def wake(engine: _FEngine) -> None:
+        engine.epoch += 1
+        when = engine.server.next_event_s()
+        if math.isfinite(when):
+            epoch = engine.epoch
+            at(max(when, clock["now"]), lambda: on_engine(engine, epoch))
+
+    def submit(engine: _FEngine, sample: _FSample, generated: int, when: float) -> None:
+        sample.req = engine.server.submit(next(rids), prompt_len, sample.target, generated, at=when, owner=sample)
+
+    def on_engine(engine: _FEngine, epoch: int) -> None:
+        if epoch != engine.epoch:
+            return
+        now = clock["now"]
+        for req in engine.server.advance_to(now):
+            sample_done(req.owner, now)
+        if engine.gate and engine.loading is not None and not engine.unloaded and engine.server.empty:
+            begin_load(engine, now)
+        wake(engine)
+
+    def start_fleet_load(now: float) -> None:
+        version = st["published"]
+        st["fleet_loading"], st["fleet_left"] = version, len(engines)
+        # the explorer hears of the version, the Synchronizer serves one call per engine (their loads' rounds)
+        served = synchronizer.serve(now, len(engines) * layout.sync.call_s)
+        for engine in engines:
+            at(served, lambda e=engine: engine_load(e, version))
+
+    def engine_load(engine: _FEngine, version: int) -> None:
+        now = clock["now"]
+        server = engine.server
+        engine.loading = version
+        for req in server.advance_to(now):
+            sample_done(req.owner, now)
+        if mode == "keep":
+            for req in server.requests():
+                req.owner.segments.append((server.generated(req), version))
+            server.load(keep=True, at=now)
+            engine.stamp = version
+            at(server.now, lambda: loaded(engine))
+        elif mode == "resubmit":
+            engine.gate = True
+            cut = [(req.owner, server.abort(req)) for req in server.requests()]
+            server.load(at=now)
+            for sample, generated in cut:
+                sample.segments.append((generated, version))
+                submit(engine, sample, generated, server.now)
+            at(server.now, lambda: loaded(engine))
+        else:  # finish: the gate closes; the load begins when the engine has drained (on_engine)
+            engine.gate = True
+            if server.empty:
+                begin_load(engine, now)
+        wake(engine)
+
+    def begin_load(engine: _FEngine, now: float) -> None:
+        engine.unloaded = True
+        engine.server.load(at=now)
+        at(engine.server.now, lambda: loaded(engine))
+
+    def loaded(engine: _FEngine) -> None:
+        now = clock["now"]
+        engine.version = engine.stamp = engine.loading
+        engine.loading, engine.gate, engine.unloaded = None, False, False
+        for sample in engine.held:
+            sample.segments.append((0, engine.stamp))
+            submit(engine, sample, 0, now)
+        engine.held.clear()
+        wake(engine)
+        st["fleet_left"] -= 1
+        if st["fleet_left"] == 0:
+            st["fleet_loading"] = None
+            if st["published"] > engine.version and not st["done"]:
+                start_fleet_load(now)
+        if not st["admit_due"]:  # after every engine whose load ends now (the explorer's loop sees them together)
+            st["admit_due"] = True
+            at(now, lambda: admit(clock["now"]))
+
+    def admit(now: float) -> None:
+        st["admit_due"] = False
+        touched: set[int] = set()
+        while not st["done"]:
+            k = st["next_group"]
+            s, p = divmod(k, prompts)
+            need = max(0, s - bound)
+            serving = [e for e in engines if e.version >= need]
+            if not serving:
+                break
+            engine = min(serving, key=lambda e: (e.in_flight, e.index))
+            st["next_group"] = k + 1
+            if s not in lengths_of:
+                lengths_of[s] = step_lengths(layout, seed, s)
+            group = _FGroup(s, p, engine, now, st["published"], left=repeat)
+            admitted.append((s * rows + p * repeat, engine.version))
+            engine.in_flight += 1
+            for n in lengths_of[s][p * repeat:(p + 1) * repeat]:
+                sample = _FSample(group, int(n))
+                samples_of.setdefault(id(group), []).append(sample)
+                if engine.gate:
+                    engine.held.append(sample)
+                else:
+                    sample.segments.append((0, engine.stamp))
+                    submit(engine, sample, 0, now)
+            touched.add(engine.index)
+        for i in touched:
+            wake(engines[i])
+
+    def sample_done(sample: _FSample, now: float) -> None:
+        group = sample.group
+        group.left -= 1
+        if group.left:
+            return
+        group.engine.in_flight -= 1
+        latency.append(st["published"] - group.published_at_start)
+        pending.append(group)
+        ended_per_step[group.step] = ended_per_step.get(group.step, 0) + 1
+        running = any(e.in_flight for e in engines)
+        if ended_per_step[group.step] == prompts or not running:
+            if ended_per_step[group.step] == prompts:
+                synchronizer.serve(now, layout.sync.explorer_calls_per_step * layout.sync.call_s)
+            flush(now)
+        elif len(pending) == 1:
+            epoch = st["flush_epoch"]
+            at(now + opts.flush_s, lambda: flush(clock["now"]) if epoch == st["flush_epoch"] else None)
+
+    def flush(now: float) -> None:
+        st["flush_epoch"] += 1
+        if not pending:
+            return
+        groups = pending[:]
+        pending.clear()
+        landed = []
+        for group in groups:
+            for sample in samples_of.pop(id(group)):
+                versions = np.empty(sample.target, np.int64)
+                for first, version in sample.segments:
+                    versions[first:] = version
+                landed.append((int(versions[0]), sample.target, versions, int(versions[-1])))
+        seconds = len(landed) * layout.buffer.write_s_per_row
+        stats["buffer_s"] += seconds
+        done_at = writer.serve(now, seconds)
+
+        def land() -> None:
+            buffer.extend((old, next(written), n, v, new) for old, n, v, new in landed)
+            trainer_check(clock["now"])
+
+        at(done_at, land)
+
+    def trainable(row, c: int) -> bool:
+        if opts.train_slack <= 0:
+            return row[0] >= c - bound
+        return row[4] >= c - bound - opts.train_slack
+
+    def trainer_check(now: float) -> None:
+        c = st["train_step"]
+        if st["train_due"] or st["done"] or sum(r[2] > 0 for r in buffer if trainable(r, c)) < rows:
+            return
+        begin = st["wait_from"]
+        poll = layout.buffer.poll_s
+        seen = begin + math.ceil((now - begin) / poll - 1e-9) * poll if now > begin else now
+        st["train_due"] = True
+        at(seen, train)
+
+    def train() -> None:
+        now = clock["now"]
+        c = st["train_step"]
+        stats["data_wait_s"] += now - st["wait_from"]
+        keep = [r for r in buffer if trainable(r, c)]
+        for r in buffer:
+            if not trainable(r, c):
+                stats["dropped"] += 1
+                dropped_lengths.append(r[2])
+        keep.sort(key=lambda r: (r[0], r[1]))
+        batch, rest = keep[:rows], keep[rows:]
+        buffer[:] = rest
+        cutoff = c - bound - opts.train_slack if opts.train_slack > 0 else -1 << 30
+        for old, _, n, versions, _ in batch:
+            staleness.append(c - old)
+            token_staleness.append(float((c - versions).mean()))
+            stats["masked"] += int((versions < cutoff).sum())
+            trained_lengths.append(n)
+        lengths = np.array([r[2] for r in batch])
+        read = layout.buffer.read_fixed_s + len(batch) * layout.buffer.read_s_per_row
+        train_s = layout.trainer.step_s(lengths, prompt_len, layout.num_workers)
+        stats["trainer_s"] += train_s
+        stats["buffer_s"] += read
+        stats["trained_tokens"] += int(lengths.sum())
+
+        def trained() -> None:
+            t = clock["now"]
+            served = synchronizer.serve(t, layout.sync.call_s)
+            publish = max(served - t, 0.0) + layout.sync.publish_s
+            stats["publish_s"] += publish
+            at(t + publish, published)
+
+        at(now + read + train_s, trained)
+
+    def published() -> None:
+        now = clock["now"]
+        st["train_step"] += 1
+        st["published"] = st["train_step"]
+        st["train_due"] = False
+        st["wait_from"] = now
+        end["trainer"] = now
+        if st["train_step"] == steps:
+            st["done"] = True
+            return
+        if st["fleet_loading"] is None:
+            start_fleet_load(now)
+        trainer_check(now)
+
+    admit(0.0)
+    while queue and not st["done"]:
+        clock["now"], _, event = heapq.heappop(queue)
+        event()
+    if not st["done"]:
+        raise RuntimeError(f"simulate_fleet: stalled at {clock['now']:.3f} s before trainer step {st['train_step']}")
+    loop_s = end["trainer"]
+    engine_busy = statistics.fmean(min(e.server.busy_s, loop_s) for e in engines)
+    busy = {"engines": engine_busy / loop_s, "engine_gpus": engine_busy / loop_s,
+            "trainer": stats["trainer_s"] / loop_s, "weight_sync": 0.0, "publish": stats["publish_s"] / loop_s,
+            "buffer": stats["buffer_s"] / loop_s, "synchronizer": synchronizer.busy_s / loop_s}
+    result = SimResult(loop_s, steps * rows / loop_s, busy, {"admission": 0.0, "data": stats["data_wait_s"]},
+                       statistics.fmean(staleness), staleness_max=max(staleness), stale_dropped=stats["dropped"],
+                       capacity_held=all(v >= r // rows - bound for r, v in admitted))
+    result.extra = {
+        "masked_tokens": float(stats["masked"]), "token_staleness_mean": statistics.fmean(token_staleness),
+        "dropped_len_mean": statistics.fmean(dropped_lengths) if dropped_lengths else 0.0,
+        "trained_len_mean": statistics.fmean(trained_lengths),
+        "group_latency_versions": statistics.fmean(latency) if latency else 0.0,
+        "trainer_idle": 1.0 - stats["trainer_s"] / loop_s}
+    return result
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1182,6 +1733,37 @@ def projection_layout(num_engines: int, num_workers: int, args: argparse.Namespa
         trainer=TrainerCost(s_per_token=6 * model.params / (H100_BF16_FLOPS * TRAIN_MFU), allreduce_s=allreduce_s,
                             micro_batch=0),
         sync=SyncCost(publish_s=snapshot_s, load_s=load_s, gather_window_s=GATHER_WINDOW_S, call_s=SYNCHRONIZER_CALL_S,
+                      explorer_calls_per_step=3),
+        buffer=BufferCost(write_s_per_row=BUFFER_WRITE_S_PER_288_TOKENS * row_tokens / 288,
+                          read_s_per_row=BUFFER_READ_S_PER_288_TOKENS * row_tokens / 288,
+                          read_fixed_s=RUN_C.read_s / RUN_C.steps, poll_s=0.02),
+        lockstep_s=LOCKSTEP_S)
+
+
+EMULATED_PUBLISH_S = 0.02
+"""The EMULATED trainer's publication of its small state dict (a checkpoint folder of 17 KB): bookkeeping."""
+
+
+def emulated_layout(num_engines: int, num_workers: int, prompts: int, samples: int, *, curve: str = "7b_h100",
+                    prompt_tokens: int = 51, mean_response_tokens: float = 200.0, max_response_tokens: int = 819,
+                    s_per_token: float = 1.15e-4, allreduce_s: float = 0.0, prompt_sigma: float = 0.0) -> Layout:
+    """The EMULATED fleet and trainer bench/scale.py runs (``explorer.engine: emulated``, ``trainer.type:
+    emulated``; defaults: ``explorer.emulated`` / ``trainer.emulated``'s): iteration-accurate engines on the
+    emulation's curve (``trinity_like.explorer.engines.emulated.CURVES``), every request paying prefill of
+    ``prompt_tokens``; lengths as the emulated engine draws them (``response_length``: Geometric(1 /
+    mean_response_tokens) capped at ``max_response_tokens``); the trainer ``tokens / workers x s_per_token (+
+    allreduce_s)``; loads of the curve's ``load_s``; this machine's buffer and Synchronizer costs."""
+    c = CURVES[curve]
+    lengths = Lengths(1.0 / mean_response_tokens, max_response_tokens, prompt_tokens, prompt_sigma)
+    row_tokens = prompt_tokens + lengths.mean()
+    return Layout(
+        num_engines=num_engines, num_workers=num_workers, prompts_per_step=prompts, samples_per_prompt=samples,
+        lengths=lengths,
+        engine=EngineCost(iter_floor_s=c.iter_floor_s, iter_per_seq_s=c.iter_per_seq_s, prefill_s_per_prompt=0.0,
+                          padded=False, max_seqs=c.max_seqs, prefill_s_per_token=c.prefill_s_per_token,
+                          iterations=True),
+        trainer=TrainerCost(s_per_token=s_per_token, allreduce_s=allreduce_s, micro_batch=0),
+        sync=SyncCost(publish_s=EMULATED_PUBLISH_S, load_s=c.load_s, gather_window_s=0.0, call_s=SYNCHRONIZER_CALL_S,
                       explorer_calls_per_step=3),
         buffer=BufferCost(write_s_per_row=BUFFER_WRITE_S_PER_288_TOKENS * row_tokens / 288,
                           read_s_per_row=BUFFER_READ_S_PER_288_TOKENS * row_tokens / 288,

@@ -360,3 +360,164 @@ def test_split_iteration_keeps_the_step_figures_of_a_padded_engine() -> None:
     assert split.engine.iter_floor_s / split.engine.iter_per_seq_s == pytest.approx(
         sim.HF_ITERATION_M3[0] / sim.HF_ITERATION_M3[1])
     assert sim.simulate(split, 8, 1).loop_s == pytest.approx(sim.simulate(layout, 8, 1).loop_s)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Iteration-accurate engines: the EMULATED engine's model (issue 51)
+# ---------------------------------------------------------------------------------------------------------------
+
+from trinity_like.explorer.engines.emulated import BatchServer, CostCurve  # noqa: E402
+
+_CURVE = CostCurve("test", iter_floor_s=5.9e-3, iter_per_seq_s=87e-6, prefill_s_per_token=2.57e-5, load_s=0.67,
+                   max_seqs=8)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_iteration_server_times_equal_batch_servers(seed: int) -> None:
+    """Both servers driven by the same calls (arrivals at random times, more requests than slots, loads with and
+    without keep, a request cut and resubmitted with its tokens so far): every request finishes at the same time,
+    to 1e-9 s, and the servers end at the same clock."""
+    rng = np.random.default_rng(seed)
+    ref, fast = BatchServer(_CURVE), sim.IterationServer(_CURVE)
+    finished_ref: dict[str, float] = {}
+    finished_fast: dict[str, float] = {}
+    live: dict[str, sim._Req] = {}
+    t, n = 0.0, 0
+
+    def advance(to: float) -> None:
+        for r in ref.advance_to(to):
+            finished_ref[r.rid] = r.finished_at
+        for r in fast.advance_to(to):
+            finished_fast[r.owner] = r.finished_at
+            live.pop(r.owner, None)
+
+    for _ in range(30):
+        t += float(rng.exponential(0.05))
+        advance(t)
+        action = rng.random()
+        if action < 0.7:
+            for _ in range(int(rng.integers(1, 4))):
+                rid, prompt, target = f"r{n}", int(rng.integers(1, 60)), int(rng.integers(1, 40))
+                n += 1
+                ref.submit(rid, prompt, target, at=t)
+                live[rid] = fast.submit(n, prompt, target, at=t, owner=rid)
+        elif action < 0.85:
+            keep = bool(rng.random() < 0.5)
+            ref.load(keep=keep, at=t)
+            fast.load(keep=keep, at=t)
+        elif live:
+            rid = sorted(live)[0]
+            req = live.pop(rid)
+            got = ref.abort(rid)
+            assert fast.abort(req) == got
+            if got + 1 < req.target:
+                ref.submit(rid + "'", req.prompt_len, req.target, got, at=t)
+                live[rid + "'"] = fast.submit(10_000 + n, req.prompt_len, req.target, got, at=t, owner=rid + "'")
+                n += 1
+    advance(math.inf)
+    assert finished_fast.keys() == finished_ref.keys() and len(finished_ref) > 10
+    for rid, when in finished_ref.items():
+        assert finished_fast[rid] == pytest.approx(when, abs=1e-9)
+    assert fast.now == pytest.approx(ref.now, abs=1e-9)
+    assert fast.busy_s == pytest.approx(ref.busy_s, abs=1e-9)
+
+
+@pytest.mark.parametrize("count", [5, 8, 30])
+def test_iterations_engine_step_equals_batch_server(count: int) -> None:
+    """A step's requests all arriving at once, within the slots (the closed form) or beyond them (queued, each
+    paying its prefill when it joins): EngineCost.step_s equals BatchServer's clock to 1e-9."""
+    lengths = np.random.default_rng(count).integers(1, 50, count)
+    engine = sim.EngineCost(iter_floor_s=_CURVE.iter_floor_s, iter_per_seq_s=_CURVE.iter_per_seq_s,
+                            prefill_s_per_prompt=0.0, padded=False, max_seqs=_CURVE.max_seqs,
+                            prefill_s_per_token=_CURVE.prefill_s_per_token, iterations=True)
+    ref = BatchServer(_CURVE)
+    for i, n in enumerate(lengths):
+        ref.submit(str(i), 51, int(n))
+    ref.advance_to(math.inf)
+    assert engine.step_s(lengths, prompts=1, prompt_len=51) == pytest.approx(ref.now, abs=1e-9)
+
+
+def _iter_layout(*, engines: int, prompts: int, samples: int, trainer_s_per_token: float, poll_s: float = 0.5,
+                 prefill_s_per_token: float = 0.0, load_s: float = 0.5) -> sim.Layout:
+    """Iteration-accurate engines whose iteration costs 1 s whatever it holds, prompts of 0 tokens, loads of
+    ``load_s``, no buffer, publication or Synchronizer cost, ``flush_s`` set by the caller."""
+    return sim.Layout(
+        num_engines=engines, num_workers=1, prompts_per_step=prompts, samples_per_prompt=samples,
+        lengths=sim.Lengths(1e-12, 10, prompt_len=0),
+        engine=sim.EngineCost(iter_floor_s=1.0, iter_per_seq_s=0.0, prefill_s_per_prompt=0.0, padded=False,
+                              max_seqs=64, prefill_s_per_token=prefill_s_per_token, iterations=True),
+        trainer=sim.TrainerCost(s_per_token=trainer_s_per_token, allreduce_s=0.0, micro_batch=0),
+        sync=sim.SyncCost(publish_s=0.0, load_s=load_s, gather_window_s=0.0, call_s=0.0, explorer_calls_per_step=3),
+        buffer=sim.BufferCost(write_s_per_row=0.0, read_s_per_row=0.0, read_fixed_s=0.0, poll_s=poll_s),
+        lockstep_s=0.0)
+
+
+@pytest.mark.parametrize("mode,loop_s", [("finish", 24.5), ("resubmit", 26.0), ("keep", 25.5)])
+def test_fleet_load_modes_by_hand(mode: str, loop_s: float) -> None:
+    """One engine, 1 prompt x 2 samples of 10 tokens, iterations of 1 s, loads 0.5 s, training 2 s, bound 1, re-prefill
+    0.1 s per token. Steps 0 and 1 run 0-10; trainer steps 0 and 1 end at 12 and 14. Version 1 loads 12-12.5 (the
+    engine is empty) and admits step 2, 12.5-22.5 from scratch. Version 2, published at 14, finds step 2 running:
+    - finish: the engine drains at 22.5, loads to 23; step 2's rows train 22.5-24.5 (loop 24.5);
+    - resubmit: its first iteration ended at 13.5 (1 token each), the second is lost; cut, load 14-14.5, prefill of
+      the token so far (2 x 0.1 s) in the first of the 9 iterations left: done at 23.7, seen at the reader's next
+      poll (every 0.5 s from 14) at 24, trained to 26;
+    - keep: the same pause, no prefill: done at 23.5, trained to 25.5; tokens after the first carry version 2."""
+    layout = _iter_layout(engines=1, prompts=1, samples=2, trainer_s_per_token=0.1, prefill_s_per_token=0.1)
+    result = sim.simulate_fleet(layout, 3, 1, options=sim.StreamOptions(mode, flush_s=0.0))
+    assert result.loop_s == pytest.approx(loop_s, abs=1e-9)
+    assert result.staleness_max == 1 and result.stale_dropped == 0
+    # per row: step 0's at trainer step 0 (0), step 1's (version 0) at 1 (1), step 2's at 2: version 1 (finish: 1),
+    # or 1 token of version 1 and 9 of version 2 (0.1)
+    last = 1.0 if mode == "finish" else 0.1
+    token_staleness = (0 + 0 + 1 + 1 + last + last) / 6
+    assert result.extra["token_staleness_mean"] == pytest.approx(token_staleness)
+
+
+def test_fleet_admits_a_group_on_the_first_engine_holding_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two engines, 2 prompts x 1 sample a step, bound 1, finish. Step 0 is (10, 2) tokens, steps 1 and 2 (2, 2):
+    groups go to the least-loaded engine, so engine 0 runs 10 and 2, engine 1 runs 2 and 2; three rows end at 2 and
+    trainer step 0 (2 rows x 2 tokens x 0.25 s) ends at 3. Version 1: engine 1 is empty and loads 3-3.5, engine 0
+    drains its long request until 10. Step 2 needs version 1: both its groups start on engine 1 at 3.5 (not after
+    the whole fleet loaded at 10.5) and end at 5.5, seen by the reader at once (polls every 0.5 s from 3);
+    trainer step 1 ends at 6.5."""
+    per_step = {0: np.array([10, 2]), 1: np.array([2, 2]), 2: np.array([2, 2])}
+    monkeypatch.setattr(sim, "step_lengths", lambda layout, seed, step: per_step.get(step, np.array([2, 2])))
+    layout = _iter_layout(engines=2, prompts=2, samples=1, trainer_s_per_token=0.25)
+    result = sim.simulate_fleet(layout, 2, 1, options=sim.StreamOptions("finish", flush_s=0.0))
+    assert result.loop_s == pytest.approx(6.5, abs=1e-9)
+    assert result.capacity_held
+
+
+@pytest.mark.parametrize("mode", ["finish", "resubmit", "keep"])
+def test_fleet_train_slack_bounds_what_is_trained(mode: str) -> None:
+    # the emulated 1/10 layout on 2 engines, bound 1: with slack 0 no trained row is older than the bound; with
+    # slack 1 a row may be one version older (late groups kept), and only tokens within it stay unmasked
+    layout = sim.emulated_layout(2, 1, 4, 4, s_per_token=2e-6)
+    strict = sim.simulate_fleet(layout, 10, 1, options=sim.StreamOptions(mode, train_slack=0))
+    loose = sim.simulate_fleet(layout, 10, 1, options=sim.StreamOptions(mode, train_slack=1))
+    assert strict.staleness_max <= 1 and strict.extra["masked_tokens"] == 0
+    assert loose.staleness_max <= 2 + (mode != "finish") * 8  # a resubmitted / kept row's oldest token may be older
+    assert loose.stale_dropped <= strict.stale_dropped
+    assert strict.capacity_held and loose.capacity_held
+
+
+def test_prompt_correlated_lengths() -> None:
+    # sigma 0 draws exactly what sample draws; sigma > 0 makes a prompt's samples run long or short together (the
+    # variance of the group means grows well beyond that of independent draws), keeping the untruncated mean
+    lengths = sim.Lengths.from_mean(200.0, 100_000, prompt_len=0)
+    assert np.array_equal(lengths.sample_grouped(np.random.default_rng(3), 64, 16),
+                          lengths.sample(np.random.default_rng(3), 64))
+    correlated = sim.Lengths(lengths.p, 100_000, 0, prompt_sigma=0.8)
+    draws = correlated.sample_grouped(np.random.default_rng(0), 16 * 4000, 16).reshape(4000, 16)
+    iid = lengths.sample(np.random.default_rng(0), 16 * 4000).reshape(4000, 16)
+    assert draws.mean(axis=1).var() > 5 * iid.mean(axis=1).var()
+    assert draws.mean() == pytest.approx(200.0, rel=0.05)
+
+
+def test_keep_needs_iteration_accurate_engines() -> None:
+    with pytest.raises(ValueError, match="keep"):
+        sim.simulate(_constant_layout(1.0, 1.0, padded=False), steps=2, max_staleness=1, rollout="stream",
+                     stream=sim.StreamOptions("keep"))
+    with pytest.raises(ValueError, match="padded"):
+        sim.EngineCost(iter_floor_s=1.0, iter_per_seq_s=0.0, prefill_s_per_prompt=0.0, padded=True, max_seqs=1,
+                       iterations=True)
