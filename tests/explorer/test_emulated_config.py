@@ -24,7 +24,9 @@ def test_an_unknown_curve_is_refused_naming_the_known_ones(tmp_path, tiny_model_
         _cfg(tmp_path, tiny_model_path, *EMULATED, "explorer.emulated.curve=h100x")
 
 
-def test_emulated_engines_read_versions_themselves_and_are_not_evaluated(tmp_path, tiny_model_path):
+def test_emulated_engines_use_no_device_read_versions_themselves_and_are_not_evaluated(tmp_path, tiny_model_path):
+    with pytest.raises(ConfigError, match="uses no device .* set explorer.gpus_per_engine=0"):
+        _cfg(tmp_path, tiny_model_path, *EMULATED, "explorer.gpus_per_engine=1")
     with pytest.raises(ConfigError, match="set synchronizer.method=memory"):
         _cfg(tmp_path, tiny_model_path, *EMULATED, "synchronizer.method=broadcast")
     with pytest.raises(ConfigError, match="explorer.eval_tasksets .evaluation. would give meaningless outputs"):

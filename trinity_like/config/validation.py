@@ -374,6 +374,9 @@ def _validate_emulated(cfg: Config) -> None:
     if ex.emulated.curve not in CURVES:
         raise ConfigError(f"explorer.emulated.curve {ex.emulated.curve!r} is not a known cost curve; known: "
                           f"{', '.join(sorted(CURVES))}")
+    if ex.gpus_per_engine:
+        raise ConfigError(f"explorer.gpus_per_engine={ex.gpus_per_engine:g} with explorer.engine emulated, which uses no "
+                          "device (its engines sleep on a virtual clock): set explorer.gpus_per_engine=0")
     if cfg.synchronizer.method == "broadcast":
         raise ConfigError("explorer.engine emulated reads each version itself (synchronizer.method checkpoint, memory "
                           "or ipc); broadcast would put every emulated engine in a collective group: set "
