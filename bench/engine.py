@@ -128,6 +128,13 @@ def make_model(args, folder: str) -> Path:
     return build_model(Path(folder), args.shape)
 
 
+def model_dims(args) -> tuple[int, int]:
+    """Hidden size and layers of the measured model (the RESULT lines name them)."""
+    if args.shape == "tiny":
+        return args.hidden, args.layers
+    return SHAPES[args.shape]["hidden_size"], SHAPES[args.shape]["num_hidden_layers"]
+
+
 def vllm_kwargs(args) -> dict:
     """The vLLM engines' settings from the flags (only those given: the engine's defaults otherwise)."""
     return {} if args.vllm_gpu_memory is None else {"gpu_memory_utilization": args.vllm_gpu_memory}
@@ -198,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     ratio = results["hf_engine"] / results["raw_generate"]
     print(f"RESULT engine tokens_per_s={results['hf_engine']:.0f} raw_generate_tokens_per_s="
           f"{results['raw_generate']:.0f} vs_raw_generate={ratio:.2f} batch={args.batch} new_tokens={args.new_tokens} "
-          f"hidden={args.hidden} layers={args.layers} kv_cache={engine.kv_cache} device={engine.device.type} "
+          f"hidden={model_dims(args)[0]} layers={model_dims(args)[1]} kv_cache={engine.kv_cache} device={engine.device.type} "
           f"dtype={engine.dtype} shape={args.shape} "
           + (f"vllm_tokens_per_s={results['vllm_engine']:.0f}" if "vllm_engine" in results else "vllm=not_run"))
     if args.smoke:  # the cost fit's code path too, hf only (the smoke runs without vLLM)
@@ -250,7 +257,7 @@ def episodes(args) -> None:
     speedup = results["async"][0] / results["locked"][0]
     print(f"RESULT engine_episodes concurrent_episodes={n} turns={args.turns} new_tokens={args.new_tokens} "
           f"async_episodes_per_s={results['async'][0]:.2f} locked_episodes_per_s={results['locked'][0]:.2f} "
-          f"async_vs_locked={speedup:.2f} (target 2.0) hidden={args.hidden} layers={args.layers}")
+          f"async_vs_locked={speedup:.2f} (target 2.0) hidden={model_dims(args)[0]} layers={model_dims(args)[1]}")
 
 
 # ------------------------------------------------------------ --cost-fit (plan M3)

@@ -83,7 +83,9 @@ def test_impossible_shares_are_refused(argv):
 def test_the_engine_bench_follows_the_device_it_sees():
     args = engine.parse_args([])
     assert args.device == "auto" and args.shape == "tiny" and engine.vllm_kwargs(args) == {}
+    assert engine.model_dims(args) == (128, 2)
     gpu = engine.parse_args(["--cost-fit", "--vllm", "--shape", "qwen2.5-0.5b", "--vllm-gpu-memory", "0.4"])
     assert gpu.shape == "qwen2.5-0.5b" and engine.vllm_kwargs(gpu) == {"gpu_memory_utilization": 0.4}
+    assert engine.model_dims(gpu) == (896, 24)
     with pytest.raises(SystemExit):
         engine.parse_args(["--shape", "qwen9"])
