@@ -119,6 +119,7 @@ import argparse
 import atexit
 import heapq
 import itertools
+import json
 import math
 import os
 import shutil
@@ -140,9 +141,13 @@ RESULT_FIELDS = {"simulate": ("calib_pred_speedup", "calib_measured_speedup", "c
                               "best_split_sync", "proj_speedup", "proj_sync_sps", "proj_async1_sps", "saturates"),
                  "simulate_stream": ("calib_stream_pred_sps", "calib_stream_measured_sps", "calib_stream_error",
                                      "calib_stream_error_finish", "proj_stream1_sps", "proj_stream1_vs_async",
-                                     "proj_stream1_resubmit_vs_async")}
+                                     "proj_stream1_resubmit_vs_async"),
+                 "simulate_modes": ("modes_step1_sps", "modes_finish1_vs_step", "modes_resubmit1_vs_step",
+                                    "modes_keep1_vs_step"),
+                 "simulate_against": ("against_runs", "against_within", "against_max_abs_error", "agrees")}
 """Fields of the RESULT lines of a run without --calibrate / --project (bench/benchlib.py); ``simulate_stream``
-with ``--streaming`` (``--smoke`` sets it)."""
+with ``--streaming``, ``simulate_modes`` with ``--modes``, ``simulate_against`` with ``--against`` (``--smoke`` sets
+all three: its --against file holds the model's own figures for two runs, a check of the code path only)."""
 
 # ----------------------------------------------------------------------------------------------------------
 # Per-part costs
@@ -526,8 +531,10 @@ class SimResult:
     """Streaming: every group started on a version the capacity rule admits (``v >= r // rows - S``)."""
     extra: dict[str, float] = field(default_factory=dict)
     """``simulate_fleet``: ``masked_tokens``, ``token_staleness_mean``, ``dropped_len_mean`` / ``trained_len_mean``
-    (response tokens of dropped and trained rows), ``group_latency_versions`` (versions published while a group
-    ran), ``trainer_idle`` (share of the loop the trainer did not train)."""
+    (response tokens of dropped and trained rows), ``group_latency_versions`` (the newest version an engine held
+    when a group ended, less the version it started on), ``cancelled_groups`` (``finish``: running groups none of
+    whose tokens could be trained any more, ended with no rows as ``stream.late_groups`` does), ``trainer_idle``
+    (share of the loop the trainer did not train)."""
 
 
 @lru_cache(maxsize=4096)
@@ -1152,6 +1159,8 @@ class _FGroup:
     started_at: float
     published_at_start: int
     left: int = 0
+    version: int | None = None
+    """The version its calls started on (None while held at a closed gate)."""
 
 
 @dataclass(eq=False)
@@ -1218,12 +1227,13 @@ def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0
     buffer: list[tuple[int, int, int, np.ndarray, int]] = []  # (oldest version, write order, length, versions, newest)
     written = itertools.count()
     stats = {"dropped": 0, "dropped_tokens": 0, "masked": 0, "trained_tokens": 0, "trainer_s": 0.0, "publish_s": 0.0,
-             "buffer_s": 0.0, "data_wait_s": 0.0}
+             "buffer_s": 0.0, "data_wait_s": 0.0, "cancelled": 0}
     staleness: list[int] = []
     token_staleness: list[float] = []
     dropped_lengths: list[int] = []
     trained_lengths: list[int] = []
     latency: list[int] = []
+    running: list[_FGroup] = []
     admitted: list[tuple[int, int]] = []
     end = {"trainer": 0.0}
 
@@ -1294,6 +1304,7 @@ def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0
         engine.version = engine.stamp = engine.loading
         engine.loading, engine.gate, engine.unloaded = None, False, False
         for sample in engine.held:
+            sample.group.version = engine.stamp
             sample.segments.append((0, engine.stamp))
             submit(engine, sample, 0, now)
         engine.held.clear()
@@ -1324,6 +1335,9 @@ def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0
             group = _FGroup(s, p, engine, now, st["published"], left=repeat)
             admitted.append((s * rows + p * repeat, engine.version))
             engine.in_flight += 1
+            running.append(group)
+            if not engine.gate:
+                group.version = engine.stamp
             for n in lengths_of[s][p * repeat:(p + 1) * repeat]:
                 sample = _FSample(group, int(n))
                 samples_of.setdefault(id(group), []).append(sample)
@@ -1342,15 +1356,37 @@ def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0
         if group.left:
             return
         group.engine.in_flight -= 1
-        latency.append(st["published"] - group.published_at_start)
+        running.remove(group)
+        latency.append(max(e.version for e in engines) - group.version)
         pending.append(group)
+        step_ended(group, now)
+
+    def cancel_late(now: float) -> None:
+        """``finish``: a running group none of whose tokens could be trained any more ends with no rows
+        (``stream.late_groups``); under resubmit / keep its later tokens carry newer versions."""
+        oldest = st["published"] - bound - opts.train_slack
+        for group in [g for g in running if g.version is not None and g.version < oldest]:
+            running.remove(group)
+            engine = group.engine
+            engine.in_flight -= 1
+            for sample in samples_of.pop(id(group)):
+                if sample in engine.held:
+                    engine.held.remove(sample)
+                elif sample.req is not None and sample.req.finished_at is None:
+                    engine.server.abort(sample.req)
+            stats["cancelled"] += 1
+            step_ended(group, now, written=False)
+            if engine.gate and engine.loading is not None and not engine.unloaded and engine.server.empty:
+                begin_load(engine, now)
+            wake(engine)
+
+    def step_ended(group: _FGroup, now: float, written: bool = True) -> None:
         ended_per_step[group.step] = ended_per_step.get(group.step, 0) + 1
-        running = any(e.in_flight for e in engines)
         if ended_per_step[group.step] == prompts or not running:
             if ended_per_step[group.step] == prompts:
                 synchronizer.serve(now, layout.sync.explorer_calls_per_step * layout.sync.call_s)
             flush(now)
-        elif len(pending) == 1:
+        elif written and len(pending) == 1:
             epoch = st["flush_epoch"]
             at(now + opts.flush_s, lambda: flush(clock["now"]) if epoch == st["flush_epoch"] else None)
 
@@ -1436,6 +1472,8 @@ def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0
         if st["train_step"] == steps:
             st["done"] = True
             return
+        if mode == "finish":
+            cancel_late(now)
         if st["fleet_loading"] is None:
             start_fleet_load(now)
         trainer_check(now)
@@ -1459,6 +1497,7 @@ def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0
         "dropped_len_mean": statistics.fmean(dropped_lengths) if dropped_lengths else 0.0,
         "trained_len_mean": statistics.fmean(trained_lengths),
         "group_latency_versions": statistics.fmean(latency) if latency else 0.0,
+        "cancelled_groups": float(stats["cancelled"]),
         "trainer_idle": 1.0 - stats["trainer_s"] / loop_s}
     return result
 
@@ -1715,8 +1754,10 @@ def h100_engine(model: ModelShape, lengths: Lengths) -> EngineCost:
 
 
 def projection_layout(num_engines: int, num_workers: int, args: argparse.Namespace,
-                      model: ModelShape = QWEN25_7B) -> Layout:
-    """``num_engines`` vLLM engines (one H100 each) and an FSDP trainer on ``num_workers`` H100s."""
+                      model: ModelShape = QWEN25_7B, iterations: bool = False) -> Layout:
+    """``num_engines`` vLLM engines (one H100 each) and an FSDP trainer on ``num_workers`` H100s. ``iterations``:
+    the engines iteration-accurate as the EMULATED engine (``EngineCost.iterations``: every request pays its
+    prompt's prefill, ``prompt_len x`` the per-token prefill; streaming runs ``simulate_fleet``)."""
     lengths = Lengths.from_mean(args.len_mean, args.max_new_tokens, args.prompt_len)
     one_node = num_engines + num_workers <= GPUS_PER_NODE
     trainer_bw = NVLINK_BYTES_PER_S if num_workers <= GPUS_PER_NODE else IB_BYTES_PER_S
@@ -1727,9 +1768,12 @@ def projection_layout(num_engines: int, num_workers: int, args: argparse.Namespa
         NVLINK_BYTES_PER_S if one_node else IB_BYTES_PER_S)
     snapshot_s = model.weight_bytes / num_workers / (H100_HBM_BYTES_PER_S / 2)  # read + write of its shard
     row_tokens = args.prompt_len + lengths.mean()
+    engine = h100_engine(model, lengths)
+    if iterations:
+        engine = replace(engine, prefill_s_per_token=engine.prefill_s_per_prompt / lengths.prompt_len, iterations=True)
     return Layout(
         num_engines=num_engines, num_workers=num_workers, prompts_per_step=args.prompts,
-        samples_per_prompt=args.samples, lengths=lengths, engine=h100_engine(model, lengths),
+        samples_per_prompt=args.samples, lengths=lengths, engine=engine,
         trainer=TrainerCost(s_per_token=6 * model.params / (H100_BF16_FLOPS * TRAIN_MFU), allreduce_s=allreduce_s,
                             micro_batch=0),
         sync=SyncCost(publish_s=snapshot_s, load_s=load_s, gather_window_s=GATHER_WINDOW_S, call_s=SYNCHRONIZER_CALL_S,
@@ -1869,6 +1913,186 @@ def project_stream(args: argparse.Namespace, sweep: dict[int | None, dict[int, S
             figures[f"proj_stream{bound}{suffix}_sps"] = r.samples_per_s
             figures[f"proj_stream{bound}{suffix}_vs_async"] = gain
             figures[f"proj_stream{bound}{suffix}_dropped"] = float(r.stale_dropped)
+    return figures
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Agreement with the emulation (bench/scale.py: the same workload on EMULATED engines and trainer under the
+# real control plane) and each mode at its best split
+# ----------------------------------------------------------------------------------------------------------
+
+AGREEMENT_TOLERANCE = 0.10
+"""The simulation agrees with an emulated run when its rows/s is within 10% of the run's."""
+_KEYS = {
+    "engines": ("engines", "num_engines", "explorer_engines", "n_engines"),
+    "workers": ("workers", "trainer_workers", "num_workers"),
+    "bound": ("bound", "max_staleness", "staleness"),
+    "rollout": ("rollout", "mode", "rollout_mode"),
+    "on_new_version": ("on_new_version", "on_new", "load_mode"),
+    "steps": ("steps", "train_steps", "total_steps"),
+    "prompts": ("prompts", "prompts_per_step", "batch_size", "tasks"),
+    "samples": ("samples", "samples_per_prompt", "repeat", "repeat_times"),
+    "rows_per_s": ("rows_per_s", "rows_s", "sps", "samples_per_s", "throughput"),
+}
+"""Names a field of a run may go by in the scale JSON (the first found is read)."""
+_OPTIONAL = ("curve", "prompt_tokens", "mean_response_tokens", "max_response_tokens", "s_per_token", "allreduce_s",
+             "train_slack", "flush_s", "prompt_sigma")
+
+
+def _field(run: dict, name: str, where: str, default: object = None) -> object:
+    for key in _KEYS[name]:
+        for source in (run, run.get("config") or {}, run.get("layout") or {}):
+            if isinstance(source, dict) and source.get(key) is not None:
+                return source[key]
+    if default is not None:
+        return default
+    raise ValueError(f"{where}: no {name} ({' / '.join(_KEYS[name])}); each run of --against needs engines, workers, "
+                     "bound, rollout, steps, prompts and its rows/s")
+
+
+def load_scale_runs(path: Path) -> list[dict]:
+    """The runs of a bench/scale.py JSON: a list of runs, or ``{"runs": [...]}``, or ``{name: run}``; each with its
+    layout (engines, workers, bound, rollout, on_new_version, steps, prompts, samples; the emulated curve and
+    lengths where given) and its measured rows/s. Runs marked void (``void``: its control plane took more than half
+    a core) are kept and flagged."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--against {path}: cannot read a JSON file ({e}); pass bench/scale.py's output") from None
+    if isinstance(data, dict):
+        data = data.get("runs", data)
+    runs = list(data.values()) if isinstance(data, dict) else list(data)
+    out = []
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict):
+            continue
+        where = f"--against {path}, run {run.get('name') or run.get('label') or i}"
+        try:
+            rollout = str(_field(run, "rollout", where)).lower()
+            parsed = {
+                "label": str(run.get("name") or run.get("label") or i),
+                "engines": int(_field(run, "engines", where)), "workers": int(_field(run, "workers", where, 1)),
+                "bound": int(_field(run, "bound", where)),
+                "rollout": "stream" if rollout.startswith("stream") else "step",
+                "on_new_version": str(_field(run, "on_new_version", where, "finish")),
+                "steps": int(_field(run, "steps", where)), "prompts": int(_field(run, "prompts", where)),
+                "samples": int(_field(run, "samples", where, 16)),
+                "rows_per_s": float(_field(run, "rows_per_s", where)),
+                "void": bool(run.get("void", False)),
+            }
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        for key in _OPTIONAL:
+            for source in (run, run.get("config") or {}, run.get("layout") or {}):
+                if isinstance(source, dict) and source.get(key) is not None:
+                    parsed[key] = source[key]
+                    break
+        out.append(parsed)
+    if not out:
+        raise SystemExit(f"--against {path}: no runs in it")
+    return out
+
+
+def against(path: Path, seeds: int = 3) -> dict[str, float | str]:
+    """Simulate each emulated run's layout (``emulated_layout``) and compare rows/s; print the table; the RESULT
+    fields."""
+    runs = load_scale_runs(path)
+    print(f"\nagreement with the emulation ({path}): simulated vs emulated rows/s, within "
+          f"{100 * AGREEMENT_TOLERANCE:.0f}%")
+    print("| run | engines:workers | rollout | bound | on_new_version | steps x prompts x samples | emulated rows/s | "
+          "simulated | ratio | within | sim staleness mean / max | sim dropped | sim masked tokens | sim engine busy "
+          "| sim trainer idle |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    errors, within = [], 0
+    for run in runs:
+        layout = emulated_layout(
+            run["engines"], run["workers"], run["prompts"], run["samples"], curve=run.get("curve", "7b_h100"),
+            prompt_tokens=int(run.get("prompt_tokens", 51)),
+            mean_response_tokens=float(run.get("mean_response_tokens", 200.0)),
+            max_response_tokens=int(run.get("max_response_tokens", 819)),
+            s_per_token=float(run.get("s_per_token", 1.15e-4)), allreduce_s=float(run.get("allreduce_s", 0.0)),
+            prompt_sigma=float(run.get("prompt_sigma", 0.0)))
+        options = StreamOptions(run["on_new_version"], flush_s=float(run.get("flush_s", 1.0)),
+                                train_slack=int(run.get("train_slack", 1)))
+        r = mean_result(layout, run["steps"], run["bound"], range(seeds), run["rollout"], options)
+        ratio = r.samples_per_s / run["rows_per_s"]
+        ok = abs(ratio - 1) <= AGREEMENT_TOLERANCE
+        if not run["void"]:
+            errors.append(ratio - 1)
+            within += ok
+        print(f"| {run['label']}{' (void)' if run['void'] else ''} | {run['engines']}:{run['workers']} | "
+              f"{run['rollout']} | {run['bound']} | {run['on_new_version'] if run['rollout'] == 'stream' else '-'} | "
+              f"{run['steps']} x {run['prompts']} x {run['samples']} | {run['rows_per_s']:.1f} | "
+              f"{r.samples_per_s:.1f} | {ratio:.3f} | {'yes' if ok else 'NO'} | {r.staleness_mean:.2f} / "
+              f"{r.staleness_max:.0f} | {r.stale_dropped} | {r.extra.get('masked_tokens', 0):.0f} | "
+              f"{r.busy['engine_gpus']:.2f} | {1 - r.busy['trainer']:.2f} |")
+    counted = len(errors)
+    return {"against_runs": counted, "against_within": within,
+            "against_max_abs_error": max((abs(e) for e in errors), default=math.nan),
+            "against_mean_error": statistics.fmean(errors) if errors else math.nan,
+            "agrees": "yes" if counted and within == counted else "no"}
+
+
+MODE_OPTIONS = (("step", None), ("finish", StreamOptions("finish")), ("resubmit", StreamOptions("resubmit")),
+                ("keep", StreamOptions("keep")))
+
+
+def best_split(make: Callable[[int], Layout], total: int, run: Callable[[Layout], SimResult],
+               coarse: int) -> tuple[int, SimResult]:
+    """The engine count (of ``total`` GPUs, at least 2 trainer GPUs) with the most rows/s: every ``coarse``-th split,
+    then every split between the best one's neighbours."""
+    results: dict[int, SimResult] = {}
+
+    def at(e: int) -> SimResult:
+        if e not in results:
+            results[e] = run(make(e))
+        return results[e]
+
+    grid = sorted({*range(1, total - 1, coarse), total - 2})
+    best = max(grid, key=lambda e: at(e).samples_per_s)
+    for e in range(max(1, best - coarse + 1), min(total - 2, best + coarse - 1) + 1):
+        at(e)
+    best = max(results, key=lambda e: results[e].samples_per_s)
+    return best, results[best]
+
+
+def project_modes(args: argparse.Namespace) -> dict[str, float]:
+    """The projected layout on iteration-accurate engines: step-async and streaming under finish / resubmit / keep
+    at bounds ``args.mode_bounds``, each at its own best split (``best_split``); print the table."""
+    total, seeds = args.total_gpus, range(args.seeds)
+    print(f"\neach mode at its best split: {total} GPUs, iteration-accurate engines (the emulation's model), "
+          f"{args.steps} steps, train_slack 1, prompt-correlated lengths sigma {args.prompt_sigma}")
+    print("| mode | bound | best split engines:trainer | rows/s | over step-async (its own best split) | engine busy | "
+          "trainer idle | staleness mean / max | token staleness | rows dropped (mean length; trained) | masked "
+          "tokens | cancelled groups |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    figures: dict[str, float] = {}
+    for bound in args.mode_bounds:
+        step_sps = math.nan
+        for name, options in MODE_OPTIONS:
+            def make(e: int) -> Layout:
+                layout = projection_layout(e, total - e, args, iterations=True)
+                return replace(layout, lengths=replace(layout.lengths, prompt_sigma=args.prompt_sigma))
+
+            def run(layout: Layout, options=options, bound=bound) -> SimResult:
+                if options is None:
+                    return mean_result(layout, args.steps, bound, seeds)
+                return mean_result(layout, args.steps, bound, seeds, "stream", options)
+
+            e, r = best_split(make, total, run, args.split_grid)
+            if options is None:
+                step_sps = r.samples_per_s
+            gain = r.samples_per_s / step_sps
+            x = r.extra
+            print(f"| {'step-async' if options is None else 'stream ' + name} | {bound} | {e}:{total - e} | "
+                  f"{r.samples_per_s:.1f} | {gain:.2f}x | {r.busy['engine_gpus']:.2f} | {1 - r.busy['trainer']:.2f} | "
+                  f"{r.staleness_mean:.2f} / {r.staleness_max:.0f} | {x.get('token_staleness_mean', r.staleness_mean):.2f} | "
+                  f"{r.stale_dropped} ({x.get('dropped_len_mean', 0):.0f}; {x.get('trained_len_mean', 0):.0f}) | "
+                  f"{x.get('masked_tokens', 0):.0f} | {x.get('cancelled_groups', 0):.0f} |")
+            figures[f"modes_{name}{bound}_sps"] = r.samples_per_s
+            figures[f"modes_{name}{bound}_engines"] = float(e)
+            if options is not None:
+                figures[f"modes_{name}{bound}_vs_step"] = gain
     return figures
 
 
@@ -2092,14 +2316,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=64, help="steps per simulated projection run")
     parser.add_argument("--seeds", type=int, default=1, help="length draws per projected layout")
     parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "plots" / "simulate.png")
+    parser.add_argument("--modes", action="store_true",
+                        help="each mode (step-async; stream finish / resubmit / keep) at its own best split on "
+                             "iteration-accurate engines, bounds --mode-bounds; prints RESULT simulate_modes")
+    parser.add_argument("--mode-bounds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4],
+                        help="bounds for --modes, comma-separated (default 1,2,4)")
+    parser.add_argument("--split-grid", type=int, default=4,
+                        help="--modes: every this many engines, then every split around the best")
+    parser.add_argument("--prompt-sigma", type=float, default=0.0,
+                        help="--modes: prompt-correlated lengths (Lengths.prompt_sigma; 0: independent)")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="bench/scale.py's JSON: simulate each emulated run's layout and compare rows/s (within "
+                             "10%%); prints RESULT simulate_against")
+    parser.add_argument("--against-seeds", type=int, default=3, help="length draws per --against run")
     add_smoke(parser, "calibration and a projection on 8 GPUs, 4 steps of 16 x 4 samples, the plot to a temporary "
-                      "folder (--measure, which runs Ray, is left out)")
+                      "folder (--measure, which runs Ray, is left out); --modes on 8 GPUs at bound 1; --against a "
+                      "file of two runs the model itself wrote")
     args = parser.parse_args(argv)
     if args.smoke:
         args.measure, args.total_gpus, args.steps, args.prompts, args.samples = False, 8, 4, 16, 4
-        args.streaming = True
-        args.plot = Path(tempfile.mkdtemp(prefix="simulate-smoke-")) / "simulate.png"
-        atexit.register(shutil.rmtree, args.plot.parent, True)
+        args.streaming, args.modes, args.mode_bounds, args.split_grid, args.against_seeds = True, True, [1], 3, 1
+        tmp = Path(tempfile.mkdtemp(prefix="simulate-smoke-"))
+        atexit.register(shutil.rmtree, tmp, True)
+        args.plot = tmp / "simulate.png"
+        if args.against is None:
+            args.against = tmp / "scale.json"
+            runs = []
+            for rollout, mode in (("step", "finish"), ("stream", "keep")):
+                layout = emulated_layout(2, 1, 4, 4)
+                r = simulate(layout, 4, 1, 0, rollout, StreamOptions(mode))
+                runs.append({"name": f"smoke-{rollout}", "engines": 2, "workers": 1, "bound": 1, "rollout": rollout,
+                             "on_new_version": mode, "steps": 4, "prompts": 4, "samples": 4,
+                             "rows_per_s": r.samples_per_s})
+            args.against.write_text(json.dumps({"runs": runs}))
     return args
 
 
@@ -2136,8 +2385,14 @@ def main(argv: list[str] | None = None) -> None:
             stream_fields.update(project_stream(args, sweep))
         if args.plot:
             plot(sweep, args.total_gpus, args.plot)
+    modes_fields = project_modes(args) if args.modes else {}
+    against_fields = against(args.against, args.against_seeds) if args.against else {}
     text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
     print("RESULT simulate " + text, flush=True)
+    for name, extra in (("simulate_modes", modes_fields), ("simulate_against", against_fields)):
+        if extra:
+            text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
+            print(f"RESULT {name} " + text, flush=True)
     if stream_fields:
         text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in stream_fields.items())
         print("RESULT simulate_stream " + text, flush=True)

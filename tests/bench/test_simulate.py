@@ -4,6 +4,7 @@ against loop times worked by hand for layouts simple enough to reason about (eve
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -521,3 +522,23 @@ def test_keep_needs_iteration_accurate_engines() -> None:
     with pytest.raises(ValueError, match="padded"):
         sim.EngineCost(iter_floor_s=1.0, iter_per_seq_s=0.0, prefill_s_per_prompt=0.0, padded=True, max_seqs=1,
                        iterations=True)
+
+
+def test_against_reads_scale_runs_by_their_names_and_refuses_a_run_without_its_layout(tmp_path: Path) -> None:
+    # a run's fields may go by the config's names (max_staleness, batch_size, repeat_times, sps) or sit under
+    # "config"; the simulated layout of a run the model itself wrote agrees with it exactly
+    layout = sim.emulated_layout(2, 1, 4, 4)
+    sps = sim.simulate(layout, 3, 1, 0, "stream", sim.StreamOptions("resubmit")).samples_per_s
+    path = tmp_path / "scale.json"
+    path.write_text(json.dumps([{"name": "a", "rollout": "stream", "on_new_version": "resubmit", "sps": sps,
+                                 "config": {"num_engines": 2, "workers": 1, "max_staleness": 1, "steps": 3,
+                                            "batch_size": 4, "repeat_times": 4}}]))
+    runs = sim.load_scale_runs(path)
+    assert runs[0]["engines"] == 2 and runs[0]["bound"] == 1 and runs[0]["prompts"] == 4 and runs[0]["samples"] == 4
+    figures = sim.against(path, seeds=1)
+    assert figures["against_within"] == 1 and figures["against_max_abs_error"] == pytest.approx(0.0, abs=1e-12)
+    assert figures["agrees"] == "yes"
+    path.write_text(json.dumps({"runs": [{"name": "b", "rollout": "step", "engines": 2, "steps": 3, "prompts": 4,
+                                          "rows_per_s": 1.0}]}))
+    with pytest.raises(SystemExit, match="run b: no bound"):
+        sim.load_scale_runs(path)
