@@ -104,10 +104,25 @@ the context inside a step and MFU falling with small per-GPU batches are average
 save is part of the lock-step remainder (it is once per run, so async pays it too: the calibration is
 optimistic for async by ~0.1 s of 15 s).
 
+Iteration-accurate fleet (issue 51; ``EngineCost.iterations``, ``IterationServer``, ``simulate_fleet``). The
+EMULATED engine (trinity_like/explorer/engines/emulated.py ``BatchServer``) costs ``floor + active x per_seq`` per
+iteration with ``max_seqs`` slots and charges each request's prefill (prompt + tokens brought) in the iteration it
+joins; ``IterationServer`` is that model (equal to BatchServer to 1e-9, tests/bench/test_simulate.py) at a cost per
+event, not per batch member, so a 64-GPU fleet simulates in seconds. On it, streaming is modelled as the system runs
+it: per-engine admission (a group starts on the first engine holding the version it needs), one fleet load at a
+time, ``finish`` (the gate closes, the engine drains, then loads; late groups cancelled at a publication),
+``resubmit`` (cut, load, continued with prefill of prompt + tokens so far), ``keep`` (decoding pauses ``load_s``,
+no prefill), per-token versions, and the trainer's ``train_slack`` rule (a row dropped only when all its tokens are
+older than ``max_staleness + train_slack``; older tokens masked). ``Lengths.prompt_sigma`` correlates the lengths
+of one prompt's samples. ``--modes`` puts step-async and each streaming mode at its own best split (bounds 1, 2,
+4); ``--against`` compares the model with bench/scale.py's emulated runs (same layouts, rows/s within 10%).
+
     .venv/bin/python bench/simulate.py                 # calibration from run C + projection, plot, RESULT line
     .venv/bin/python bench/simulate.py --calibrate     # the calibration only
     .venv/bin/python bench/simulate.py --project [--total-gpus 64 --prompts 256 --samples 16 ...]
     PYTHONPATH=. .venv/bin/python bench/simulate.py --measure   # re-measure: co-run, 3 sync/async pairs (Ray)
+    .venv/bin/python bench/simulate.py --project --modes --steps 16 --split-grid 8   # each mode at its best split
+    .venv/bin/python bench/simulate.py --project --against runs/scale/scale.json  # agreement with the emulation
 
 ``--smoke`` (``.venv/bin/python bench/simulate.py --smoke``) runs the same code path on small sizes in seconds;
 ``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
@@ -1097,8 +1112,8 @@ class IterationServer:
         if plan is None:
             return min(r.arrived_at for r in self.waiting)
         joiners, size, step, first, k = plan
-        later = self._later(joiners)
-        if later is not None and size < self.curve.max_seqs:
+        later = self._later(joiners) if size < self.curve.max_seqs else None
+        if later is not None:
             k = min(k, max(1, 1 + math.ceil((later - self.now - first) / step)))
         return self.now + first + (k - 1) * step
 
@@ -1118,11 +1133,15 @@ class IterationServer:
                 return done
             if math.isfinite(t):  # at least one: t - now - first may round below 0 when now + first == t
                 k = min(k, max(1, 1 + int((t - self.now - first) // step)))
-            later = self._later(joiners)
-            if later is not None and size < self.curve.max_seqs:
+            later = self._later(joiners) if size < self.curve.max_seqs else None
+            if later is not None:
                 k = min(k, max(1, 1 + math.ceil((later - self.now - first) / step)))
-            taken = {id(r) for r in joiners}
-            self.waiting = deque(r for r in self.waiting if id(r) not in taken)
+            if all(a is b for a, b in zip(joiners, self.waiting, strict=False)):  # a prefix: the usual case
+                for _ in joiners:
+                    self.waiting.popleft()
+            else:
+                taken = {id(r) for r in joiners}
+                self.waiting = deque(r for r in self.waiting if id(r) not in taken)
             for r in joiners:
                 r.start_iter, r.end_iter = self.iters, self.iters + r.target - r.base
                 self.active[r.rid] = r
