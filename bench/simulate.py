@@ -121,8 +121,8 @@ of one prompt's samples. ``--modes`` puts step-async and each streaming mode at 
     .venv/bin/python bench/simulate.py --calibrate     # the calibration only
     .venv/bin/python bench/simulate.py --project [--total-gpus 64 --prompts 256 --samples 16 ...]
     PYTHONPATH=. .venv/bin/python bench/simulate.py --measure   # re-measure: co-run, 3 sync/async pairs (Ray)
-    .venv/bin/python bench/simulate.py --project --modes --steps 16 --split-grid 8   # each mode at its best split
-    .venv/bin/python bench/simulate.py --project --against runs/scale/scale.json  # agreement with the emulation
+    .venv/bin/python bench/simulate.py --modes --steps 16 --split-grid 8   # each mode at its best split (only)
+    .venv/bin/python bench/simulate.py --against runs/scale/scale.json      # agreement with the emulation (only)
 
 ``--smoke`` (``.venv/bin/python bench/simulate.py --smoke``) runs the same code path on small sizes in seconds;
 ``make test`` runs it and checks its ``RESULT`` lines (tests/bench/test_smoke.py).
@@ -1954,8 +1954,8 @@ _KEYS = {
     "rows_per_s": ("rows_per_s", "rows_s", "sps", "samples_per_s", "throughput"),
 }
 """Names a field of a run may go by in the scale JSON (the first found is read)."""
-_OPTIONAL = ("curve", "prompt_tokens", "mean_response_tokens", "max_response_tokens", "s_per_token", "allreduce_s",
-             "train_slack", "flush_s", "prompt_sigma")
+_OPTIONAL = ("curve", "prompt_tokens", "mean_response_tokens", "max_response_tokens", "max_new_tokens", "s_per_token",
+             "allreduce_s", "train_slack", "flush_s", "prompt_sigma")
 
 
 def _field(run: dict, name: str, where: str, default: object = None) -> object:
@@ -2028,7 +2028,8 @@ def against(path: Path, seeds: int = 3) -> dict[str, float | str]:
             run["engines"], run["workers"], run["prompts"], run["samples"], curve=run.get("curve", "7b_h100"),
             prompt_tokens=int(run.get("prompt_tokens", 51)),
             mean_response_tokens=float(run.get("mean_response_tokens", 200.0)),
-            max_response_tokens=int(run.get("max_response_tokens", 819)),
+            max_response_tokens=min(int(run.get("max_response_tokens", 819)),  # a call's cap cuts the draw too
+                                    int(run.get("max_new_tokens", 1 << 30))),
             s_per_token=float(run.get("s_per_token", 1.15e-4)), allreduce_s=float(run.get("allreduce_s", 0.0)),
             prompt_sigma=float(run.get("prompt_sigma", 0.0)))
         options = StreamOptions(run["on_new_version"], flush_s=float(run.get("flush_s", 1.0)),
@@ -2352,7 +2353,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       "folder (--measure, which runs Ray, is left out); --modes on 8 GPUs at bound 1; --against a "
                       "file of two runs the model itself wrote")
     args = parser.parse_args(argv)
+    args.extra_only = bool(args.modes or args.against) and not (args.calibrate or args.project or args.measure)
+    # --modes / --against alone run only themselves (not the calibration and the old projection)
     if args.smoke:
+        args.extra_only = False
         args.measure, args.total_gpus, args.steps, args.prompts, args.samples = False, 8, 4, 16, 4
         args.streaming, args.modes, args.mode_bounds, args.split_grid, args.against_seeds = True, True, [1], 3, 1
         tmp = Path(tempfile.mkdtemp(prefix="simulate-smoke-"))
@@ -2373,7 +2377,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    both = not (args.calibrate or args.project or args.measure)
+    both = not (args.calibrate or args.project or args.measure or args.extra_only)
 
     fields: dict[str, float | str] = {}
     stream_fields: dict[str, float | str] = {}
@@ -2407,7 +2411,8 @@ def main(argv: list[str] | None = None) -> None:
     modes_fields = project_modes(args) if args.modes else {}
     against_fields = against(args.against, args.against_seeds) if args.against else {}
     text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
-    print("RESULT simulate " + text, flush=True)
+    if fields:
+        print("RESULT simulate " + text, flush=True)
     for name, extra in (("simulate_modes", modes_fields), ("simulate_against", against_fields)):
         if extra:
             text = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
