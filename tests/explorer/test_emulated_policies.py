@@ -137,3 +137,14 @@ def test_a_version_whose_fingerprint_differs_is_refused_and_the_previous_one_ser
     with pytest.raises(WeightsMismatch, match="version 1 is refused"):
         asyncio.run(engine.aupdate_weights(bad))
     assert engine.model_version == 0 and engine.server.busy_s == 0.0
+
+
+def test_chat_renders_the_conversation_with_the_models_tokenizer(tmp_path, tiny_model_path):
+    from trinity_like.common.tokenizer import hf_tokenizer
+    from trinity_like.explorer.engines.base import render_chat
+
+    engine = EmulatedEngine(_cfg(tmp_path, tiny_model_path, "finish"), "emulated-0", curve=CURVE)
+    messages = [{"role": "user", "content": "1+2="}]
+    sample = asyncio.run(engine.achat(messages, SamplingConfig(max_new_tokens=3), 5))
+    assert sample.prompt_ids.tolist() == render_chat(messages, hf_tokenizer(tiny_model_path))
+    assert np.array_equal(sample.response_ids, engine.vocabulary.response(5, 0, 3, 1e6, 10_000)[0])
