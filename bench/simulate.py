@@ -559,13 +559,13 @@ def explore_steps(layout: Layout, steps: int, seed: int) -> tuple[tuple[float, f
     out = []
     for k in range(steps):
         lengths = step_lengths(layout, seed, k)  # (rows,), grouped by prompt
-        if layout.engine.iterations:  # the fleet's router: group i to the least-loaded engine, i.e. engine i % n
-            groups = [np.arange(layout.prompts_per_step)[e::layout.num_engines] for e in range(layout.num_engines)]
-        else:
-            groups = np.array_split(np.arange(layout.prompts_per_step), layout.num_engines)
+        groups = np.array_split(np.arange(layout.prompts_per_step), layout.num_engines)
         per_engine = []
-        for g in groups:
-            rows = (lengths.reshape(-1, layout.samples_per_prompt)[g].ravel() if len(g) else lengths[:0])
+        for e, g in enumerate(groups):
+            if layout.engine.iterations:  # a step's rows in one call spread over the engines: row r on engine r % n
+                rows = lengths[e::layout.num_engines]  # (the single_turn workflow's run_batch, generate_spread)
+            else:
+                rows = lengths[g[0] * layout.samples_per_prompt:(g[-1] + 1) * layout.samples_per_prompt] if len(g) else lengths[:0]
             per_engine.append(layout.engine.step_s(rows, len(g), layout.lengths.prompt_len))
         train = layout.trainer.step_s(lengths, layout.lengths.prompt_len, layout.num_workers)
         out.append((max(per_engine), statistics.fmean(per_engine), train))

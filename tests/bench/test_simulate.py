@@ -542,3 +542,15 @@ def test_against_reads_scale_runs_by_their_names_and_refuses_a_run_without_its_l
                                           "rows_per_s": 1.0}]}))
     with pytest.raises(SystemExit, match="run b: no bound"):
         sim.load_scale_runs(path)
+
+
+def test_step_mode_spreads_a_steps_rows_over_iteration_accurate_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    # step mode sends a step's rows in one call spread over the engines, row r on engine r % n (run_batch,
+    # generate_spread): 1 prompt x 4 samples of (10, 1, 3, 1) tokens on 2 engines of 1 s iterations: engine 0 runs
+    # (10, 3), engine 1 (1, 1); the fleet's step is engine 0's 10 s, their mean (10 + 1) / 2
+    monkeypatch.setattr(sim, "step_lengths", lambda layout, seed, step: np.array([10, 1, 3, 1]))
+    layout = _iter_layout(engines=2, prompts=1, samples=4, trainer_s_per_token=0.1)
+    sim.explore_steps.cache_clear()
+    (fleet, mean, train), = sim.explore_steps(layout, 1, 0)
+    sim.explore_steps.cache_clear()
+    assert (fleet, mean, train) == pytest.approx((10.0, 5.5, 1.5))
