@@ -148,3 +148,17 @@ def test_chat_renders_the_conversation_with_the_models_tokenizer(tmp_path, tiny_
     sample = asyncio.run(engine.achat(messages, SamplingConfig(max_new_tokens=3), 5))
     assert sample.prompt_ids.tolist() == render_chat(messages, hf_tokenizer(tiny_model_path))
     assert np.array_equal(sample.response_ids, engine.vocabulary.response(5, 0, 3, 1e6, 10_000)[0])
+
+
+def test_a_request_whose_caller_goes_away_leaves_the_batch(tmp_path, tiny_model_path):
+    engine = EmulatedEngine(_cfg(tmp_path, tiny_model_path, "finish"), "emulated-0", curve=CURVE)
+
+    async def main():
+        call = asyncio.ensure_future(engine.agenerate([[1]], SAMPLING, [1]))
+        await asyncio.sleep(0.1)
+        call.cancel()
+        await asyncio.sleep(0.01)
+        return engine.server.active, engine.server.waiting, engine.health()
+
+    active, waiting, health = asyncio.run(main())
+    assert not active and not waiting and health["in_flight"] == 0

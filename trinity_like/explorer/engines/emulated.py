@@ -401,7 +401,13 @@ class EmulatedEngine(ChatByGenerate):
                 self._running[rid] = run
                 self.server.submit(rid, prompt_len, n, generated, at=self._vnow())
                 self._wake.set()
-                generated, cut = await run.future
+                try:
+                    generated, cut = await run.future
+                except asyncio.CancelledError:  # its caller went away (a timeout): out of the batch, as vLLM does
+                    if self._running.pop(rid, None) is not None:
+                        self.server.abort(rid)
+                        self._wake.set()
+                    raise
             finally:
                 self._leave()
             if not cut:
