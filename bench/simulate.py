@@ -1199,6 +1199,7 @@ class _FEngine:
     """The version it is loading (from the fleet's round to its load's end)."""
     unloaded: bool = False
     """``finish``: drained, its load under way."""
+    loads: int = 0
     epoch: int = 0
 
 
@@ -1297,12 +1298,14 @@ def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0
             for req in server.requests():
                 req.owner.segments.append((server.generated(req), version))
             server.load(keep=True, at=now)
+            engine.loads += 1
             engine.stamp = version
             at(server.now, lambda: loaded(engine))
         elif mode == "resubmit":
             engine.gate = True
             cut = [(req.owner, server.abort(req)) for req in server.requests()]
             server.load(at=now)
+            engine.loads += 1
             for sample, generated in cut:
                 sample.segments.append((generated, version))
                 submit(engine, sample, generated, server.now)
@@ -1315,6 +1318,7 @@ def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0
 
     def begin_load(engine: _FEngine, now: float) -> None:
         engine.unloaded = True
+        engine.loads += 1
         engine.server.load(at=now)
         at(engine.server.now, lambda: loaded(engine))
 
@@ -1504,7 +1508,8 @@ def simulate_fleet(layout: Layout, steps: int, max_staleness: int, seed: int = 0
     if not st["done"]:
         raise RuntimeError(f"simulate_fleet: stalled at {clock['now']:.3f} s before trainer step {st['train_step']}")
     loop_s = end["trainer"]
-    engine_busy = statistics.fmean(min(e.server.busy_s, loop_s) for e in engines)
+    # the fleet's rollout/engine_busy_frac: time with calls in flight; loads (in busy_s) are not calls
+    engine_busy = statistics.fmean(min(e.server.busy_s - e.loads * curve.load_s, loop_s) for e in engines)
     busy = {"engines": engine_busy / loop_s, "engine_gpus": engine_busy / loop_s,
             "trainer": stats["trainer_s"] / loop_s, "weight_sync": 0.0, "publish": stats["publish_s"] / loop_s,
             "buffer": stats["buffer_s"] / loop_s, "synchronizer": synchronizer.busy_s / loop_s}
@@ -1952,6 +1957,8 @@ _KEYS = {
     "prompts": ("prompts", "prompts_per_step", "batch_size", "tasks"),
     "samples": ("samples", "samples_per_prompt", "repeat", "repeat_times"),
     "rows_per_s": ("rows_per_s", "rows_s", "sps", "samples_per_s", "throughput"),
+    "mean_response_tokens": ("mean_response_tokens", "mean_response"),
+    "max_response_tokens": ("max_response_tokens", "max_response"),
 }
 """Names a field of a run may go by in the scale JSON (the first found is read)."""
 _OPTIONAL = ("curve", "prompt_tokens", "mean_response_tokens", "max_response_tokens", "max_new_tokens", "s_per_token",
@@ -1970,14 +1977,17 @@ def _field(run: dict, name: str, where: str, default: object = None) -> object:
 
 
 def load_scale_runs(path: Path) -> list[dict]:
-    """The runs of a bench/scale.py JSON: a list of runs, or ``{"runs": [...]}``, or ``{name: run}``; each with its
-    layout (engines, workers, bound, rollout, on_new_version, steps, prompts, samples; the emulated curve and
-    lengths where given) and its measured rows/s. Runs marked void (``void``: its control plane took more than half
-    a core) are kept and flagged."""
+    """The runs of a bench/scale.py JSON (``{"args": its arguments, "runs": [...]}``; also a plain list of runs or
+    ``{name: run}``); each with its layout (engines, workers, bound, its mode: ``step`` or a stream
+    ``on_new_version``; steps, prompts, samples, the emulated curve and lengths from the file's ``args`` unless the
+    run says; an ``--engines-sweep`` run: engines x ``sweep_prompts_per_engine`` prompts, a 1e-6 s/token trainer)
+    and its measured rows/s. Runs marked void (``void``: its control plane took more than half a core) are kept and
+    flagged."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"--against {path}: cannot read a JSON file ({e}); pass bench/scale.py's output") from None
+    defaults = data.get("args", {}) if isinstance(data, dict) else {}
     if isinstance(data, dict):
         data = data.get("runs", data)
     runs = list(data.values()) if isinstance(data, dict) else list(data)
@@ -1985,6 +1995,14 @@ def load_scale_runs(path: Path) -> list[dict]:
     for i, run in enumerate(runs):
         if not isinstance(run, dict):
             continue
+        run = {**{k: v for k, v in defaults.items() if k not in ("engines", "bounds", "modes")}, **run}
+        if run.get("sweep"):  # bench/scale.py's --engines-sweep: its own prompts and trainer
+            run["prompts"] = max(1, int(run["engines"] * float(run.get("sweep_prompts_per_engine", 4.0))))
+            run["s_per_token"] = 1e-6
+        mode = str(run.get("mode", "")).lower()
+        if mode in ("step", "finish", "resubmit", "keep") and "rollout" not in run:
+            run["rollout"] = "step" if mode == "step" else "stream"
+            run.setdefault("on_new_version", "finish" if mode == "step" else mode)
         where = f"--against {path}, run {run.get('name') or run.get('label') or i}"
         try:
             rollout = str(_field(run, "rollout", where)).lower()
@@ -2002,10 +2020,15 @@ def load_scale_runs(path: Path) -> list[dict]:
         except ValueError as e:
             raise SystemExit(str(e)) from None
         for key in _OPTIONAL:
-            for source in (run, run.get("config") or {}, run.get("layout") or {}):
-                if isinstance(source, dict) and source.get(key) is not None:
-                    parsed[key] = source[key]
+            for name in _KEYS.get(key, (key,)):
+                found = [src[name] for src in (run, run.get("config") or {}, run.get("layout") or {})
+                         if isinstance(src, dict) and src.get(name) is not None]
+                if found:
+                    parsed[key] = found[0]
                     break
+        for key in ("len_mean", "engine_busy", "trainer_idle", "staleness_mean", "dropped", "cpu_cores"):
+            if isinstance(run.get(key), (int, float)):
+                parsed[f"emulated_{key}"] = float(run[key])
         out.append(parsed)
     if not out:
         raise SystemExit(f"--against {path}: no runs in it")
@@ -2019,9 +2042,9 @@ def against(path: Path, seeds: int = 3) -> dict[str, float | str]:
     print(f"\nagreement with the emulation ({path}): simulated vs emulated rows/s, within "
           f"{100 * AGREEMENT_TOLERANCE:.0f}%")
     print("| run | engines:workers | rollout | bound | on_new_version | steps x prompts x samples | emulated rows/s | "
-          "simulated | ratio | within | sim staleness mean / max | sim dropped | sim masked tokens | sim engine busy "
-          "| sim trainer idle |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "simulated | ratio | within | staleness mean emulated / sim | engine busy emulated / sim | trainer idle "
+          "emulated / sim | dropped emulated / sim | sim masked tokens | emulated control-plane cores |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     errors, within = [], 0
     for run in runs:
         layout = emulated_layout(
@@ -2043,9 +2066,12 @@ def against(path: Path, seeds: int = 3) -> dict[str, float | str]:
         print(f"| {run['label']}{' (void)' if run['void'] else ''} | {run['engines']}:{run['workers']} | "
               f"{run['rollout']} | {run['bound']} | {run['on_new_version'] if run['rollout'] == 'stream' else '-'} | "
               f"{run['steps']} x {run['prompts']} x {run['samples']} | {run['rows_per_s']:.1f} | "
-              f"{r.samples_per_s:.1f} | {ratio:.3f} | {'yes' if ok else 'NO'} | {r.staleness_mean:.2f} / "
-              f"{r.staleness_max:.0f} | {r.stale_dropped} | {r.extra.get('masked_tokens', 0):.0f} | "
-              f"{r.busy['engine_gpus']:.2f} | {1 - r.busy['trainer']:.2f} |")
+              f"{r.samples_per_s:.1f} | {ratio:.3f} | {'yes' if ok else 'NO'} | "
+              f"{run.get('emulated_staleness_mean', math.nan):.2f} / {r.staleness_mean:.2f} | "
+              f"{run.get('emulated_engine_busy', math.nan):.2f} / {r.busy['engine_gpus']:.2f} | "
+              f"{run.get('emulated_trainer_idle', math.nan):.2f} / {1 - r.busy['trainer']:.2f} | "
+              f"{run.get('emulated_dropped', math.nan):.0f} / {r.stale_dropped} | "
+              f"{r.extra.get('masked_tokens', 0):.0f} | {run.get('emulated_cpu_cores', math.nan):.2f} |")
     counted = len(errors)
     return {"against_runs": counted, "against_within": within,
             "against_max_abs_error": max((abs(e) for e in errors), default=math.nan),
