@@ -2086,7 +2086,7 @@ MODE_OPTIONS = (("step", None), ("finish", StreamOptions("finish")), ("resubmit"
 def best_split(make: Callable[[int], Layout], total: int, run: Callable[[Layout], SimResult],
                coarse: int) -> tuple[int, SimResult]:
     """The engine count (of ``total`` GPUs, at least 2 trainer GPUs) with the most rows/s: every ``coarse``-th split,
-    then every split between the best one's neighbours."""
+    then halving steps around the best so far (rows/s is taken to be unimodal in the split)."""
     results: dict[int, SimResult] = {}
 
     def at(e: int) -> SimResult:
@@ -2094,11 +2094,15 @@ def best_split(make: Callable[[int], Layout], total: int, run: Callable[[Layout]
             results[e] = run(make(e))
         return results[e]
 
-    grid = sorted({*range(1, total - 1, coarse), total - 2})
-    best = max(grid, key=lambda e: at(e).samples_per_s)
-    for e in range(max(1, best - coarse + 1), min(total - 2, best + coarse - 1) + 1):
+    for e in sorted({*range(1, total - 1, coarse), total - 2}):
         at(e)
-    best = max(results, key=lambda e: results[e].samples_per_s)
+    best, step = max(results, key=lambda e: results[e].samples_per_s), coarse
+    while step > 1:
+        step //= 2
+        for e in (best - step, best + step):
+            if 1 <= e <= total - 2:
+                at(e)
+        best = max(results, key=lambda e: results[e].samples_per_s)
     return best, results[best]
 
 

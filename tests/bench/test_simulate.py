@@ -554,3 +554,16 @@ def test_step_mode_spreads_a_steps_rows_over_iteration_accurate_engines(monkeypa
     (fleet, mean, train), = sim.explore_steps(layout, 1, 0)
     sim.explore_steps.cache_clear()
     assert (fleet, mean, train) == pytest.approx((10.0, 5.5, 1.5))
+
+
+def test_best_split_finds_the_peak_of_a_unimodal_curve_with_few_runs() -> None:
+    # rows/s peaking at 37 engines of 64: the coarse grid (every 8th) then halving steps find it in ~15 runs
+    calls: list[int] = []
+
+    def run(e: int) -> sim.SimResult:
+        calls.append(e)
+        return sim.SimResult(loop_s=1.0, samples_per_s=-abs(e - 37), busy={}, waits_s={}, staleness_mean=0.0)
+
+    best, result = sim.best_split(lambda e: e, 64, run, 8)
+    assert best == 37 and result.samples_per_s == 0
+    assert len(calls) <= 16 and len(set(calls)) == len(calls)
