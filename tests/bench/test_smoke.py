@@ -21,14 +21,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import benchmark_scripts, declared_fields, parse_result_lines, result_line  # noqa: E402
 
 SCRIPTS = benchmark_scripts()
-RAY_SCRIPTS = {"async_speedup.py", "e2e_gpu.py", "learning.py", "serve_load.py", "sync.py"}
+RAY_SCRIPTS = {"async_speedup.py", "e2e_gpu.py", "learning.py", "scale.py", "serve_load.py", "sync.py"}
 """Smokes that start a Ray instance of their own: one at a time (one xdist group), beside the suite's Ray tests."""
 
 
 def test_the_benchmarks_are_all_found():
     names = {p.name for p in SCRIPTS}
-    assert {"async_speedup.py", "buffer.py", "engine.py", "learning.py", "logprob_memory.py", "segment_format.py",
-            "serve_load.py", "simulate.py", "sync.py", "trainer.py"} <= names
+    assert {"async_speedup.py", "buffer.py", "engine.py", "learning.py", "logprob_memory.py", "scale.py",
+            "segment_format.py", "serve_load.py", "simulate.py", "sync.py", "trainer.py"} <= names
     assert "env_latency.py" not in names and "benchlib.py" not in names  # a workflow module and the helpers
 
 
