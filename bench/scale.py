@@ -237,7 +237,7 @@ def engines_sweep(args, root: Path, model: Path, log) -> None:
     points: list[dict] = []
     for engines in args.sweep_engines:
         r = run_once(args, root, model, args.sweep_mode, args.sweep_bound, engines, 1,
-                     prompts=max(1, engines * args.sweep_prompts_per_engine), s_per_token=1e-6)
+                     prompts=max(1, round(engines * args.sweep_prompts_per_engine)), s_per_token=1e-6)
         r["sweep"] = True
         log(r)
         points.append(r)
