@@ -87,6 +87,8 @@ def test_another_engine_is_refused_in_one_line(tmp_path, tiny_model_path):
                              "trainer.type=emulated", "explorer.engine=hf"])
     with pytest.raises(UserError, match="runs only with explorer.engine emulated"):
         EmulatedTrainer(cfg)
+    with pytest.raises(UserError, match="set trainer.num_workers=1 and trainer.emulated.workers=2"):
+        EmulatedTrainer(_config(tmp_path, tiny_model_path, "trainer.num_workers=2"))
 
 
 def test_each_version_is_published_with_its_own_fingerprint_and_reads_back(tmp_path, tiny_model_path):

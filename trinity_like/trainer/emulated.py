@@ -116,6 +116,10 @@ class EmulatedTrainer(TrainEngineWrapper):
             raise UserError(f"trainer.type emulated publishes EMULATED weights that no model loads; it runs only with "
                             f"explorer.engine emulated (now {cfg.explorer.engine!r}): set explorer.engine=emulated, "
                             "or trainer.type=ppo")
+        if cfg.trainer.num_workers > 1:
+            raise UserError(f"trainer.type emulated runs in one process; trainer.num_workers={cfg.trainer.num_workers} "
+                            "would start real data-parallel workers: set trainer.num_workers=1 and "
+                            f"trainer.emulated.workers={cfg.trainer.num_workers} (the emulated workers divide the step)")
         self.cfg = cfg
         self.paths = RunPaths.of(cfg)
         self.synchronizer = synchronizer
