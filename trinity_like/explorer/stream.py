@@ -79,7 +79,7 @@ class _Step:
     failed: int = 0
     filtered: int = 0
     cancelled: int = 0
-    """Groups cancelled at a load: no token of theirs could be trained any more (``late_groups``)."""
+    """Groups cancelled when a version was published: no token of theirs could be trained (``late_groups``)."""
     latency_versions: list[int] = field(default_factory=list)
     """Per written group: the fleet's version when it was written minus the version it started on."""
     wait_s: float = 0.0
