@@ -86,6 +86,7 @@ from trinity_like.explorer.engines.base import (
     continuation_seed,
     response_stop_ids,
 )
+from trinity_like.runtime.schedule import rollout_mode
 from trinity_like.weights.messages import BroadcastRound, WeightsInfo
 from trinity_like.weights.receive import weight_source
 
@@ -645,7 +646,7 @@ class AsyncVLLMEngine(VLLMEngine):
         """As ``VLLMEngine``; with ``cfg`` asking for streaming rollout with ``on_new_version: resubmit``, a weight
         update cuts the interruptible requests running (``agenerate(..., interruptible=True)``) instead of waiting
         for them, and they go on with the new weights."""
-        stream = cfg is not None and cfg.explorer.rollout == "stream"
+        stream = cfg is not None and rollout_mode(cfg) == "stream"  # loads while requests run
         self.keep_on_load = stream and cfg.explorer.stream.on_new_version == "keep"
         """A load pauses under the running requests, which go on where they were (``_paused``)."""
         if self.keep_on_load:
