@@ -1,7 +1,7 @@
 """The schedule's pure functions against tables worked by hand."""
 
 from trinity_like.config import load_config
-from trinity_like.runtime.schedule import Schedule, rollout_mode, rollout_mode_note
+from trinity_like.runtime.schedule import Schedule, rollout_mode, rollout_mode_note, train_slack
 
 
 def _schedule(mode: str, **kw) -> Schedule:
@@ -84,3 +84,14 @@ def test_rollout_mode_streams_only_in_async_with_a_bound():
     kind, note = mode("mode=sync", "explorer.rollout=stream")
     assert kind == "step" and "mode sync" in note
     assert mode("mode=async", "explorer.rollout=step", "synchronizer.max_staleness=2") == ("step", None)
+
+
+def test_train_slack_applies_only_in_async_with_a_bound():
+    def slack(*overrides):
+        return train_slack(load_config(None, ["trainer.total_steps=1", *overrides]))
+
+    assert slack("mode=async", "synchronizer.max_staleness=2") == 1  # the default
+    assert slack("mode=async", "synchronizer.max_staleness=2", "synchronizer.train_slack=3") == 3
+    # bound 0 is sync bit for bit: a row a version late is dropped whole, never trained masked
+    assert slack("mode=async", "synchronizer.max_staleness=0", "synchronizer.train_slack=3") == 0
+    assert slack("mode=sync", "synchronizer.train_slack=3") == 0

@@ -20,30 +20,31 @@ def _rows(first_versions: list[int], first_mask: list[bool] | None = None) -> li
             row(2, [18, 19], [1, 2])]
 
 
-def _step_at_version_2(make_trainer, name: str, rows: list[Experience], *overrides: str):
-    """A trainer (mode async, max_staleness 0) brought to version 2 by two steps on fresh rows, then one step on
-    ``rows``; returns its metrics and its weights after that step."""
-    t = make_trainer("mode=async", "synchronizer.max_staleness=0", "trainer.optimizer.lr=0.01", *overrides, name=name)
+def _step_at_version_3(make_trainer, name: str, rows: list[Experience], *overrides: str):
+    """A trainer (mode async, max_staleness 1) brought to version 3 by three steps on fresh rows, then one step on
+    ``rows``; returns its metrics and its weights after that step. (At max_staleness 0 the slack does not apply:
+    async is sync there, ``runtime.schedule.train_slack``.)"""
+    t = make_trainer("mode=async", "synchronizer.max_staleness=1", "trainer.optimizer.lr=0.01", *overrides, name=name)
     warm = [Experience(prompt_ids=[5, 6], response_ids=[20 + i, 21], group_id="w", logprobs=[-1.0, -1.0],
-                       reward=float(i), model_version=v) for v in (0, 1) for i in range(3)]
-    t.train_step(warm[:3])
-    t.train_step(warm[3:])
-    assert t.train_step_num == 2
+                       reward=float(i), model_version=v) for v in (0, 1, 2) for i in range(3)]
+    for k in range(3):
+        t.train_step(warm[3 * k:3 * k + 3])
+    assert t.train_step_num == 3
     metrics = t.train_step(rows)
     return metrics, {k: v.detach().clone() for k, v in t.module.state_dict().items()}
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_stale_tokens_train_as_tokens_outside_the_mask(make_trainer, agg):
-    # at version 2 with max_staleness 0 and train_slack 1, tokens of version >= 1 are trained: the first row's
+    # at version 3 with max_staleness 1 and train_slack 1, tokens of version >= 1 are trained: the first row's
     # two version-0 tokens are masked, its version-2 ones trained (and row 2's version-1 token too)
     agg_kw = f"algorithm.loss_agg_mode={agg}"
-    stale, w_stale = _step_at_version_2(make_trainer, "stale", _rows([0, 0, 2, 2]), "synchronizer.train_slack=1",
+    stale, w_stale = _step_at_version_3(make_trainer, "stale", _rows([0, 0, 2, 2]), "synchronizer.train_slack=1",
                                         agg_kw)
-    masked, w_masked = _step_at_version_2(make_trainer, "masked", _rows([0, 0, 2, 2], [False, False, True, True]),
+    masked, w_masked = _step_at_version_3(make_trainer, "masked", _rows([0, 0, 2, 2], [False, False, True, True]),
                                           "synchronizer.train_slack=1", agg_kw)
     # the same rows with nothing masked (a slack reaching version 0) train differently: the test can fail
-    kept, w_kept = _step_at_version_2(make_trainer, "kept", _rows([0, 0, 2, 2]), "synchronizer.train_slack=2", agg_kw)
+    kept, w_kept = _step_at_version_3(make_trainer, "kept", _rows([0, 0, 2, 2]), "synchronizer.train_slack=2", agg_kw)
     assert stale["train/masked_stale_tokens"] == 2.0
     assert masked["train/masked_stale_tokens"] == 0.0 and kept["train/masked_stale_tokens"] == 0.0
     # the normaliser counts only the trained tokens: the same loss, the same gradient, the same weights after
@@ -57,8 +58,8 @@ def test_stale_tokens_train_as_tokens_outside_the_mask(make_trainer, agg):
 def test_slack_zero_masks_nothing(make_trainer):
     """With train_slack 0 the engine trains whatever rows it is given whole (the reader dropped the stale ones),
     as before the slack existed."""
-    zero, w_zero = _step_at_version_2(make_trainer, "zero", _rows([0, 0, 2, 2]), "synchronizer.train_slack=0")
-    kept, w_kept = _step_at_version_2(make_trainer, "kept", _rows([0, 0, 2, 2]), "synchronizer.train_slack=2")
+    zero, w_zero = _step_at_version_3(make_trainer, "zero", _rows([0, 0, 2, 2]), "synchronizer.train_slack=0")
+    kept, w_kept = _step_at_version_3(make_trainer, "kept", _rows([0, 0, 2, 2]), "synchronizer.train_slack=2")
     assert zero["train/masked_stale_tokens"] == 0.0
     assert zero["actor/grad_norm"] == pytest.approx(kept["actor/grad_norm"], rel=1e-6)
     assert all(torch.equal(w_zero[k], w_kept[k]) for k in w_zero)

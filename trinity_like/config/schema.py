@@ -612,7 +612,8 @@ class SynchronizerConfig:
     """Versions beyond `max_staleness` a token may be when trained (async mode, per-token versions): admission keeps
     AReaL's rule at `max_staleness`, so a group admitted at the bound's edge that runs long lands late; its tokens
     within `max_staleness + train_slack` are trained, older ones masked from the loss, and a row is dropped only
-    when none is left. 0 = a row past `max_staleness` is dropped whole (the rule before)."""
+    when none is left. 0 = a row past `max_staleness` is dropped whole (the rule before), as it always is at
+    `max_staleness: 0` (async there is sync, bit for bit)."""
     timeout_s: float = _at_least(600.0, 0.0)
     """How long a role waits for the other (new weights, new data; a role started alone waits this long for
     the other to join) before giving up."""

@@ -47,6 +47,7 @@ from trinity_like.common.train_bound import row_trainable
 from trinity_like.explorer.continuing import ContinuingEngine, GroupJournal
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.rollout import Finished, RolloutParts
+from trinity_like.runtime.schedule import train_slack
 
 logger = logging.getLogger(__name__)
 
@@ -320,7 +321,8 @@ class StreamRollout:
         sc = self.parts.cfg.synchronizer
         running = {key: fut for fut, key in self.running.items() if not fut.done()}
         versions = {key: v for key, v in self.call_versions.items() if key in running}
-        for key in late_groups(versions, published, sc.max_staleness, sc.train_slack, self.cfg.on_new_version):
+        for key in late_groups(versions, published, sc.max_staleness, train_slack(self.parts.cfg),
+                               self.cfg.on_new_version):
             fut = running[key]
             fut.cancel()
             del self.running[fut]
@@ -331,7 +333,7 @@ class StreamRollout:
             self.first_done = self.first_done or time.perf_counter()
             logger.info("explorer step %d, group %d cancelled: its tokens (version %d) are older than version %d "
                         "less max_staleness %d and train_slack %d, so none could be trained", step, position,
-                        versions[key], published, sc.max_staleness, sc.train_slack)
+                        versions[key], published, sc.max_staleness, train_slack(self.parts.cfg))
 
     # ------------------------------------------------------------ weights
     async def _load(self, info) -> None:

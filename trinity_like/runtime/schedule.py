@@ -111,6 +111,15 @@ def rollout_mode(cfg: Config) -> str:
     return "stream" if streams else "step"
 
 
+def train_slack(cfg: Config) -> int:
+    """``synchronizer.train_slack`` where it applies: mode ``async`` with a bound (``max_staleness > 0``), else 0.
+    At bound 0 async is sync, bit for bit: a row that lands a version late (two roles racing) is dropped whole, as
+    sync would never have made it, rather than trained with its tokens masked. The trainer's reader and loss mask
+    and the explorer's cancelling of late groups all read it here, so they agree."""
+    sc = cfg.synchronizer
+    return sc.train_slack if cfg.mode == "async" and sc.max_staleness > 0 else 0
+
+
 def rollout_mode_note(cfg: Config) -> str | None:
     """The line the explorer logs where ``explorer.rollout: stream`` runs as step (``rollout_mode``), else None."""
     if cfg.explorer.rollout == "stream" and rollout_mode(cfg) == "step":

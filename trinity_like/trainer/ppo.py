@@ -43,6 +43,7 @@ from trinity_like.common.modeling import export_state_dict, load_causal_lm
 from trinity_like.config import Config
 from trinity_like.runtime.checkpoints import latest_checkpoint
 from trinity_like.runtime.paths import RunPaths
+from trinity_like.runtime.schedule import train_slack
 from trinity_like.trainer import parallel
 from trinity_like.trainer.batch import (
     ResponseScorer,
@@ -237,9 +238,9 @@ class PPOTrainer(TrainEngineWrapper):
         batch = experiences_to_batch(batch_exps, self.pad_token_id, sft_sources=algo.sft_sources).to(self.device)
         # async: tokens older than the training bound (synchronizer.train_slack past max_staleness) leave the loss;
         # with slack 0 the reader hands out no row with such a token (it drops them whole), as before
-        sc = self.cfg.synchronizer
-        masked_stale = (mask_stale_tokens(batch, self._step - sc.max_staleness, sc.train_slack)
-                        if self.cfg.mode == "async" and sc.train_slack > 0 else 0)
+        slack = train_slack(self.cfg)
+        masked_stale = (mask_stale_tokens(batch, self._step - self.cfg.synchronizer.max_staleness, slack)
+                        if slack > 0 else 0)
         mask = batch["response_mask"]  # (B, R)
         # trained by the weights of version step: each row's staleness is that of its oldest token (B,) (what the
         # staleness bound and the train/staleness_* metrics count), each token's its own (B, R), over the valid ones

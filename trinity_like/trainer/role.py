@@ -26,7 +26,7 @@ from trinity_like.runtime.checkpoints import resume_checkpoint, set_aside
 from trinity_like.runtime.metrics import open_metrics_writer
 from trinity_like.runtime.paths import RunPaths, namespace_of, read_run_id, redis_stream, redis_url
 from trinity_like.runtime.run_home import RelayDrain, publish_run_home, written_explore_steps
-from trinity_like.runtime.schedule import Schedule
+from trinity_like.runtime.schedule import Schedule, train_slack
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
 from trinity_like.weights.publish import PUBLISHERS
 
@@ -134,7 +134,7 @@ class TrainerRole:
             self.paths.buffer_dir, CONSUMER_NAME, policy=b.read_policy, priority=b.priority or None,
             where=b.where or None, max_uses=b.replay_max_uses, cooldown_steps=b.replay_cooldown_steps,
             resume_step=resume_step, mix=b.mix, mix_fill=b.mix_fill, vocab_size=vocab_size,
-            train_slack=sc.train_slack if self.cfg.mode == "async" else 0)
+            train_slack=train_slack(self.cfg))
         self.metrics = open_metrics_writer(self.cfg, self.paths, role="trainer")
         self._last_end_check = 0.0
         self.ingester = None
