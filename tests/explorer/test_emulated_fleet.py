@@ -59,3 +59,37 @@ def test_eight_emulated_engines_in_two_actors_are_eight_engines_to_the_fleet(tmp
     assert len(versions) == 8 and all(v["version"] == 1 and v["verified"] for v in versions)
     assert all(v["mismatches"] == 1 for v in versions)  # the damaged version 2: refused by every engine
     assert all(h["model_version"] == 1 and h["loads"] == 1 for h in health) and busy_s > 0
+
+
+def test_a_cancelled_call_stops_in_the_engine_and_a_finish_load_does_not_wait_for_it(tmp_path, tiny_model_path,
+                                                                                       ray_session):
+    """Streaming rollout cancels late groups (``StreamRollout._cancel_late``); the fleet cancels the engine's request
+    too (``EngineFleet._cancel_remote``), so it leaves the batch and a ``finish`` load (which drains the requests
+    running) takes ``load_s``, not the rest of a long response."""
+    import time
+
+    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}", "project=emu",
+                             "explorer.engine=emulated", "explorer.num_engines=1",
+                             "explorer.emulated.mean_response_tokens=5000", "explorer.emulated.max_response_tokens=1000"])
+    sd = {"w": torch.arange(4.0)}
+    v1 = WeightsInfo(version=1, refs=[ray.put(sd)], fingerprint=weights_fingerprint(sd))
+    long = SamplingConfig(max_new_tokens=1000)  # ~1000 x 6 ms = 6 s on the 7b_h100 curve
+
+    async def main():
+        fleet = EngineFleet(cfg)
+        try:
+            await fleet.ready()
+            call = asyncio.ensure_future(fleet.call("generate", [[1, 2]], long, [5], engine=0))
+            await asyncio.sleep(0.5)
+            busy = (await fleet.health())[0]["in_flight"]
+            call.cancel()
+            start = time.perf_counter()
+            await fleet.update_weights(v1)
+            load_s = time.perf_counter() - start
+            return busy, (await fleet.health())[0], load_s
+        finally:
+            fleet.kill()
+
+    busy, health, load_s = asyncio.run(main())
+    assert busy == 1 and health["in_flight"] == 0 and health["model_version"] == 1
+    assert load_s < 3.0  # load_s 0.67 plus Ray calls; waiting for the cancelled request would take ~5 s more

@@ -415,6 +415,11 @@ class EngineFleet:
         """Longest a restarted engine may take to answer again (its process starts, its engine loads the model)."""
         self.lost: EngineLost | None = None
         """Set once an engine is lost for good (``_revive``): every call and load raises it from then on."""
+        self.cancels_remote = async_engine
+        """A caller cancelled (streaming rollout's late groups) cancels its request in the engine too
+        (``_cancel_remote``): an async engine actor runs each call as a task that stops where it is (vLLM aborts
+        the request; the emulated engine takes it out of its batch). Not on a timeout of ``call_timeout_s`` (that
+        engine is taken out of service as it is) and not on a synchronous actor, whose running call cannot stop."""
         self.pooled = rollout_mode(cfg) == "stream" and not async_engine
         """Merge the generate calls waiting for an engine into one (``_Pool``): streaming rollout calls per group,
         and an engine that serves one call at a time would otherwise decode each group's batch alone."""
@@ -623,8 +628,12 @@ class EngineFleet:
                 if slot.version < target.version:
                     async with self._lock:
                         await self._bounded_sync(slot, target, own_calls=1)
-                return await asyncio.wait_for(_ray_await(getattr(slot.actor, method).remote(*args)),
-                                              self.call_timeout_s)
+                ref = getattr(slot.actor, method).remote(*args)
+                try:
+                    return await asyncio.wait_for(_ray_await(ref), self.call_timeout_s)
+                except asyncio.CancelledError:
+                    self._cancel_remote(ref)
+                    raise
             except EngineStalled as e:  # it could not be brought up to date in time
                 last = e
                 tried.add(slot.index)
@@ -650,6 +659,18 @@ class EngineFleet:
             finally:
                 slot.leave()
         raise EngineCallFailed(f"{method} failed on {len(tried)} engine(s) after {self.max_retries} retries: {last}")
+
+    def _cancel_remote(self, ref: Any) -> None:
+        """The request behind ``ref`` is no longer wanted: stop it in the engine, so it frees its slots and a
+        ``finish`` load does not wait for it (``cancels_remote``)."""
+        if not self.cancels_remote:
+            return
+        import ray
+
+        try:
+            ray.cancel(ref)
+        except Exception as e:  # already finished, or its actor gone: nothing left to stop
+            logger.debug("cancelling an engine call: %s", e)
 
     async def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
                        offsets: list[int] | None = None, interruptible: bool = False,
