@@ -13,6 +13,7 @@ from trinity_like.common.tokenizer import hf_tokenizer
 from trinity_like.config import ConfigError, SamplingConfig, load_config
 from trinity_like.explorer.continuing import ContinuingEngine
 from trinity_like.explorer.fleet import EngineFleet
+from trinity_like.runtime.schedule import on_new_version
 from trinity_like.weights.messages import WeightsInfo
 
 pytestmark = pytest.mark.slow
@@ -111,7 +112,10 @@ def test_resubmit_and_chunk_settings_are_refused_where_they_cannot_act(tmp_path)
     with pytest.raises(ConfigError, match="interrupted only between calls; set explorer.stream.chunk_tokens"):
         _cfg(tmp_path, "m", *base, "explorer.stream.on_new_version=resubmit")
     with pytest.raises(ConfigError, match="which on_new_version=finish forbids"):
-        _cfg(tmp_path, "m", *base, "explorer.stream.chunk_tokens=8")
+        _cfg(tmp_path, "m", *base, "explorer.stream.chunk_tokens=8", "explorer.stream.on_new_version=finish")
+    # by default (auto) pieces mean resubmit: the rest of a response is made by the new version
+    assert on_new_version(_cfg(tmp_path, "m", *base, "synchronizer.max_staleness=1",
+                               "explorer.stream.chunk_tokens=8")) == "resubmit"
     with pytest.raises(ConfigError, match="with explorer.rollout=step weights change only between steps"):
         _cfg(tmp_path, "m", "explorer.stream.on_new_version=resubmit", "explorer.stream.chunk_tokens=8")
     ok = _cfg(tmp_path, "m", *base, "explorer.stream.on_new_version=resubmit", "explorer.stream.chunk_tokens=8")

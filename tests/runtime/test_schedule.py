@@ -1,7 +1,13 @@
 """The schedule's pure functions against tables worked by hand."""
 
 from trinity_like.config import load_config
-from trinity_like.runtime.schedule import Schedule, rollout_mode, rollout_mode_note, train_slack
+from trinity_like.runtime.schedule import (
+    Schedule,
+    on_new_version,
+    rollout_mode,
+    rollout_mode_note,
+    train_slack,
+)
 
 
 def _schedule(mode: str, **kw) -> Schedule:
@@ -95,3 +101,17 @@ def test_train_slack_applies_only_in_async_with_a_bound():
     # bound 0 is sync bit for bit: a row a version late is dropped whole, never trained masked
     assert slack("mode=async", "synchronizer.max_staleness=0", "synchronizer.train_slack=3") == 0
     assert slack("mode=sync", "synchronizer.train_slack=3") == 0
+
+
+def test_on_new_version_auto_cuts_where_the_engine_can_and_finishes_elsewhere():
+    def policy(*overrides):
+        return on_new_version(load_config(None, ["trainer.total_steps=1", "mode=async", *overrides]))
+
+    stream = ("explorer.rollout=stream", "synchronizer.max_staleness=2")
+    assert policy(*stream, "explorer.engine=vllm") == "resubmit"  # vLLM's async engine cuts at once
+    assert policy(*stream, "explorer.engine=vllm", "explorer.vllm.async_engine=false") == "finish"
+    assert policy(*stream) == "finish"  # hf: calls end before a load
+    assert policy(*stream, "explorer.stream.chunk_tokens=16") == "resubmit"  # pieces: cut between them
+    assert policy(*stream, "explorer.engine=vllm", "explorer.stream.on_new_version=finish") == "finish"  # as asked
+    assert policy(*stream, "explorer.engine=vllm", "explorer.stream.on_new_version=keep") == "keep"
+    assert policy("explorer.rollout=step", "explorer.engine=vllm") == "finish"  # weights change between steps only

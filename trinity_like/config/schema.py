@@ -254,8 +254,11 @@ class StreamConfig:
     per group would make many small files); 0 = write each group at once."""
     flush_groups: int = _at_least(0, 0)
     """Also write as soon as this many finished groups wait; 0 = by `flush_s` alone."""
-    on_new_version: str = _choices("finish", ("finish", "resubmit", "keep"))
-    """What requests running when a version loads do: `finish` on the weights they started on (the load waits for
+    on_new_version: str = _choices("auto", ("auto", "finish", "resubmit", "keep"))
+    """What requests running when a version loads do. `auto` (the default): `resubmit` where the engine can cut a
+    request at once (vLLM's async engine, the emulated one) or `chunk_tokens` cuts responses into pieces, else
+    `finish` (the `hf` engine and vLLM's synchronous one, whose calls end before a load), so no load drains by
+    default where it need not (`runtime.schedule.on_new_version`). `finish` on the weights they started on (the load waits for
     them), or `resubmit`: cut, and continued on the new weights (prompt plus the tokens so far; AReaL's
     interruptible generation), so a load never waits for a long response and each token records the version
     that made it (`token_versions`); or `keep`: the load happens under the running requests, which go on on the new

@@ -332,10 +332,10 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
                           "which explorer.rollout=stream does by itself (every group is written as it ends): set "
                           "over_rollout_frac=1.0, or rollout=step")
     st = ex.stream
-    if ex.rollout == "step" and (st.on_new_version != "finish" or st.chunk_tokens):
+    if ex.rollout == "step" and (st.on_new_version not in ("auto", "finish") or st.chunk_tokens):
         raise ConfigError("explorer.stream.on_new_version / chunk_tokens act on streaming rollout; with "
                           "explorer.rollout=step weights change only between steps: set rollout=stream or leave them out")
-    if st.chunk_tokens and st.on_new_version != "resubmit":
+    if st.chunk_tokens and st.on_new_version not in ("auto", "resubmit"):
         raise ConfigError(f"explorer.stream.chunk_tokens={st.chunk_tokens} cuts responses so that a new version "
                           "makes the rest, which on_new_version=finish forbids (a request ends on its weights): set "
                           "on_new_version=resubmit, or chunk_tokens=0")

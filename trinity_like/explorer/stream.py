@@ -47,7 +47,7 @@ from trinity_like.common.train_bound import row_trainable
 from trinity_like.explorer.continuing import ContinuingEngine, GroupJournal
 from trinity_like.explorer.fleet import WeightsLoadFailed
 from trinity_like.explorer.rollout import Finished, RolloutParts
-from trinity_like.runtime.schedule import train_slack
+from trinity_like.runtime.schedule import on_new_version, train_slack
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,9 @@ class StreamRollout:
         self.groups_written = 0
         self._blocked_since: float | None = None
         self._last_progress = time.perf_counter()
-        self.resubmit = self.cfg.on_new_version == "resubmit"
+        self.on_new_version = on_new_version(parts.cfg)
+        """``explorer.stream.on_new_version`` with ``auto`` resolved (``runtime.schedule.on_new_version``)."""
+        self.resubmit = self.on_new_version == "resubmit"
         self.store = (PartialStore(parts.paths.buffer_dir) if self.cfg.keep_partial and parts.writer is not None
                       else None)
         """Where each group's engine calls are journaled as they go (``keep_partial``, file transport)."""
@@ -302,7 +304,7 @@ class StreamRollout:
             engine = fleet
         else:
             engine = ContinuingEngine(fleet, self.cfg.chunk_tokens, self.resubmit, journal, self.counts)
-        if self.cfg.on_new_version != "finish":
+        if self.on_new_version != "finish":
             return engine
         key = (state.step, position)
         return CallVersions(engine, lambda: self._note_call(key))
@@ -322,7 +324,7 @@ class StreamRollout:
         running = {key: fut for fut, key in self.running.items() if not fut.done()}
         versions = {key: v for key, v in self.call_versions.items() if key in running}
         for key in late_groups(versions, published, sc.max_staleness, train_slack(self.parts.cfg),
-                               self.cfg.on_new_version):
+                               self.on_new_version):
             fut = running[key]
             fut.cancel()
             del self.running[fut]

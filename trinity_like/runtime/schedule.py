@@ -120,6 +120,22 @@ def train_slack(cfg: Config) -> int:
     return sc.train_slack if cfg.mode == "async" and sc.max_staleness > 0 else 0
 
 
+def on_new_version(cfg: Config) -> str:
+    """What requests running when a version loads do (``explorer.stream.on_new_version``), as the engines and the
+    streaming driver read it: ``finish`` wherever weights change only between steps (``rollout_mode`` step); under
+    streaming the configured policy, with ``auto`` resolved to ``resubmit`` where an engine can cut a request at
+    once (vLLM's async engine, the emulated one) or ``chunk_tokens`` cuts responses into pieces, else ``finish``.
+    No anchor's streaming mode drains (PipelineRL and prime-rl keep, AReaL and verl abort and resume): a drain
+    holds an engine's load until its longest response ends (8,192 tokens x 5.9 ms = 48 s at 7B)."""
+    ex = cfg.explorer
+    if rollout_mode(cfg) == "step":
+        return "finish"
+    if ex.stream.on_new_version != "auto":
+        return ex.stream.on_new_version
+    cuts = (ex.engine == "vllm" and ex.vllm.async_engine) or ex.engine == "emulated" or ex.stream.chunk_tokens > 0
+    return "resubmit" if cuts else "finish"
+
+
 def rollout_mode_note(cfg: Config) -> str | None:
     """The line the explorer logs where ``explorer.rollout: stream`` runs as step (``rollout_mode``), else None."""
     if cfg.explorer.rollout == "stream" and rollout_mode(cfg) == "step":

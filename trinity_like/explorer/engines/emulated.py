@@ -54,6 +54,7 @@ import numpy as np
 from trinity_like.common.emulated_curves import CURVES, CostCurve
 from trinity_like.config import SamplingConfig
 from trinity_like.explorer.engines.base import ChatByGenerate, Sample, check_fingerprint
+from trinity_like.runtime.schedule import on_new_version
 from trinity_like.weights.fingerprint import received_fingerprint, weights_fingerprint
 from trinity_like.weights.messages import WeightsInfo
 from trinity_like.weights.receive import read_weights
@@ -275,7 +276,7 @@ class EmulatedEngine(ChatByGenerate):
         self.vocabulary = vocabulary or EmulatedVocabulary.of(cfg.model.path)
         self.prompt_tokens, self.mean_response_tokens = em.prompt_tokens, em.mean_response_tokens
         self.max_response_tokens = em.max_response_tokens
-        self.on_new_version = cfg.explorer.stream.on_new_version if cfg.explorer.rollout == "stream" else "finish"
+        self.on_new_version = on_new_version(cfg)
         """``finish``: a load closes the gate and waits for the running requests; ``resubmit``: it cuts the
         interruptible ones, which continue after it (prefill of prompt + tokens so far); ``keep``: it pauses
         decoding for ``load_s`` under the running requests, which go on where they were."""

@@ -86,7 +86,7 @@ from trinity_like.explorer.engines.base import (
     continuation_seed,
     response_stop_ids,
 )
-from trinity_like.runtime.schedule import rollout_mode
+from trinity_like.runtime.schedule import on_new_version, rollout_mode
 from trinity_like.weights.messages import BroadcastRound, WeightsInfo
 from trinity_like.weights.receive import weight_source
 
@@ -647,12 +647,12 @@ class AsyncVLLMEngine(VLLMEngine):
         update cuts the interruptible requests running (``agenerate(..., interruptible=True)``) instead of waiting
         for them, and they go on with the new weights."""
         stream = cfg is not None and rollout_mode(cfg) == "stream"  # loads while requests run
-        self.keep_on_load = stream and cfg.explorer.stream.on_new_version == "keep"
+        self.keep_on_load = stream and on_new_version(cfg) == "keep"
         """A load pauses under the running requests, which go on where they were (``_paused``)."""
         if self.keep_on_load:
             _check_pause_keeps()
         super().__init__(model_path, engine_id, cfg, **kwargs)
-        self.cut_on_load = stream and cfg.explorer.stream.on_new_version == "resubmit"
+        self.cut_on_load = stream and on_new_version(cfg) == "resubmit"
 
     def _start_llm(self, engine_args: dict[str, Any]):
         from vllm.engine.arg_utils import AsyncEngineArgs
