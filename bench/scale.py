@@ -50,8 +50,8 @@ ratio of two modes carries about twice it.
 ``--engines-sweep``: the control plane's own limit. A trainer made fast (``s_per_token`` 1e-6) and the load per
 engine kept (``--sweep-prompts-per-engine`` prompts x 16 samples per engine a step), stream ``keep`` at bound 2
 (``--sweep-mode``), over ``--sweep-engines`` (8 16 32 64 128) until rows/s stops growing (< 10% over the previous
-point); each point reports rows/s, the control plane's cores and the busiest process (its on-CPU share: a process
-near 1.0 is saturated, Python being single-threaded where it works).
+point); each point reports rows/s, the control plane's cores and the busiest single process (``title:pid``, its
+on-CPU share: a process near 1.0 is saturated, Python being single-threaded where it works).
 
 Output: a ``RESULT scale_mode`` line per mode (its best split), ``RESULT scale_engines`` per sweep point, and a final
 ``RESULT scale`` (stream / step rows/s at each bound, best ``on_new_version`` and each); every run is appended to
@@ -121,13 +121,35 @@ def overrides(args: argparse.Namespace, root: Path, model: Path, mode: str, boun
     ]
 
 
+def cpu_by_process(samples: list, start: float, end: float, interval_s: float = 0.25) -> dict[str, float]:
+    """On-CPU seconds of each process (``title:pid``) between ``start`` and ``end``, from ``CpuSampler.samples``
+    (its ``window`` adds up processes of one title: the emulated engine hosts are several)."""
+    inside = [snap for t, snap in samples if start - interval_s <= t <= end + interval_s]
+    first: dict[tuple[int, int], int] = {}
+    last: dict[tuple[int, int], int] = {}
+    names: dict[int, str] = {}
+    for snap in inside:
+        for pid, (name, threads) in snap.items():
+            names[pid] = name
+            for tid, (cpu, _) in threads.items():
+                first.setdefault((pid, tid), cpu)
+                last[pid, tid] = cpu
+    out: dict[str, float] = {}
+    for (pid, tid), cpu in last.items():
+        key = f"{names[pid]}:{pid}"
+        out[key] = out.get(key, 0.0) + (cpu - first[pid, tid]) / 1e9
+    return out
+
+
 def run_figures(records: list[dict[str, Any]], stream: bool, cpu: dict[str, tuple[float, float]],
-                loop: dict[str, float]) -> dict[str, Any]:
-    """The per-run figures of the module docstring from one run's metrics records and the CPU sampler's window."""
+                loop: dict[str, float], per_process: dict[str, float] | None = None) -> dict[str, Any]:
+    """The per-run figures of the module docstring from one run's metrics records and the CPU sampler's window
+    (``cpu``: by title; ``per_process``: by process, for the busiest single process)."""
     explorer = [r for r in records if r["role"] == "explorer"]
     trainer = [r for r in records if r["role"] == "trainer"]
     cpu_s = sum(c for c, _ in cpu.values())
-    top = max(cpu.items(), key=lambda kv: kv[1][0]) if cpu else ("none", (0.0, 0.0))
+    per_process = per_process if per_process is not None else {k: c for k, (c, _) in cpu.items()}
+    top = max(per_process.items(), key=lambda kv: kv[1]) if per_process else ("none", 0.0)
     loop_s = loop["loop_s"]
     return {
         "rows_s": loop["sps"], "loop_s": loop_s, "trained": loop["trained"],
@@ -140,8 +162,9 @@ def run_figures(records: list[dict[str, Any]], stream: bool, cpu: dict[str, tupl
         "engine_busy": statistics.fmean(r["rollout/engine_busy_frac"] for r in explorer),
         "trainer_idle": sum(r.get("time/wait_data_s", 0.0) for r in trainer) / loop_s,
         "cpu_cores": cpu_s / loop_s,
-        "top_process": top[0].replace(" ", "_") or "?", "top_process_cores": top[1][0] / loop_s,
-        "processes": {k: round(c / loop_s, 3) for k, (c, _) in sorted(cpu.items(), key=lambda kv: -kv[1][0])[:8]},
+        "top_process": top[0].replace(" ", "_") or "?", "top_process_cores": top[1] / loop_s,
+        "by_title": {k: round(c / loop_s, 3) for k, (c, _) in sorted(cpu.items(), key=lambda kv: -kv[1][0])[:8]},
+        "processes": {k: round(c / loop_s, 3) for k, c in sorted(per_process.items(), key=lambda kv: -kv[1])[:8]},
         "len_mean": loop["len_mean"], "len_max": loop["len_max"], "stream": stream,
     }
 
@@ -163,7 +186,8 @@ def run_once(args, root: Path, model: Path, mode: str, bound: int, engines: int,
     records = [json.loads(line) for line in RunPaths.of(cfg).metrics.read_text().splitlines() if line.strip()]
     stream = mode != "step"
     loop = loop_figures(records, stream)
-    out = run_figures(records, stream, sampler.window(loop["loop_start"], loop["loop_end"]), loop)
+    out = run_figures(records, stream, sampler.window(loop["loop_start"], loop["loop_end"]), loop,
+                      cpu_by_process(sampler.samples, loop["loop_start"], loop["loop_end"], sampler.interval_s))
     out.update({"mode": mode, "bound": bound, "engines": engines, "workers": workers, "name": name,
                 "void": int(out["cpu_cores"] > args.void_cores), "setup_s": loop["loop_start"] - started,
                 "run_s": time.time() - started, "load_avg": os.getloadavg()[0]})
@@ -246,7 +270,7 @@ def engines_sweep(args, root: Path, model: Path, log) -> None:
             "top_process": r["top_process"], "top_process_cores": f"{r['top_process_cores']:.3f}",
             "engine_busy": f"{r['engine_busy']:.3f}", "trainer_idle": f"{r['trainer_idle']:.3f}",
             "void": r["void"]}), flush=True)
-        print(f"  processes (cores): {r['processes']}", flush=True)
+        print(f"  cores by process: {r['processes']}\n  by title: {r['by_title']}", flush=True)
         if len(points) >= 2 and r["rows_s"] < 1.10 * points[-2]["rows_s"]:
             break
     peak = max(points, key=lambda p: p["rows_s"])

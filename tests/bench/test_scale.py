@@ -26,6 +26,21 @@ def test_run_figures_from_records_by_hand():
     assert f["engine_busy"] == pytest.approx(0.7) and f["trainer_idle"] == pytest.approx(0.3)
     assert f["cpu_cores"] == pytest.approx(0.35)  # 3.5 on-CPU seconds over a 10 s loop
     assert f["top_process"] == "ray::ExplorerRo" and f["top_process_cores"] == pytest.approx(0.2)
+    # two engine hosts under one title: the busiest single process is the explorer, not their sum
+    per = {"ray::EmulatedEn:11": 1.5, "ray::EmulatedEn:12": 1.5, "ray::ExplorerRo:10": 2.0}
+    g = scale.run_figures(explorer + trainer, True, {"ray::EmulatedEn": (3.0, 0.0), "ray::ExplorerRo": (2.0, 0.0)},
+                          loop, per)
+    assert g["top_process"] == "ray::ExplorerRo:10" and g["cpu_cores"] == pytest.approx(0.5)
+
+
+def test_cpu_by_process_follows_each_thread_in_the_window():
+    ns = 1_000_000_000
+    samples = [(0.0, {7: ("ray::A", {1: (0, 0)})}),
+               (1.0, {7: ("ray::A", {1: (ns, 0), 2: (5 * ns, 0)}), 8: ("ray::A", {3: (2 * ns, 0)})}),
+               (2.0, {7: ("ray::A", {1: (3 * ns, 0), 2: (6 * ns, 0)}), 8: ("ray::A", {3: (2 * ns, 0)})}),
+               (9.0, {7: ("ray::A", {1: (9 * ns, 0)})})]  # outside the window
+    got = scale.cpu_by_process(samples, 0.0, 2.0)
+    assert got == {"ray::A:7": pytest.approx(3.0 + 1.0), "ray::A:8": 0.0}  # a thread counts from its first sample
 
 
 def test_summary_ratios_are_the_best_stream_mode_over_step_at_each_bound():
