@@ -20,6 +20,8 @@ calls, so workflows and the fleet never special-case one:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -180,3 +182,46 @@ class ChatByGenerate:
         sample = self.generate([prompt], sampling, [seed])[0]  # type: ignore[attr-defined]
         sample.prompt_ids = np.asarray(prompt, np.int32)
         return sample
+
+
+class LoadGate:
+    """The gate of an async engine (vLLM's async engine, the emulated one): calls pass it to run
+    (``_enter``/``_leave``), and a weight load holds it (``async with self._exclusive()``): no call enters, the
+    engine's ``_cut_running`` cuts what the policy cuts (``resubmit``: the interruptible requests, which come back at
+    once and wait at the gate to go on), and the load waits until the calls inside have ended. One load at a time;
+    the gate opens when the load ends, failed or not."""
+
+    def _gate_init(self) -> None:
+        self._in_flight = 0
+        """Calls between the gate and their end (a load waits until none is)."""
+        self._updating: asyncio.Event | None = None
+        """Set while a load holds the gate; set (and dropped) when it opens."""
+        self._drained: asyncio.Event | None = None
+
+    async def _enter(self) -> None:
+        while self._updating is not None:
+            await self._updating.wait()
+        self._in_flight += 1
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._drained is not None:
+            self._drained.set()
+
+    async def _cut_running(self) -> None:
+        """Cut the requests a load does not wait for (the engine's policy); by default none."""
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self):
+        while self._updating is not None:  # one load at a time
+            await self._updating.wait()
+        self._updating = asyncio.Event()
+        try:
+            await self._cut_running()
+            while self._in_flight:
+                self._drained = asyncio.Event()
+                await self._drained.wait()
+            yield
+        finally:
+            gate, self._updating, self._drained = self._updating, None, None
+            gate.set()

@@ -53,7 +53,7 @@ import numpy as np
 
 from trinity_like.common.emulated_curves import CURVES, CostCurve
 from trinity_like.config import SamplingConfig
-from trinity_like.explorer.engines.base import ChatByGenerate, Sample, check_fingerprint
+from trinity_like.explorer.engines.base import ChatByGenerate, LoadGate, Sample, check_fingerprint
 from trinity_like.runtime.schedule import on_new_version
 from trinity_like.weights.fingerprint import received_fingerprint, weights_fingerprint
 from trinity_like.weights.messages import WeightsInfo
@@ -256,7 +256,7 @@ class _Running:
     """A ``resubmit`` load may cut it (an interruptible call)."""
 
 
-class EmulatedEngine(ChatByGenerate):
+class EmulatedEngine(ChatByGenerate, LoadGate):
     """EMULATION of a continuous-batching GPU engine behind the async engine interface (``agenerate``, ``achat``,
     ``aupdate_weights``, ``health``, ``weights_fingerprint``; as ``AsyncVLLMEngine``): requests join one
     ``BatchServer`` whose virtual clock is real time since the engine started (``time.monotonic()`` - origin), and
@@ -295,11 +295,7 @@ class EmulatedEngine(ChatByGenerate):
         self._running: dict[str, _Running] = {}
         """Requests in the server now, by request id: what ``_advance`` resolves and a load cuts or re-stamps."""
         self._next_rid = 0
-        self._in_flight = 0
-        """Requests between the gate and their end (a ``finish`` / ``resubmit`` load waits until none is)."""
-        self._updating: asyncio.Event | None = None
-        """Set while a load holds the gate; set (and dropped) when it opens."""
-        self._drained: asyncio.Event | None = None
+        self._gate_init()
         self._wake: asyncio.Event | None = None
         """Wakes the serving loop before its next event: a request joined or left."""
         self._loop: asyncio.Task | None = None
@@ -347,34 +343,10 @@ class EmulatedEngine(ChatByGenerate):
             self._wake = self._wake or asyncio.Event()
             self._loop = asyncio.ensure_future(self._serve())
 
-    # ------------------------------------------------------------ the gate
-    async def _enter(self) -> None:
-        while self._updating is not None:
-            await self._updating.wait()
-        self._in_flight += 1
-
-    def _leave(self) -> None:
-        self._in_flight -= 1
-        if self._in_flight == 0 and self._drained is not None:
-            self._drained.set()
-
-    @contextlib.asynccontextmanager
-    async def _exclusive(self):
-        """Hold the gate: no request enters, the running ones have ended (``resubmit``: the interruptible ones are
-        cut first, with their tokens so far, and wait at the gate to go on)."""
-        while self._updating is not None:
-            await self._updating.wait()
-        self._updating = asyncio.Event()
-        try:
-            if self.on_new_version == "resubmit":
-                self._cut_live()
-            while self._in_flight:
-                self._drained = asyncio.Event()
-                await self._drained.wait()
-            yield
-        finally:
-            gate, self._updating, self._drained = self._updating, None, None
-            gate.set()
+    # ------------------------------------------------------------ the gate (LoadGate)
+    async def _cut_running(self) -> None:
+        if self.on_new_version == "resubmit":  # the interruptible ones, with their tokens so far
+            self._cut_live()
 
     def _cut_live(self) -> None:
         self._advance()

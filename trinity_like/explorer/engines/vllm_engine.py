@@ -80,6 +80,7 @@ from trinity_like.config import SamplingConfig
 from trinity_like.explorer.engines import vllm_worker
 from trinity_like.explorer.engines.base import (
     ChatByGenerate,
+    LoadGate,
     Sample,
     WeightsMismatch,
     check_fingerprint,
@@ -623,7 +624,7 @@ class VLLMEngine(ChatByGenerate):
                 core.shutdown()
 
 
-class AsyncVLLMEngine(VLLMEngine):
+class AsyncVLLMEngine(VLLMEngine, LoadGate):
     """vLLM's ``AsyncLLM`` behind the engine interface (``explorer.vllm.async_engine``): every concurrent call
     (the tasks of a step, multi-turn episodes, evaluation, ``serve`` requests) joins vLLM's continuous batch,
     where ``VLLMEngine`` serves one call at a time under its lock. Called through ``agenerate``, ``achat``,
@@ -663,10 +664,7 @@ class AsyncVLLMEngine(VLLMEngine):
         """vLLM request ids of interruptible requests running now (a load with ``cut_on_load`` aborts them)."""
         self.cuts = 0
         """Requests cut by a weight update and continued on the new weights."""
-        self._in_flight = 0
-        self._updating: asyncio.Event | None = None
-        """Set while a weight update holds the gate; set (and dropped) when it opens."""
-        self._drained: asyncio.Event | None = None
+        self._gate_init()
         self._kept: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
         """Under ``keep``, the requests running now: (their tokens so far, (first token, version) of each stretch
         one version made); a load adds a stretch to each."""
@@ -680,34 +678,10 @@ class AsyncVLLMEngine(VLLMEngine):
     def _vllm_config(self):
         return self.llm.vllm_config
 
-    # ------------------------------------------------------------ the gate
-    async def _enter(self) -> None:
-        while self._updating is not None:
-            await self._updating.wait()
-        self._in_flight += 1
-
-    def _leave(self) -> None:
-        self._in_flight -= 1
-        if self._in_flight == 0 and self._drained is not None:
-            self._drained.set()
-
-    @contextlib.asynccontextmanager
-    async def _exclusive(self):
-        """Hold the gate: no call enters, and the calls inside have finished (with ``cut_on_load``, the
-        interruptible ones are cut first: they come back at once and wait at the gate to go on)."""
-        while self._updating is not None:  # one update at a time
-            await self._updating.wait()
-        self._updating = asyncio.Event()
-        try:
-            if self.cut_on_load and self._live:
-                await self.llm.abort(list(self._live))
-            while self._in_flight:
-                self._drained = asyncio.Event()
-                await self._drained.wait()
-            yield
-        finally:
-            gate, self._updating, self._drained = self._updating, None, None
-            gate.set()
+    # ------------------------------------------------------------ the gate (LoadGate)
+    async def _cut_running(self) -> None:
+        if self.cut_on_load and self._live:  # they come back at once and wait at the gate to go on
+            await self.llm.abort(list(self._live))
 
     # ------------------------------------------------------------ generation
     async def agenerate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
