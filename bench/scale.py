@@ -35,7 +35,9 @@ training loop's wall time (explorer step 0's admission to the last trainer recor
 trainer's ``train/staleness_mean`` averaged over steps, ``train/staleness_max`` max; ``token_staleness`` the
 per-token mean); ``dropped`` (the buffer's ``skipped_stale`` rows at the end) and ``cancelled`` groups
 (``rollout/cancelled_groups``); ``masked_tokens`` (``train/masked_stale_tokens``, summed); ``engine_busy`` (mean
-of ``rollout/engine_busy_frac``); ``trainer_idle`` (``time/wait_data_s`` summed / loop); and ``cpu_cores``, the
+of ``rollout/engine_busy_frac``: the share of time an engine had a call running, not how full its batch was);
+``steady_rows_s`` (beside the headline ``rows_s``: the rows of trainer steps 2..N over the time from step 1's
+record to step N's, without the pipeline's fill, which is a large part of a 6-step loop); ``trainer_idle`` (``time/wait_data_s`` summed / loop); and ``cpu_cores``, the
 control plane's CPU: the on-CPU seconds during the loop of every process this script started (driver, Ray's
 daemons, explorer, trainer, Synchronizer, CheckpointMonitor, emulated engine hosts; bench/async_speedup.py's
 ``CpuSampler`` over ``/proc/<pid>/task/*/schedstat``) / the loop's wall time. A run whose control plane takes more
@@ -151,8 +153,12 @@ def run_figures(records: list[dict[str, Any]], stream: bool, cpu: dict[str, tupl
     per_process = per_process if per_process is not None else {k: c for k, (c, _) in cpu.items()}
     top = max(per_process.items(), key=lambda kv: kv[1]) if per_process else ("none", 0.0)
     loop_s = loop["loop_s"]
+    done = sorted(trainer, key=lambda r: r["time"])
+    # after the fill: rows of trainer steps 2..N over the time from step 1's record to step N's
+    steady = (sum(r["train/batch_size"] for r in done[1:]) / (done[-1]["time"] - done[0]["time"])
+              if len(done) >= 3 and done[-1]["time"] > done[0]["time"] else float("nan"))
     return {
-        "rows_s": loop["sps"], "loop_s": loop_s, "trained": loop["trained"],
+        "rows_s": loop["sps"], "steady_rows_s": steady, "loop_s": loop_s, "trained": loop["trained"],
         "staleness_mean": statistics.fmean(r["train/staleness_mean"] for r in trainer),
         "staleness_max": max(r["train/staleness_max"] for r in trainer),
         "token_staleness": statistics.fmean(r.get("train/token_staleness_mean", 0.0) for r in trainer),
@@ -227,7 +233,8 @@ def best_split(args, root: Path, model: Path, mode: str, bound: int, log,
 
 def mode_fields(r: dict, splits: list[dict]) -> dict[str, object]:
     return {"mode": r["mode"], "bound": r["bound"], "engines": r["engines"], "workers": r["workers"],
-            "rows_s": f"{r['rows_s']:.2f}", "staleness_mean": f"{r['staleness_mean']:.2f}",
+            "rows_s": f"{r['rows_s']:.2f}", "steady_rows_s": f"{r.get('steady_rows_s', float('nan')):.2f}",
+            "staleness_mean": f"{r['staleness_mean']:.2f}",
             "staleness_max": f"{r['staleness_max']:.0f}", "token_staleness": f"{r['token_staleness']:.2f}",
             "dropped": f"{r['dropped']:.0f}", "cancelled": f"{r['cancelled']:.0f}",
             "masked_tokens": f"{r['masked_tokens']:.0f}", "engine_busy": f"{r['engine_busy']:.3f}",
@@ -345,7 +352,8 @@ def main(argv: list[str] | None = None) -> None:
         from trinity_like.common.fs import atomic_write_json
 
         atomic_write_json(out_path, {"args": vars(args), "runs": runs}, durable=False)
-        print(f"[{r['mode']} b{r['bound']} E{r['engines']}+W{r['workers']}] rows/s {r['rows_s']:.1f}  loop "
+        print(f"[{r['mode']} b{r['bound']} E{r['engines']}+W{r['workers']}] rows/s {r['rows_s']:.1f} (steady "
+              f"{r['steady_rows_s']:.1f})  loop "
               f"{r['loop_s']:.1f}s  staleness {r['staleness_mean']:.2f}/{r['staleness_max']:.0f}  dropped "
               f"{r['dropped']:.0f}  cancelled {r['cancelled']:.0f}  masked {r['masked_tokens']:.0f}  engine busy "
               f"{r['engine_busy']:.2f}  trainer idle {r['trainer_idle']:.2f}  cpu {r['cpu_cores']:.2f} cores "

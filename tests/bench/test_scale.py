@@ -16,11 +16,14 @@ def test_run_figures_from_records_by_hand():
     explorer = [{"role": "explorer", "rollout/engine_busy_frac": f, "rollout/cancelled_groups": c}
                 for f, c in ((0.5, 1.0), (0.9, 2.0))]
     trainer = [{"role": "trainer", "train/staleness_mean": s, "train/staleness_max": m, "time/wait_data_s": w,
-                "buffer/skipped_stale": d, "train/masked_stale_tokens": k, "train/token_staleness_mean": s}
-               for s, m, w, d, k in ((0.0, 0, 2.0, 0.0, 0.0), (1.5, 2, 1.0, 3.0, 10.0), (1.0, 1, 0.0, 5.0, 4.0))]
+                "buffer/skipped_stale": d, "train/masked_stale_tokens": k, "train/token_staleness_mean": s,
+                "time": t, "train/batch_size": 160.0}
+               for s, m, w, d, k, t in ((0.0, 0, 2.0, 0.0, 0.0, 104.0), (1.5, 2, 1.0, 3.0, 10.0, 106.0),
+                                        (1.0, 1, 0.0, 5.0, 4.0, 110.0))]
     loop = {"loop_s": 10.0, "sps": 48.0, "trained": 480.0, "len_mean": 200.0, "len_max": 819.0}
     cpu = {"ray::ExplorerRo": (2.0, 0.1), "ray::EmulatedEn": (1.0, 0.0), "raylet": (0.5, 0.0)}
     f = scale.run_figures(explorer + trainer, True, cpu, loop)
+    assert f["steady_rows_s"] == pytest.approx(320.0 / 6.0)  # steps 2 and 3's rows over 104 s -> 110 s
     assert f["rows_s"] == 48.0 and f["staleness_mean"] == pytest.approx(2.5 / 3) and f["staleness_max"] == 2
     assert f["dropped"] == 5.0 and f["cancelled"] == 3.0 and f["masked_tokens"] == 14.0  # drops are cumulative
     assert f["engine_busy"] == pytest.approx(0.7) and f["trainer_idle"] == pytest.approx(0.3)
