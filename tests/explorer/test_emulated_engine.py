@@ -129,3 +129,15 @@ def test_the_next_event_is_when_advancing_finishes_the_next_request():
         done = probe.advance_to(math.inf, stop_at_finish=True)
         assert s.next_event_s() == (pytest.approx(done[0].finished_at) if done else math.inf)
         s.advance_to(s.now + rng.random() * 10)
+
+
+def test_an_iteration_ending_at_t_by_rounding_alone_still_runs():
+    """``now + first <= t`` can hold while ``t - now - first`` rounds below 0; the iteration that ends by ``t`` must
+    run (it once made ``k`` 0 and the loop spin)."""
+    curve = CostCurve("x", iter_floor_s=0.1, iter_per_seq_s=0.0, prefill_s_per_token=0.0, load_s=0.0, max_seqs=4)
+    server = BatchServer(curve, now=0.7)
+    server.submit("a", 1, 3)
+    t = 0.7 + 0.1  # 0.7999999999999999: now + first == t, t - now - first < 0
+    assert server.now + curve.iteration_s(1) <= t and t - server.now - curve.iteration_s(1) < 0
+    server.advance_to(t)
+    assert server.active[0].generated == 1 and server.now == pytest.approx(0.8)

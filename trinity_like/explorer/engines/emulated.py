@@ -155,7 +155,8 @@ class BatchServer:
                 return done
             k = min(r.target_len - r.generated for r in batch)  # iterations until the next finish
             if math.isfinite(t):
-                k = min(k, 1 + int((t - self.now - first) // step))  # as many as end by t
+                k = min(k, max(1, 1 + int((t - self.now - first) // step)))  # as many as end by t (>= 1: the
+                # first ends by t, though t - now - first may round below 0 where now + first <= t did not)
             taken = {id(r) for r in batch}
             later = [r.arrived_at for r in self.waiting if id(r) not in taken]
             if later and len(batch) < self.curve.max_seqs:  # a free slot: stop at the boundary the next one joins
