@@ -83,12 +83,16 @@ def test_tokens_past_the_training_bound_are_masked_as_the_real_trainer_masks_the
 def test_another_engine_is_refused_in_one_line(tmp_path, tiny_model_path):
     from trinity_like.common.errors import UserError
 
-    cfg = load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
-                             "trainer.type=emulated", "explorer.engine=hf"])
+    # at config load (validation), and again where a trainer is built from a config never validated
     with pytest.raises(UserError, match="runs only with explorer.engine emulated"):
-        EmulatedTrainer(cfg)
+        load_config(None, [f"checkpoint_root_dir={tmp_path}", f"model.path={tiny_model_path}",
+                           "trainer.type=emulated", "explorer.engine=hf"])
     with pytest.raises(UserError, match="set trainer.num_workers=1 and trainer.emulated.workers=2"):
-        EmulatedTrainer(_config(tmp_path, tiny_model_path, "trainer.num_workers=2"))
+        _config(tmp_path, tiny_model_path, "trainer.num_workers=2")
+    unchecked = _config(tmp_path, tiny_model_path)
+    unchecked.explorer.engine = "hf"
+    with pytest.raises(UserError, match="runs only with explorer.engine emulated"):
+        EmulatedTrainer(unchecked)
 
 
 def test_each_version_is_published_with_its_own_fingerprint_and_reads_back(tmp_path, tiny_model_path):

@@ -342,6 +342,7 @@ def _validate_explorer_and_buffer(cfg: Config) -> None:
     async_vllm = ex.engine == "vllm" and ex.vllm.async_engine
     cuts_at_once = async_vllm or ex.engine == "emulated"  # EMULATION cuts as vLLM's async engine does
     _validate_emulated(cfg)
+    check_emulated_trainer(cfg)
     if st.on_new_version == "keep":
         _validate_keep(cfg)
     if st.on_new_version == "resubmit" and not st.chunk_tokens and not cuts_at_once:
@@ -383,6 +384,23 @@ def _validate_emulated(cfg: Config) -> None:
                           "synchronizer.method=memory")
     if ex.eval_tasksets:
         refuse_emulated(cfg, "explorer.eval_tasksets (evaluation)")
+
+
+def check_emulated_trainer(cfg: Config) -> None:
+    """EMULATION (``trainer.type: emulated``): its weights are no model's, so only emulated engines may load them
+    (a real engine would refuse every version and the run wait forever), and it runs in one process (its
+    ``trainer.emulated.workers`` divide the step)."""
+    tr = cfg.trainer
+    if tr.type != "emulated":
+        return
+    if cfg.explorer.engine != "emulated" and cfg.mode != "offline":
+        raise ConfigError(f"trainer.type emulated publishes EMULATED weights that no model loads; it runs only with "
+                          f"explorer.engine emulated (now {cfg.explorer.engine!r}): set explorer.engine=emulated, or "
+                          "trainer.type=ppo")
+    if tr.num_workers > 1:
+        raise ConfigError(f"trainer.type emulated runs in one process; trainer.num_workers={tr.num_workers} would start "
+                          "real data-parallel workers: set trainer.num_workers=1 and "
+                          f"trainer.emulated.workers={tr.num_workers} (the emulated workers divide the step)")
 
 
 def refuse_emulated(cfg: Config, use: str) -> None:

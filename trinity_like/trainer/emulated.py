@@ -44,8 +44,10 @@ from trinity_like.common.experience import Experience
 from trinity_like.common.fs import atomic_publish_dir
 from trinity_like.common.train_bound import row_trainable, token_trained
 from trinity_like.config import Config
+from trinity_like.config.validation import check_emulated_trainer
 from trinity_like.runtime.checkpoints import TRAINER_STATE, latest_checkpoint, write_checksums, write_pointer
 from trinity_like.runtime.paths import RunPaths
+from trinity_like.runtime.schedule import train_slack
 from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
 from trinity_like.weights.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
 
@@ -112,14 +114,7 @@ class EmulatedTrainer(TrainEngineWrapper):
     through the real publisher; see the module docstring."""
 
     def __init__(self, cfg: Config, synchronizer=None) -> None:
-        if cfg.explorer.engine != "emulated" and cfg.mode != "offline":
-            raise UserError(f"trainer.type emulated publishes EMULATED weights that no model loads; it runs only with "
-                            f"explorer.engine emulated (now {cfg.explorer.engine!r}): set explorer.engine=emulated, "
-                            "or trainer.type=ppo")
-        if cfg.trainer.num_workers > 1:
-            raise UserError(f"trainer.type emulated runs in one process; trainer.num_workers={cfg.trainer.num_workers} "
-                            "would start real data-parallel workers: set trainer.num_workers=1 and "
-                            f"trainer.emulated.workers={cfg.trainer.num_workers} (the emulated workers divide the step)")
+        check_emulated_trainer(cfg)  # also at config load; here for a trainer built from a config not validated
         self.cfg = cfg
         self.paths = RunPaths.of(cfg)
         self.synchronizer = synchronizer
@@ -173,7 +168,7 @@ class EmulatedTrainer(TrainEngineWrapper):
         sc = self.cfg.synchronizer
         bound = self._step - sc.max_staleness if self.cfg.mode == "async" else None
         # trained by the weights of version step
-        metrics = staleness_metrics(batch_exps, self._step, bound, sc.train_slack)
+        metrics = staleness_metrics(batch_exps, self._step, bound, train_slack(self.cfg))
         rewards = [e.reward for e in batch_exps if e.reward is not None]
         response_tokens = sum(len(e.response_ids) for e in batch_exps)
         self._weights = self._weights_of(self._step + 1)
