@@ -103,7 +103,6 @@ def staleness_metrics(exps: list[Experience], step: int, bound: int | None = Non
         "train/staleness_max": float(rows.max()) if rows.size else 0.0,
         **{f"train/staleness_frac/{k}": float(n) / rows.size for k, n in enumerate(counts.tolist()) if n},
         "train/token_staleness_mean": float(tokens_all.mean()) if tokens_all.size else 0.0,
-        "train/token_staleness_max": float(tokens_all.max()) if tokens_all.size else 0.0,
         "train/masked_stale_tokens": float(masked),
     }
 
