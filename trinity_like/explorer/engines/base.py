@@ -183,6 +183,15 @@ class ChatByGenerate:
         sample.prompt_ids = np.asarray(prompt, np.int32)
         return sample
 
+    async def achat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
+                    interruptible: bool = False) -> Sample:
+        """``chat`` of an async engine (``agenerate``: vLLM's async engine, the emulated one); ``interruptible`` as
+        ``agenerate``'s."""
+        prompt = self.chat_prompt(messages)
+        sample = (await self.agenerate([prompt], sampling, [seed], interruptible=interruptible))[0]  # type: ignore[attr-defined]
+        sample.prompt_ids = np.asarray(prompt, np.int32)
+        return sample
+
 
 class LoadGate:
     """The gate of an async engine (vLLM's async engine, the emulated one): calls pass it to run

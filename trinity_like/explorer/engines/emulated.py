@@ -421,13 +421,6 @@ class EmulatedEngine(ChatByGenerate, LoadGate):
         self._tokenizer = self._tokenizer or _tokenizer(self.model_path)
         return super().chat_prompt(messages)
 
-    async def achat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
-                    interruptible: bool = False) -> Sample:
-        prompt = self.chat_prompt(messages)
-        sample = (await self.agenerate([prompt], sampling, [seed], interruptible=interruptible))[0]
-        sample.prompt_ids = np.asarray(prompt, np.int32)
-        return sample
-
     # ------------------------------------------------------------ weights
     async def aupdate_weights(self, update: WeightsInfo) -> None:
         """Read the version through the real path (``read_weights``: files, object store or shared buffer) and check

@@ -825,13 +825,6 @@ class AsyncVLLMEngine(VLLMEngine, LoadGate):
             self._live.discard(request_id)
         return final
 
-    async def achat(self, messages: list[dict[str, str]], sampling: SamplingConfig, seed: int,
-                    interruptible: bool = False) -> Sample:
-        prompt = self.chat_prompt(messages)
-        sample = (await self.agenerate([prompt], sampling, [seed], interruptible=interruptible))[0]
-        sample.prompt_ids = np.asarray(prompt, np.int32)
-        return sample
-
     # ------------------------------------------------------------ weights
     async def aupdate_weights(self, update: WeightsInfo) -> None:
         kwargs, chunks = await asyncio.to_thread(self._load_kwargs, update)  # checks and serialises off the loop
