@@ -48,8 +48,8 @@ from trinity_like.config.validation import check_emulated_trainer
 from trinity_like.runtime.checkpoints import TRAINER_STATE, latest_checkpoint, write_checksums, write_pointer
 from trinity_like.runtime.paths import RunPaths
 from trinity_like.runtime.schedule import train_slack
-from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
-from trinity_like.weights.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
+from trinity_like.trainer.engine import TRAINERS, PublishesWeights, TrainEngineWrapper
+from trinity_like.weights.publish import PUBLISHERS, keep_versions
 
 if TYPE_CHECKING:
     import torch
@@ -108,7 +108,7 @@ def staleness_metrics(exps: list[Experience], step: int, bound: int | None = Non
 
 
 @TRAINERS.register("emulated")
-class EmulatedTrainer(TrainEngineWrapper):
+class EmulatedTrainer(PublishesWeights, TrainEngineWrapper):
     """EMULATION (``trainer.type: emulated``): sleeps a GPU trainer's step time and publishes a small state dict
     through the real publisher; see the module docstring."""
 
@@ -199,20 +199,6 @@ class EmulatedTrainer(TrainEngineWrapper):
 
     def weights_for_export(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         return dict(self._weights)
-
-    def save_state_dict(self) -> Path:
-        return write_state_dict(self)[0]
-
-    def upload_state_dict(self):
-        return upload_state_dict(self)[0]
-
-    def sync_weight(self) -> dict[str, float]:
-        if self.synchronizer is None:
-            raise RuntimeError("sync_weight needs a synchronizer actor")
-        return self.publisher.publish()
-
-    def shutdown(self) -> None:
-        self.publisher.close()
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from trinity_like.common.experience import Experience
 from trinity_like.common.registry import Registry
@@ -67,6 +68,36 @@ class TrainEngineWrapper(abc.ABC):
     def as_async(self) -> AsyncTrainEngine:
         """This engine in the seeds' awaitable shape (``await engine.prepare()``, ``await engine.train_step(...)``)."""
         return AsyncTrainEngine(self)
+
+
+class PublishesWeights:
+    """``save_state_dict``, ``upload_state_dict``, ``sync_weight`` and ``shutdown`` of an engine that publishes
+    through ``self.publisher`` (``weights.publish.PUBLISHERS``, built with the engine) and holds ``self.synchronizer``:
+    the PPO trainer and the emulated one."""
+
+    publisher: Any
+    synchronizer: Any
+
+    def save_state_dict(self) -> Path:
+        """Write this version's weights (this rank's share) as ``state_dict/version-<k>/``."""
+        from trinity_like.weights.publish import write_state_dict
+
+        return write_state_dict(self)[0]
+
+    def upload_state_dict(self) -> object:
+        """An object-store reference to the current weights (None on ranks that do not write)."""
+        from trinity_like.weights.publish import upload_state_dict
+
+        return upload_state_dict(self)[0]
+
+    def sync_weight(self) -> dict[str, float]:
+        """Publish the current weights (version = step) by ``synchronizer.method``; return ``sync/*`` metrics."""
+        if self.synchronizer is None:
+            raise RuntimeError("sync_weight needs a synchronizer actor")
+        return self.publisher.publish()
+
+    def shutdown(self) -> None:
+        self.publisher.close()
 
 
 class AsyncTrainEngine:

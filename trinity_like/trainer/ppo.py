@@ -69,8 +69,8 @@ from trinity_like.trainer.device import (
     to_host,
 )
 from trinity_like.trainer.emulated import EmulatedTrainer  # noqa: F401  (registers trainer.type emulated: EMULATION)
-from trinity_like.trainer.engine import TRAINERS, TrainEngineWrapper
-from trinity_like.weights.publish import PUBLISHERS, keep_versions, upload_state_dict, write_state_dict
+from trinity_like.trainer.engine import TRAINERS, PublishesWeights, TrainEngineWrapper
+from trinity_like.weights.publish import PUBLISHERS, keep_versions
 
 
 def preference_pairs(exps: list[Experience]) -> list[Experience]:
@@ -89,7 +89,7 @@ def preference_pairs(exps: list[Experience]) -> list[Experience]:
 
 
 @TRAINERS.register("ppo")
-class PPOTrainer(TrainEngineWrapper):
+class PPOTrainer(PublishesWeights, TrainEngineWrapper):
     """Single-process PPO/GRPO trainer with a transformers model, on ``trainer.device`` in ``trainer.dtype``."""
 
     def __init__(self, cfg: Config, synchronizer=None) -> None:
@@ -616,23 +616,6 @@ class PPOTrainer(TrainEngineWrapper):
         resolved ``trainer.weights_dtype``: not copied when they are already there (FSDP2: gathered, so every
         rank calls it)."""
         return to_host(self.policy_weights(copy=False), self.weights_dtype, self.device if on_device else "cpu")
-
-    def save_state_dict(self) -> Path:
-        """Write this version's weights (this rank's share) as ``state_dict/version-<k>/``."""
-        return write_state_dict(self)[0]
-
-    def upload_state_dict(self):
-        """An object-store reference to the current weights (None on ranks that do not write)."""
-        return upload_state_dict(self)[0]
-
-    def sync_weight(self) -> dict[str, float]:
-        """Publish the current weights (version = step) by ``synchronizer.method``; return ``sync/*`` metrics."""
-        if self.synchronizer is None:
-            raise RuntimeError("sync_weight needs a synchronizer actor")
-        return self.publisher.publish()
-
-    def shutdown(self) -> None:
-        self.publisher.close()
 
     # ------------------------------------------------------------ checkpoints (trinity_like.trainer.checkpoint)
     def save_checkpoint(self) -> Path:
